@@ -1,0 +1,1 @@
+//! Fetching models and data sets into the user cache dir, checksummed.

@@ -1,0 +1,8 @@
+//! baton: hand a conversation from one language model to another of the same family by
+//! mapping the source model's KV cache into the target's, and measure what that costs and
+//! how faithful it is.
+
+pub mod fetch;
+pub mod logging;
+pub mod model;
+pub mod text;
