@@ -1,2 +1,10 @@
-//! Text in and out of a model: tokenizers (from tokenizer.json or GGUF metadata) and
-//! chat templates.
+//! Text in and out of a model: tokenizers (from tokenizer.json or GGUF metadata), streaming
+//! detokenization and chat templates.
+
+pub mod chat_template;
+pub mod stream;
+pub mod tokenizer;
+
+pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, PrefixStability, Role};
+pub use stream::TokenStream;
+pub use tokenizer::{ensure_same_tokenizer, PreTokenizerKind, TextTokenizer, TokenizerError};

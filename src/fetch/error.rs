@@ -1,0 +1,103 @@
+//! Errors of the fetch module. Every message says what went wrong and what to do about it.
+
+use std::path::PathBuf;
+
+/// Why an artifact could not be fetched or verified.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The embedded manifest does not parse or is inconsistent (a bug in baton).
+    #[error("the built-in model manifest is invalid: {0} (fix assets/models.toml and rebuild)")]
+    Manifest(String),
+
+    /// A name that is not in the manifest.
+    #[error("unknown model or data set `{name}`; known names: {known}")]
+    UnknownName { name: String, known: String },
+
+    /// A filesystem operation failed.
+    #[error(
+        "{action} {path}: {source} (check free disk space and permissions, \
+         or set BATON_CACHE_DIR to a writable directory)"
+    )]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A needed external program is missing.
+    #[error("{program} not found: {install}; {manual}")]
+    ToolMissing {
+        program: &'static str,
+        install: &'static str,
+        manual: String,
+    },
+
+    /// An external program (pip, npm) ran and failed.
+    #[error("`{command}` failed ({status}): {detail} (check network access to the package index and retry)")]
+    ToolFailed {
+        command: String,
+        status: String,
+        detail: String,
+    },
+
+    /// A downloaded archive is unreadable or lacks what the manifest expects.
+    #[error(
+        "archive {path}: {problem} (the download was removed; retry, or report a stale manifest)"
+    )]
+    Archive { path: PathBuf, problem: String },
+
+    /// A file's size differs from the manifest.
+    #[error("size mismatch for {path}: expected {expected} bytes, got {actual} (the file was removed; run again to refetch)")]
+    SizeMismatch {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+
+    /// A file's sha256 differs from the manifest.
+    #[error("sha256 mismatch for {path}: expected {expected}, got {actual} (the file was removed; run again to refetch)")]
+    ChecksumMismatch {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+
+    /// The hub source was not tried on purpose.
+    #[error("hub skipped: {0}")]
+    HubSkipped(String),
+
+    /// The hub could not be reached or the download failed.
+    #[error("hub download failed: {0} (set BATON_OFFLINE_HUB=1 to skip the hub)")]
+    Hub(String),
+
+    /// Every source of an entry failed.
+    #[error("could not fetch `{name}`: every source failed:\n{}\n{hint}", format_failures(.failures))]
+    AllSourcesFailed {
+        name: String,
+        failures: Vec<(String, FetchError)>,
+        hint: String,
+    },
+}
+
+fn format_failures(failures: &[(String, FetchError)]) -> String {
+    failures
+        .iter()
+        .map(|(label, err)| format!("  - {label}: {err}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl FetchError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        FetchError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}

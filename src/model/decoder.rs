@@ -1,0 +1,257 @@
+//! The decoder: one forward function over a chunk of tokens that appends to a
+//! caller-owned [`KvCache`]. Prefill, extend and decode are all this one call, which is
+//! what makes "prefill(A+B) == prefill(A) then extend(B)" hold by construction.
+
+use super::attention;
+use super::config::ModelConfig;
+use super::error::{ModelError, Result};
+use super::kv_cache::{KvCache, KvShape};
+use super::rope::Rope;
+use super::weights::Weights;
+use candle_core::{DType, Device, Tensor, D};
+
+/// Which positions of a chunk want logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+}
+
+/// What a forward pass should return besides updating the cache.
+#[derive(Debug, Clone)]
+pub struct ForwardOptions {
+    pub logits: Logits,
+    /// Absolute positions (inside this chunk) whose per-layer queries are returned,
+    /// after any q-norm and RoPE: what attention-output cosine needs.
+    pub probe_positions: Vec<usize>,
+}
+
+impl ForwardOptions {
+    pub fn last_logits() -> Self {
+        Self {
+            logits: Logits::Last,
+            probe_positions: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ForwardOutput {
+    /// [rows, vocab] in f32, rows as asked by [`Logits`].
+    pub logits: Option<Tensor>,
+    /// Per layer [n_head, probes, head_dim], only when probes were asked for.
+    pub queries: Vec<Tensor>,
+}
+
+/// Prefill long inputs in chunks so attention scores stay bounded in memory
+/// (heads x chunk x context floats).
+pub const PREFILL_CHUNK: usize = 512;
+
+pub struct Decoder {
+    cfg: ModelConfig,
+    weights: Weights,
+    rope: Rope,
+    dtype: DType,
+    device: Device,
+}
+
+impl Decoder {
+    pub fn new(cfg: ModelConfig, weights: Weights, dtype: DType, device: &Device) -> Result<Self> {
+        let rope = Rope::new(&cfg.rope, cfg.context_length, dtype, device)?;
+        Ok(Self {
+            cfg,
+            weights,
+            rope,
+            dtype,
+            device: device.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn kv_shape(&self) -> KvShape {
+        KvShape {
+            n_layer: self.cfg.n_layer,
+            n_kv_head: self.cfg.n_kv_head,
+            head_dim: self.cfg.head_dim,
+        }
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.kv_shape(), self.dtype, &self.device)
+    }
+
+    fn check_tokens(&self, tokens: &[u32], cache: &KvCache) -> Result<()> {
+        if cache.shape() != self.kv_shape() {
+            return Err(ModelError::Cache(format!(
+                "cache geometry {:?} does not fit this model ({:?})",
+                cache.shape(),
+                self.kv_shape()
+            )));
+        }
+        let total = cache.len() + tokens.len();
+        if total > self.cfg.context_length {
+            return Err(ModelError::ContextOverflow {
+                len: total,
+                max: self.cfg.context_length,
+            });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(ModelError::BadToken {
+                id,
+                vocab: self.cfg.vocab_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Run `tokens` after what `cache` holds, in chunks of at most [`PREFILL_CHUNK`];
+    /// logits rows and probes refer to the whole of `tokens`.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        opts: &ForwardOptions,
+    ) -> Result<ForwardOutput> {
+        self.check_tokens(tokens, cache)?;
+        if tokens.is_empty() {
+            return Ok(ForwardOutput {
+                logits: None,
+                queries: Vec::new(),
+            });
+        }
+        let start = cache.len();
+        let mut logits = Vec::new();
+        let mut queries: Vec<Vec<Tensor>> = vec![Vec::new(); if opts.probe_positions.is_empty() { 0 } else { self.cfg.n_layer }];
+        let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
+        for (ci, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let chunk_start = cache.len();
+            let want = match opts.logits {
+                Logits::None => Logits::None,
+                Logits::All => Logits::All,
+                Logits::Last if ci + 1 == n_chunks => Logits::Last,
+                Logits::Last => Logits::None,
+            };
+            let probes: Vec<usize> = opts
+                .probe_positions
+                .iter()
+                .filter(|&&p| p >= chunk_start && p < chunk_start + chunk.len())
+                .map(|&p| p - chunk_start)
+                .collect();
+            let out = self.forward_chunk(chunk, cache, want, &probes)?;
+            if let Some(l) = out.logits {
+                logits.push(l);
+            }
+            for (l, q) in out.queries.into_iter().enumerate() {
+                queries[l].push(q);
+            }
+        }
+        let _ = start;
+        let logits = match logits.len() {
+            0 => None,
+            1 => logits.pop(),
+            _ => Some(Tensor::cat(&logits, 0)?),
+        };
+        let queries = queries
+            .into_iter()
+            .map(|qs| Ok(Tensor::cat(&qs, 1)?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ForwardOutput { logits, queries })
+    }
+
+    fn forward_chunk(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        want: Logits,
+        probes: &[usize],
+    ) -> Result<ForwardOutput> {
+        let cfg = &self.cfg;
+        let t = tokens.len();
+        let start = cache.len();
+        let (nh, nkv, hd) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
+        let eps = cfg.rms_eps as f32;
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut h = self.weights.embedding.forward(&ids, self.dtype)?;
+        cache.reserve(t)?;
+        let probe_idx = if probes.is_empty() {
+            None
+        } else {
+            let p: Vec<u32> = probes.iter().map(|&p| p as u32).collect();
+            Some(Tensor::new(p.as_slice(), &self.device)?)
+        };
+        let mut queries = Vec::new();
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            let x = candle_nn::ops::rms_norm(&h, &w.attn_norm, eps)?;
+            let q = w.q.forward(&x)?.reshape((t, nh, hd))?.transpose(0, 1)?;
+            let k = w.k.forward(&x)?.reshape((t, nkv, hd))?.transpose(0, 1)?;
+            let v = w.v.forward(&x)?.reshape((t, nkv, hd))?.transpose(0, 1)?;
+            let (q, k) = match (&w.q_norm, &w.k_norm) {
+                (Some(qn), Some(kn)) => (
+                    candle_nn::ops::rms_norm(&q.contiguous()?, qn, eps)?,
+                    candle_nn::ops::rms_norm(&k.contiguous()?, kn, eps)?,
+                ),
+                _ => (q, k),
+            };
+            let q = self.rope.rotate(&q, start)?;
+            let k = self.rope.rotate(&k, start)?;
+            if let Some(idx) = &probe_idx {
+                queries.push(q.index_select(idx, 1)?);
+            }
+            let kv = cache.write(l, &k, &v)?;
+            let o = attention::causal_attention(&q, &kv.k, &kv.v, start)?;
+            h = (h + w.o.forward(&o)?)?;
+            let x = candle_nn::ops::rms_norm(&h, &w.ffn_norm, eps)?;
+            let gate = candle_nn::ops::silu(&w.gate.forward(&x)?)?;
+            let up = w.up.forward(&x)?;
+            h = (h + w.down.forward(&(gate * up)?)?)?;
+        }
+        cache.advance(t);
+        let rows = match want {
+            Logits::None => None,
+            Logits::Last => Some(h.narrow(0, t - 1, 1)?),
+            Logits::All => Some(h),
+        };
+        let logits = match rows {
+            None => None,
+            Some(r) => {
+                let r = candle_nn::ops::rms_norm(&r.contiguous()?, &self.weights.final_norm, eps)?;
+                Some(self.weights.output.forward(&r)?.to_dtype(DType::F32)?)
+            }
+        };
+        Ok(ForwardOutput { logits, queries })
+    }
+
+    /// Logits for the last position after running `tokens`: the common case.
+    pub fn next_logits(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        let out = self.forward(tokens, cache, &ForwardOptions::last_logits())?;
+        let l = out
+            .logits
+            .ok_or_else(|| ModelError::Cache("no tokens to run".into()))?;
+        Ok(l.squeeze(0)?)
+    }
+}
+
+/// Softmax-free helper used by metrics: log-probabilities over the vocabulary.
+pub fn log_softmax(logits: &Tensor) -> Result<Tensor> {
+    Ok(candle_nn::ops::log_softmax(logits, D::Minus1)?)
+}

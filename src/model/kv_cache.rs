@@ -1,0 +1,267 @@
+//! The KV cache as a value the caller owns: exported per layer, imported, truncated,
+//! extended and cloned. Mapping between models reads and writes it through these calls.
+
+use super::error::{ModelError, Result};
+use candle_core::{DType, Device, Tensor};
+
+/// One layer's keys (after RoPE, and after the k-norm where the architecture has one) and
+/// values, each [kv_heads, len, head_dim].
+#[derive(Debug, Clone)]
+pub struct LayerKv {
+    pub k: Tensor,
+    pub v: Tensor,
+}
+
+/// Geometry a cache must have to be used with a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    pub n_layer: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+}
+
+/// Per-layer buffers with spare capacity so a decode step writes in place instead of
+/// copying the whole history; only `[.., 0..len, ..]` is meaningful.
+#[derive(Debug)]
+pub struct KvCache {
+    shape: KvShape,
+    dtype: DType,
+    device: Device,
+    buffers: Vec<LayerKv>,
+    len: usize,
+    capacity: usize,
+}
+
+impl KvCache {
+    pub fn new(shape: KvShape, dtype: DType, device: &Device) -> Self {
+        Self {
+            shape,
+            dtype,
+            device: device.clone(),
+            buffers: Vec::new(),
+            len: 0,
+            capacity: 0,
+        }
+    }
+
+    pub fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes held by the meaningful part of the cache.
+    pub fn bytes(&self) -> usize {
+        2 * self.shape.n_layer * self.shape.n_kv_head * self.shape.head_dim * self.len * self.dtype.size_in_bytes()
+    }
+
+    /// Keys and values of layer `l` for positions `0..len` (views, not copies).
+    pub fn layer(&self, l: usize) -> Result<LayerKv> {
+        self.layer_range(l, 0, self.len)
+    }
+
+    /// Keys and values of layer `l` for positions `start..end`.
+    pub fn layer_range(&self, l: usize, start: usize, end: usize) -> Result<LayerKv> {
+        if end > self.len || start > end {
+            return Err(ModelError::Cache(format!(
+                "range {start}..{end} is outside a cache of {} positions",
+                self.len
+            )));
+        }
+        let b = self.buffers.get(l).ok_or_else(|| {
+            ModelError::Cache(format!("layer {l} of a {}-layer cache", self.shape.n_layer))
+        })?;
+        Ok(LayerKv {
+            k: b.k.narrow(1, start, end - start)?,
+            v: b.v.narrow(1, start, end - start)?,
+        })
+    }
+
+    /// Contiguous copies of every layer, positions `0..len`.
+    pub fn export(&self) -> Result<Vec<LayerKv>> {
+        (0..self.shape.n_layer)
+            .map(|l| {
+                let kv = self.layer(l)?;
+                Ok(LayerKv {
+                    k: kv.k.contiguous()?,
+                    v: kv.v.contiguous()?,
+                })
+            })
+            .collect()
+    }
+
+    /// A cache holding exactly `layers` (e.g. a mapped cache).
+    pub fn import(shape: KvShape, layers: Vec<LayerKv>, dtype: DType, device: &Device) -> Result<Self> {
+        let mut cache = Self::new(shape, dtype, device);
+        cache.extend_with(&layers)?;
+        Ok(cache)
+    }
+
+    /// Append positions given per layer (e.g. a mapped suffix) after the current ones.
+    pub fn extend_with(&mut self, layers: &[LayerKv]) -> Result<()> {
+        if layers.len() != self.shape.n_layer {
+            return Err(ModelError::Cache(format!(
+                "{} layers given for a {}-layer cache",
+                layers.len(),
+                self.shape.n_layer
+            )));
+        }
+        let t = layers[0].k.dim(1)?;
+        for (l, kv) in layers.iter().enumerate() {
+            for (name, x) in [("keys", &kv.k), ("values", &kv.v)] {
+                let dims = x.dims3()?;
+                if dims != (self.shape.n_kv_head, t, self.shape.head_dim) {
+                    return Err(ModelError::Cache(format!(
+                        "layer {l} {name} have shape {dims:?}, expected ({}, {t}, {})",
+                        self.shape.n_kv_head, self.shape.head_dim
+                    )));
+                }
+            }
+        }
+        self.reserve(t)?;
+        for (l, kv) in layers.iter().enumerate() {
+            self.write(l, &kv.k, &kv.v)?;
+        }
+        self.len += t;
+        Ok(())
+    }
+
+    /// Forget every position from `len` on.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// A deep copy: the two caches can then be extended independently.
+    pub fn try_clone(&self) -> Result<Self> {
+        let layers = self.export()?;
+        Self::import(self.shape, layers, self.dtype, &self.device)
+    }
+
+    /// Make room for `extra` more positions.
+    pub(crate) fn reserve(&mut self, extra: usize) -> Result<()> {
+        let need = self.len + extra;
+        if need <= self.capacity && !self.buffers.is_empty() {
+            return Ok(());
+        }
+        let new_cap = need.max(self.capacity * 2).max(256).next_multiple_of(64);
+        let s = self.shape;
+        let mut buffers = Vec::with_capacity(s.n_layer);
+        for l in 0..s.n_layer {
+            let k = Tensor::zeros((s.n_kv_head, new_cap, s.head_dim), self.dtype, &self.device)?;
+            let v = Tensor::zeros((s.n_kv_head, new_cap, s.head_dim), self.dtype, &self.device)?;
+            if self.len > 0 {
+                let old = self.layer(l)?;
+                k.slice_set(&old.k.contiguous()?, 1, 0)?;
+                v.slice_set(&old.v.contiguous()?, 1, 0)?;
+            }
+            buffers.push(LayerKv { k, v });
+        }
+        self.buffers = buffers;
+        self.capacity = new_cap;
+        Ok(())
+    }
+
+    /// Write `k`, `v` ([kv_heads, t, head_dim]) for layer `l` at positions `len..len+t`
+    /// and return the layer's views over `0..len+t`. The caller commits with `advance`
+    /// once every layer is written.
+    pub(crate) fn write(&mut self, l: usize, k: &Tensor, v: &Tensor) -> Result<LayerKv> {
+        let t = k.dim(1)?;
+        if self.len + t > self.capacity {
+            return Err(ModelError::Cache("write past reserved capacity".into()));
+        }
+        let b = &self.buffers[l];
+        b.k.slice_set(&k.contiguous()?.to_dtype(self.dtype)?, 1, self.len)?;
+        b.v.slice_set(&v.contiguous()?.to_dtype(self.dtype)?, 1, self.len)?;
+        Ok(LayerKv {
+            k: b.k.narrow(1, 0, self.len + t)?,
+            v: b.v.narrow(1, 0, self.len + t)?,
+        })
+    }
+
+    pub(crate) fn advance(&mut self, t: usize) {
+        self.len += t;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> KvShape {
+        KvShape {
+            n_layer: 2,
+            n_kv_head: 2,
+            head_dim: 4,
+        }
+    }
+
+    fn chunk(t: usize, seed: f32) -> Result<Vec<LayerKv>> {
+        (0..2)
+            .map(|l| {
+                let base = Tensor::arange(0f32, (2 * t * 4) as f32, &Device::Cpu)?
+                    .reshape((2, t, 4))?;
+                let k = (base.clone() + (seed + l as f32 * 100.0) as f64)?;
+                let v = (base - (seed + l as f32 * 100.0) as f64)?;
+                Ok(LayerKv { k, v })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn import_export_round_trip_and_growth_past_capacity() -> Result<()> {
+        let first = chunk(300, 1.0)?;
+        let mut c = KvCache::import(shape(), first.clone(), DType::F32, &Device::Cpu)?;
+        c.extend_with(&chunk(5, 7.0)?)?; // forces no regrowth; then a big one does
+        c.extend_with(&chunk(400, 9.0)?)?;
+        assert_eq!(c.len(), 705);
+        let out = c.export()?;
+        let head = out[1].k.narrow(1, 0, 300)?;
+        let diff = (head - &first[1].k)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert_eq!(diff, 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn clone_is_independent_and_truncate_forgets() -> Result<()> {
+        let mut a = KvCache::import(shape(), chunk(3, 1.0)?, DType::F32, &Device::Cpu)?;
+        let mut b = a.try_clone()?;
+        a.extend_with(&chunk(2, 5.0)?)?;
+        b.extend_with(&chunk(2, 50.0)?)?;
+        let ak = a.layer(0)?.k.narrow(1, 3, 2)?;
+        let bk = b.layer(0)?.k.narrow(1, 3, 2)?;
+        let d = (ak - bk)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!((d - 45.0).abs() < 1e-6, "clones must not share storage");
+        a.truncate(1);
+        assert_eq!(a.len(), 1);
+        assert!(a.layer_range(0, 0, 2).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn wrong_geometry_is_refused() -> Result<()> {
+        let bad = vec![
+            LayerKv {
+                k: Tensor::zeros((3, 1, 4), DType::F32, &Device::Cpu)?,
+                v: Tensor::zeros((3, 1, 4), DType::F32, &Device::Cpu)?,
+            };
+            2
+        ];
+        let err = KvCache::import(shape(), bad, DType::F32, &Device::Cpu).unwrap_err();
+        assert!(err.to_string().contains("expected (2, 1, 4)"), "{err}");
+        Ok(())
+    }
+}
