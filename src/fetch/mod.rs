@@ -9,9 +9,9 @@
 //! - data trees land in `cache_root()/data/<name>/`, with `MANIFEST.sha256` of their files
 //!   and a `.complete` marker written last (the directory is renamed into place whole).
 
-mod checksum;
+pub mod checksum;
 mod error;
-mod hub;
+pub mod hub;
 mod manifest;
 mod npm;
 mod progress;

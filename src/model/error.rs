@@ -30,6 +30,12 @@ pub enum ModelError {
     Cache(String),
     #[error("generation cancelled")]
     Cancelled,
+    #[error(transparent)]
+    Fetch(#[from] crate::fetch::FetchError),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::text::TokenizerError),
+    #[error(transparent)]
+    ChatTemplate(#[from] crate::text::ChatTemplateError),
     #[error("tensor computation failed: {0}")]
     Candle(#[from] candle_core::Error),
     #[error("i/o error on {path}: {source}")]

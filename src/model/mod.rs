@@ -1,12 +1,16 @@
 //! The model runtime: configs, weights, a decoder whose KV cache the caller owns.
 
 pub mod attention;
+pub mod bench;
 pub mod config;
 pub mod decoder;
 pub mod error;
+pub mod generate;
 pub mod kv_cache;
 pub mod load;
+pub mod loaded;
 pub mod rope;
+pub mod sampler;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig, RopeLayout};
@@ -15,3 +19,6 @@ pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, KvShape, LayerKv};
 pub use load::{load_decoder, LoadedDecoder, ModelFormat};
 pub use weights::LoadOptions;
+pub use generate::{generate, GenerateOptions, Generation, StopReason, Throughput};
+pub use loaded::{resolve, Model, ModelIdentity, ResolvedModel};
+pub use sampler::{Sampler, Sampling};
