@@ -13,13 +13,23 @@ use std::path::PathBuf;
 use baton::text::{ChatMessage, ChatTemplate, ChatTemplateError, PrefixStability, TextTokenizer};
 use candle_core::quantized::gguf_file::Content;
 
+mod common;
+
+/// Real inputs: the manifest's artifacts (fetched if missing), or a local copy named by
+/// the variable. Only inputs outside the manifest may be absent, and then are skipped.
 fn env_path(var: &str) -> Option<PathBuf> {
-    match std::env::var_os(var) {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            eprintln!("note: {var} is not set; skipping");
-            None
-        }
+    match var {
+        "BATON_TEST_QWEN_GGUF" => Some(common::qwen_small()),
+        "BATON_TEST_QWEN_GGUF_2" => Some(common::qwen_large()),
+        "BATON_TEST_OTHER_GGUF" => Some(common::smollm()),
+        "BATON_TEST_QWEN_TOKENIZER_JSON" => Some(common::qwen_tokenizer_json()),
+        _ => match std::env::var_os(var) {
+            Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+            _ => {
+                eprintln!("note: {var} is not set; skipping");
+                None
+            }
+        },
     }
 }
 

@@ -135,7 +135,7 @@ impl ModelConfig {
         if self.n_layer == 0 || self.hidden == 0 || self.n_head == 0 || self.n_kv_head == 0 {
             return Err(bad("layers/heads", "zero-sized model".into()));
         }
-        if self.n_head % self.n_kv_head != 0 {
+        if !self.n_head.is_multiple_of(self.n_kv_head) {
             return Err(bad(
                 "head_count_kv",
                 format!(
@@ -144,7 +144,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.head_dim % 2 != 0 || self.rope.dim != self.head_dim {
+        if !self.head_dim.is_multiple_of(2) || self.rope.dim != self.head_dim {
             return Err(ModelError::Unsupported(format!(
                 "rotary dimension {} over head width {}: only full-width rotation is supported",
                 self.rope.dim, self.head_dim

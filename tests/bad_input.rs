@@ -1,0 +1,122 @@
+//! Bad input gets one clear error naming the problem, never a panic.
+
+mod common;
+
+use baton::model::{load_decoder, LoadOptions, Model, ModelError};
+use baton::text::ensure_same_tokenizer;
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use std::path::Path;
+use std::process::Command;
+
+fn load_err(path: &Path) -> ModelError {
+    match load_decoder(path, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)) {
+        Ok(_) => panic!("{} loaded but should not", path.display()),
+        Err(e) => e,
+    }
+}
+
+/// A metadata-only GGUF with one tiny tensor, for architectures baton must refuse.
+fn tiny_gguf(path: &Path, arch: &str, extra: &[(&str, Value)]) {
+    let mut md: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (format!("{arch}.block_count"), Value::U32(1)),
+        (format!("{arch}.embedding_length"), Value::U32(32)),
+        (format!("{arch}.feed_forward_length"), Value::U32(64)),
+        (format!("{arch}.attention.head_count"), Value::U32(4)),
+        (format!("{arch}.context_length"), Value::U32(128)),
+        (format!("{arch}.vocab_size"), Value::U32(16)),
+    ];
+    for (k, v) in extra {
+        md.push((k.to_string(), v.clone()));
+    }
+    let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let t = QTensor::quantize(&Tensor::zeros((1, 32), candle_core::DType::F32, &Device::Cpu).unwrap(), GgmlDType::F32).unwrap();
+    let mut f = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut f, &md_refs, &[("token_embd.weight", &t)]).unwrap();
+}
+
+#[test]
+fn missing_file_is_named() {
+    let e = load_err(Path::new("/definitely/not/here.gguf"));
+    assert!(matches!(e, ModelError::NotFound(_)), "{e}");
+    assert!(e.to_string().contains("/definitely/not/here.gguf"), "{e}");
+}
+
+#[test]
+fn a_file_that_is_not_a_model_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("notes.txt");
+    std::fs::write(&p, "hello, not a model").unwrap();
+    let e = load_err(&p);
+    assert!(matches!(e, ModelError::UnknownFormat { .. }), "{e}");
+    assert!(e.to_string().contains("GGUF"), "{e}");
+    // A directory without config.json is no safetensors model either.
+    let e = load_err(dir.path());
+    assert!(e.to_string().contains("config.json"), "{e}");
+}
+
+#[test]
+fn truncated_gguf_is_caught_before_any_tensor_is_read() {
+    let src = common::smollm();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("cut.gguf");
+    let bytes = std::fs::read(&src).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() / 3]).unwrap();
+    let e = load_err(&p);
+    assert!(matches!(e, ModelError::BadGguf { .. }), "{e}");
+    assert!(e.to_string().contains("truncated"), "{e}");
+    // Cut inside the header: still a clear GGUF error.
+    std::fs::write(&p, &bytes[..100]).unwrap();
+    assert!(matches!(load_err(&p), ModelError::BadGguf { .. }));
+}
+
+#[test]
+fn unsupported_and_sliding_window_architectures_are_refused_with_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gemma.gguf");
+    tiny_gguf(&p, "gemma3", &[]);
+    let e = load_err(&p);
+    assert!(matches!(e, ModelError::UnsupportedArchitecture { .. }), "{e}");
+    assert!(e.to_string().contains("gemma3"), "{e}");
+
+    let p = dir.path().join("mistral-swa.gguf");
+    tiny_gguf(&p, "llama", &[("llama.attention.sliding_window", Value::U32(4096))]);
+    let e = load_err(&p);
+    assert!(e.to_string().contains("sliding-window"), "{e}");
+}
+
+#[test]
+fn prompt_longer_than_the_context_is_refused() {
+    let dev = Device::Cpu;
+    let m = load_decoder(&common::smollm(), &dev, LoadOptions::for_device(&dev)).unwrap();
+    let ctx = m.decoder.config().context_length;
+    let ids = vec![1u32; ctx + 1];
+    let mut cache = m.decoder.new_cache();
+    let e = m.decoder.next_logits(&ids, &mut cache).unwrap_err();
+    assert!(matches!(e, ModelError::ContextOverflow { .. }), "{e}");
+    assert!(e.to_string().contains(&ctx.to_string()), "{e}");
+    assert_eq!(cache.len(), 0, "a refused input leaves the cache untouched");
+}
+
+#[test]
+fn a_pair_with_different_tokenizers_is_refused() {
+    let dev = Device::Cpu;
+    let qwen = Model::open(common::qwen_small().to_str().unwrap(), &dev, &baton::fetch::SilentProgress).unwrap();
+    let smol = Model::open(common::smollm().to_str().unwrap(), &dev, &baton::fetch::SilentProgress).unwrap();
+    let e = ensure_same_tokenizer(&qwen.tokenizer, &smol.tokenizer).unwrap_err();
+    assert!(e.to_string().contains("different tokenizers"), "{e}");
+}
+
+#[test]
+fn the_binary_reports_errors_in_one_line_and_exits_non_zero() {
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["info", "--model", "no-such-model-name"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("error:") && err.contains("qwen2.5-coder-0.5b"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

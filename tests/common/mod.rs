@@ -1,0 +1,33 @@
+//! Shared helpers for the end-to-end tests: real inputs come from baton's own fetcher
+//! (the same cache CI fills), so these tests run for real wherever the suite runs.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// Path of a manifest entry, fetched into the cache if missing. An environment variable
+/// may point at a local copy instead.
+pub fn artifact(env_var: &str, manifest_name: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env_var).filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    match baton::fetch::ensure_by_name(manifest_name, &baton::fetch::SilentProgress) {
+        Ok(f) => f.path,
+        Err(e) => panic!("cannot fetch `{manifest_name}` for this test (set {env_var} to a local copy instead): {e}"),
+    }
+}
+
+pub fn qwen_small() -> PathBuf {
+    artifact("BATON_TEST_QWEN_GGUF", "qwen2.5-coder-0.5b")
+}
+
+pub fn qwen_large() -> PathBuf {
+    artifact("BATON_TEST_QWEN_GGUF_2", "qwen2.5-coder-1.5b")
+}
+
+pub fn smollm() -> PathBuf {
+    artifact("BATON_TEST_OTHER_GGUF", "smollm2-135m")
+}
+
+pub fn qwen_tokenizer_json() -> PathBuf {
+    artifact("BATON_TEST_QWEN_TOKENIZER_JSON", "qwen-tokenizer-json")
+}
