@@ -2,6 +2,8 @@
 //! (the same cache CI fills), so these tests run for real wherever the suite runs.
 #![allow(dead_code)]
 
+pub mod synthetic;
+
 use std::path::PathBuf;
 
 /// Path of a manifest entry, fetched into the cache if missing. An environment variable
