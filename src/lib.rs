@@ -4,5 +4,6 @@
 
 pub mod fetch;
 pub mod logging;
+pub mod metrics;
 pub mod model;
 pub mod text;

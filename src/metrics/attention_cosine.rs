@@ -1,0 +1,102 @@
+//! Attention-output cosine: the target's own queries attend over the true cache and over
+//! the mapped cache; the closer the two outputs, the less the mapping changes what the
+//! model reads. This, not calibration R², is what predicts downstream retention.
+
+use super::{MetricError, Result};
+use candle_core::{DType, Tensor, D};
+
+/// `queries`: [n_head, P, hd] at absolute positions `probe_positions` (after RoPE);
+/// `k_true`, `v_true`, `k_mapped`, `v_mapped`: [n_kv_head, len, hd] with len greater
+/// than every probe position. Each probe attends causally over positions 0..=p.
+/// Returns the cosine of the two outputs averaged over query heads and probes.
+pub fn attention_output_cosine(
+    queries: &Tensor,
+    probe_positions: &[usize],
+    k_true: &Tensor,
+    v_true: &Tensor,
+    k_mapped: &Tensor,
+    v_mapped: &Tensor,
+) -> Result<f64> {
+    let (nh, p, hd) = queries.dims3()?;
+    let (nkv, len, khd) = k_true.dims3()?;
+    if p != probe_positions.len() || khd != hd || nh % nkv != 0 {
+        return Err(MetricError::Shape(format!(
+            "queries {:?}, {} probes, keys {:?}",
+            queries.dims(),
+            probe_positions.len(),
+            k_true.dims()
+        )));
+    }
+    if k_mapped.dims() != k_true.dims() || v_mapped.dims() != v_true.dims() {
+        return Err(MetricError::Shape(format!(
+            "mapped cache {:?} vs true {:?}",
+            k_mapped.dims(),
+            k_true.dims()
+        )));
+    }
+    if let Some(&bad) = probe_positions.iter().find(|&&q| q >= len) {
+        return Err(MetricError::Shape(format!("probe at {bad} past a cache of {len}")));
+    }
+    let group = nh / nkv;
+    let f = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.contiguous()?) };
+    let (q, kt, vt, km, vm) = (f(queries)?, f(k_true)?, f(v_true)?, f(k_mapped)?, f(v_mapped)?);
+    // Mask: probe i sees keys 0..=pos_i.
+    let mut mask = vec![0f32; p * len];
+    for (i, &pos) in probe_positions.iter().enumerate() {
+        for j in pos + 1..len {
+            mask[i * len + j] = f32::NEG_INFINITY;
+        }
+    }
+    let mask = Tensor::from_vec(mask, (p, len), q.device())?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let q = q.reshape((nkv, group * p, hd))?;
+    let out = |k: &Tensor, v: &Tensor| -> Result<Tensor> {
+        let s = (q.matmul(&k.t()?)? * scale)?
+            .reshape((nkv, group, p, len))?
+            .broadcast_add(&mask)?;
+        let a = candle_nn::ops::softmax_last_dim(&s)?.reshape((nkv, group * p, len))?;
+        Ok(a.matmul(v)?) // [nkv, group*p, hd]
+    };
+    let (ot, om) = (out(&kt, &vt)?, out(&km, &vm)?);
+    let dot = (&ot * &om)?.sum(D::Minus1)?;
+    let nt = ot.sqr()?.sum(D::Minus1)?.sqrt()?;
+    let nm = om.sqr()?.sum(D::Minus1)?.sqrt()?;
+    let cos = (dot / (nt * nm)?.clamp(1e-30, f64::MAX)?)?;
+    Ok(cos.mean_all()?.to_scalar::<f32>()? as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn identical_caches_give_one_and_noise_lowers_it() -> Result<()> {
+        let dev = Device::Cpu;
+        let q = Tensor::randn(0f32, 1.0, (4, 3, 8), &dev)?;
+        let k = Tensor::randn(0f32, 1.0, (2, 10, 8), &dev)?;
+        let v = Tensor::randn(0f32, 1.0, (2, 10, 8), &dev)?;
+        let probes = [2, 5, 9];
+        let same = attention_output_cosine(&q, &probes, &k, &v, &k, &v)?;
+        assert!((same - 1.0).abs() < 1e-5, "{same}");
+        let noisy_v = (&v + Tensor::randn(0f32, 1.0, (2, 10, 8), &dev)?)?;
+        let lower = attention_output_cosine(&q, &probes, &k, &v, &k, &noisy_v)?;
+        assert!(lower < 0.95, "{lower}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_probe_never_reads_positions_after_it() -> Result<()> {
+        // Changing keys/values after every probe must not change the cosine.
+        let dev = Device::Cpu;
+        let q = Tensor::randn(0f32, 1.0, (2, 2, 4), &dev)?;
+        let k = Tensor::randn(0f32, 1.0, (1, 6, 4), &dev)?;
+        let v = Tensor::randn(0f32, 1.0, (1, 6, 4), &dev)?;
+        let tail = Tensor::randn(0f32, 5.0, (1, 2, 4), &dev)?;
+        let k2 = Tensor::cat(&[k.narrow(1, 0, 4)?, tail.clone()], 1)?;
+        let v2 = Tensor::cat(&[v.narrow(1, 0, 4)?, tail], 1)?;
+        let c = attention_output_cosine(&q, &[1, 3], &k, &v, &k2, &v2)?;
+        assert!((c - 1.0).abs() < 1e-5, "{c}");
+        Ok(())
+    }
+}

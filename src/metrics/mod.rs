@@ -1,0 +1,23 @@
+//! Instruments that say how faithful a mapped KV cache is. Used by `eval` and by the
+//! workbench; each works on plain tensors so the engine and the tests can call it alike.
+
+pub mod attention_cosine;
+pub mod concentration;
+pub mod logits;
+pub mod regression;
+
+pub use attention_cosine::attention_output_cosine;
+pub use concentration::key_error_concentration;
+pub use logits::{continuation_scores, ContinuationScores, NextTokenAgreement};
+pub use regression::r2_per_layer;
+
+/// Metric failures are tensor failures or shape mismatches, both named.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricError {
+    #[error("metric input shapes do not fit: {0}")]
+    Shape(String),
+    #[error("tensor computation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+pub type Result<T, E = MetricError> = std::result::Result<T, E>;
