@@ -36,6 +36,64 @@ pub enum Command {
     /// Time prefill and decode of baton's decoder next to candle-transformers' own
     /// quantized model on the same file, in one run.
     BenchModel(BenchModelArgs),
+    /// Fit the KV-cache mappers between two models (both directions unless --direction).
+    Calibrate(CalibrateArgs),
+    /// List the mapper artifacts in the cache dir.
+    Mappers(MappersArgs),
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum DirectionArg {
+    /// Source to target and target to source.
+    Both,
+    SourceToTarget,
+    TargetToSource,
+}
+
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    #[arg(long, default_value = "qwen2.5-coder-0.5b")]
+    pub source: String,
+    #[arg(long, default_value = "qwen2.5-coder-1.5b")]
+    pub target: String,
+    #[arg(long, value_enum, default_value = "both")]
+    pub direction: DirectionArg,
+    /// Calibration text (.txt/.utf8, or .jsonl with a "text" field); default: the
+    /// exllamav2 calibration files.
+    #[arg(long, num_args = 1..)]
+    pub corpus: Vec<std::path::PathBuf>,
+    /// Windows used for fitting (sized for a 2-core CPU; --reference gives 500 × 1024).
+    #[arg(long, default_value_t = 64)]
+    pub sequences: usize,
+    #[arg(long, default_value_t = 512)]
+    pub seq_len: usize,
+    /// The reference setting: 500 sequences of 1024 tokens.
+    #[arg(long, conflicts_with_all = ["sequences", "seq_len"])]
+    pub reference: bool,
+    /// Keep every N-th position of a window as an observation.
+    #[arg(long, default_value_t = 4)]
+    pub stride: usize,
+    /// Held-out windows used to choose k and lambda by attention-output cosine.
+    #[arg(long, default_value_t = 8)]
+    pub select_sequences: usize,
+    /// Candidate k values (source layers per target layer); `all` for every layer.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,12,16,all")]
+    pub k: Vec<String>,
+    /// Candidate ridge penalties.
+    #[arg(long, value_delimiter = ',', default_value = "0.01")]
+    pub lambda: Vec<f64>,
+    /// Fit on raw instead of standardised features.
+    #[arg(long)]
+    pub no_standardize: bool,
+    /// Print the calibration report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MappersArgs {
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -4,6 +4,7 @@
 
 pub mod fetch;
 pub mod logging;
+pub mod mapper;
 pub mod metrics;
 pub mod model;
 pub mod text;

@@ -9,7 +9,7 @@ use baton::model::{self, GenerateOptions, Model, Sampling};
 use baton::text::ChatMessage;
 use candle_core::Device;
 use clap::Parser;
-use cli::{BenchModelArgs, Cli, Command, FetchArgs, GenerateArgs, InfoArgs};
+use cli::{BenchModelArgs, CalibrateArgs, Cli, Command, DirectionArg, FetchArgs, GenerateArgs, InfoArgs, MappersArgs};
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
 
@@ -27,7 +27,11 @@ fn device(spec: &str) -> Result<Device> {
     match spec {
         "cpu" => Ok(Device::Cpu),
         s if s == "cuda" || s.starts_with("cuda:") => {
-            let ordinal: usize = s.strip_prefix("cuda:").map(str::parse).transpose()?.unwrap_or(0);
+            let ordinal: usize = s
+                .strip_prefix("cuda:")
+                .map(str::parse)
+                .transpose()?
+                .unwrap_or(0);
             Device::new_cuda(ordinal).with_context(|| {
                 format!("cannot open {s}: build with `cargo build --release --features cuda` on a machine with CUDA, or use --device cpu")
             })
@@ -44,6 +48,8 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Info(a)) => info_cmd(a, &dev),
         Some(Command::Generate(a)) => generate_cmd(a, &dev),
         Some(Command::BenchModel(a)) => bench_model_cmd(a),
+        Some(Command::Calibrate(a)) => calibrate_cmd(a, &dev),
+        Some(Command::Mappers(a)) => mappers_cmd(a),
     }
 }
 
@@ -82,7 +88,9 @@ fn fetch_cmd(a: FetchArgs) -> Result<()> {
         })?;
         vec![x.name.clone(), y.name.clone()]
     } else if a.names.is_empty() {
-        let (x, y) = manifest.pair("default").context("the manifest has no default pair")?;
+        let (x, y) = manifest
+            .pair("default")
+            .context("the manifest has no default pair")?;
         vec![x.name.clone(), y.name.clone()]
     } else {
         a.names.clone()
@@ -127,19 +135,29 @@ fn info_cmd(a: InfoArgs, dev: &Device) -> Result<()> {
     println!("architecture  {}", c.arch.name());
     println!("layers        {}", c.n_layer);
     println!("hidden        {}", c.hidden);
-    println!("heads         {} query, {} KV, head width {}", c.n_head, c.n_kv_head, c.head_dim);
+    println!(
+        "heads         {} query, {} KV, head width {}",
+        c.n_head, c.n_kv_head, c.head_dim
+    );
     println!("KV per token  {} per layer for K and for V", c.kv_width());
     println!("ffn           {}", c.ffn);
     println!(
         "rope          theta {}, {:?}{}",
         c.rope.theta,
         c.rope.layout,
-        if c.rope.llama3_scaling.is_some() || c.rope.freq_factors.is_some() { ", scaled" } else { "" }
+        if c.rope.llama3_scaling.is_some() || c.rope.freq_factors.is_some() {
+            ", scaled"
+        } else {
+            ""
+        }
     );
     println!("context       {} tokens", c.context_length);
     println!("vocabulary    {}", c.vocab_size);
     println!("tokenizer     {}", m.identity.tokenizer_fingerprint);
-    println!("chat template {}", if m.template.is_some() { "yes" } else { "no" });
+    println!(
+        "chat template {}",
+        if m.template.is_some() { "yes" } else { "no" }
+    );
     for (t, n, b, a) in &conv.converted {
         println!(
             "converted     {n} {t} tensors to Q8_0 at load ({:.0} MB -> {:.0} MB) for fast CPU kernels",
@@ -201,4 +219,165 @@ fn generate_cmd(a: GenerateArgs, dev: &Device) -> Result<()> {
 
 fn bench_model_cmd(_a: BenchModelArgs) -> Result<()> {
     bail!("bench-model is not wired yet")
+}
+
+/// Progress bars for calibration phases, with ETA.
+struct CalibrationBars {
+    bar: std::cell::RefCell<Option<indicatif::ProgressBar>>,
+}
+
+impl baton::mapper::calibrate::CalibrationProgress for CalibrationBars {
+    fn phase(&self, name: &str, total: u64) {
+        if let Some(b) = self.bar.borrow_mut().take() {
+            b.finish();
+        }
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{msg:>28} [{bar:30}] {pos}/{len} elapsed {elapsed} ETA {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        b.set_message(name.to_string());
+        *self.bar.borrow_mut() = Some(b);
+    }
+    fn advance(&self, n: u64) {
+        if let Some(b) = self.bar.borrow().as_ref() {
+            b.inc(n);
+        }
+    }
+    fn note(&self, msg: &str) {
+        match self.bar.borrow().as_ref() {
+            Some(b) => b.println(msg),
+            None => eprintln!("{msg}"),
+        }
+    }
+}
+
+fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
+    use baton::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
+    use baton::mapper::calibrate::{self as cal, CalibrateOptions, Direction};
+    use baton::mapper::corpus;
+    let cancel = std::sync::Arc::new(AtomicBool::new(false));
+    {
+        let c = cancel.clone();
+        // Ctrl-C stops at the next window; artifacts are only written at the very end.
+        let _ = ctrlc::set_handler(move || c.store(true, std::sync::atomic::Ordering::Relaxed));
+    }
+    let (sequences, seq_len) = if a.reference { (500, 1024) } else { (a.sequences, a.seq_len) };
+    let k_sweep = a
+        .k
+        .iter()
+        .map(|k| if k == "all" { Ok(usize::MAX) } else { k.parse::<usize>().with_context(|| format!("--k takes numbers or `all`, got `{k}`")) })
+        .collect::<Result<Vec<_>>>()?;
+    let opts = CalibrateOptions {
+        sequences,
+        seq_len,
+        stride: a.stride,
+        select_sequences: a.select_sequences,
+        k_sweep,
+        lambdas: a.lambda.clone(),
+        standardize: !a.no_standardize,
+        ..CalibrateOptions::default()
+    };
+    let files = if a.corpus.is_empty() { corpus::default_files()? } else { a.corpus.clone() };
+    let docs = corpus::read_documents(&files)?;
+    let progress = BarProgress::new();
+    let src = Model::open(&a.source, dev, &progress)?;
+    let tgt = Model::open(&a.target, dev, &progress)?;
+    drop(progress);
+    let directions: Vec<Direction> = match a.direction {
+        DirectionArg::Both => vec![Direction::Forward, Direction::Backward],
+        DirectionArg::SourceToTarget => vec![Direction::Forward],
+        DirectionArg::TargetToSource => vec![Direction::Backward],
+    };
+    let bars = CalibrationBars { bar: std::cell::RefCell::new(None) };
+    let started = std::time::Instant::now();
+    let fitted = cal::calibrate(&src, &tgt, &docs, &directions, &opts, &bars, &cancel)?;
+    if let Some(b) = bars.bar.borrow_mut().take() {
+        b.finish_and_clear();
+    }
+    let root = fetch::cache_root();
+    let mut reports = Vec::new();
+    for f in &fitted {
+        let (s, t) = if f.source.sha256 == src.identity.sha256 { (&src, &tgt) } else { (&tgt, &src) };
+        let meta = MapperMeta {
+            format: artifact::FORMAT.into(),
+            version: artifact::VERSION,
+            direction: format!("{} -> {}", s.identity.name, t.identity.name),
+            source: ModelRef::new(&s.identity, s.config()),
+            target: ModelRef::new(&t.identity, t.config()),
+            k: f.k,
+            lambda: f.lambda,
+            standardize: f.standardize,
+            key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
+            value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
+            corpus: CorpusInfo {
+                files: corpus::describe(&files),
+                fingerprint: corpus::fingerprint(&docs),
+                sequences: opts.sequences,
+                seq_len: opts.seq_len,
+                observations: f.report.observations,
+            },
+            report: f.report.clone(),
+            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            baton_version: env!("CARGO_PKG_VERSION").into(),
+        };
+        let path = artifact::artifact_path(&root, &meta.source, &meta.target);
+        artifact::save(f, &meta, &path)?;
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        eprintln!(
+            "{}: k = {}, lambda = {}, held-out attention cosine {:.4}, R² K {:.3} V {:.3} -> {}",
+            meta.direction,
+            f.k,
+            f.lambda,
+            mean(&f.report.cosine),
+            mean(&f.report.r2_k),
+            mean(&f.report.r2_v),
+            path.display()
+        );
+        reports.push(meta);
+    }
+    eprintln!("calibration took {:.1} s", started.elapsed().as_secs_f64());
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    }
+    Ok(())
+}
+
+fn mappers_cmd(a: MappersArgs) -> Result<()> {
+    use baton::mapper::artifact;
+    let list = artifact::list(&fetch::cache_root());
+    if a.json {
+        let v: Vec<serde_json::Value> = list
+            .iter()
+            .map(|(p, m)| match m {
+                Ok(m) => serde_json::json!({"path": p, "meta": m}),
+                Err(e) => serde_json::json!({"path": p, "error": e.to_string()}),
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    if list.is_empty() {
+        println!("no mappers yet: run `baton calibrate` (default pair: qwen2.5-coder-0.5b and qwen2.5-coder-1.5b)");
+    }
+    for (p, m) in list {
+        match m {
+            Ok(m) => {
+                let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+                println!(
+                    "{:<45} k={:<3} lambda={:<6} cosine {:.4}  {} x {} tokens  {}",
+                    m.direction,
+                    m.k,
+                    m.lambda,
+                    mean(&m.report.cosine),
+                    m.corpus.sequences,
+                    m.corpus.seq_len,
+                    p.display()
+                );
+            }
+            Err(e) => println!("unreadable: {e}"),
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,129 @@
+//! Applying a fitted mapper: source cache positions in, target cache layers out.
+//! Each source layer is un-rotated once however many target layers read it; each target
+//! layer then costs one matrix product for K and one for V (all heads at once), and the
+//! keys get the target's RoPE at the same absolute positions.
+
+use super::features::{layer_features, rows_to_heads};
+use crate::model::rope::Rope;
+use crate::model::{KvCache, KvShape, LayerKv, ModelError};
+use candle_core::{DType, Device, Tensor};
+use std::collections::BTreeMap;
+
+/// One target layer's map for K or V: y = [x_{s1} | … | x_{sk}] · W + b.
+#[derive(Debug, Clone)]
+pub struct TargetLayerMap {
+    pub sources: Vec<usize>,
+    /// [k·D_s, D_t]
+    pub weight: Tensor,
+    /// [D_t]
+    pub bias: Tensor,
+}
+
+impl TargetLayerMap {
+    pub fn from_parts(
+        sources: Vec<usize>,
+        weight: &[f32],
+        bias: &[f32],
+        source_width: usize,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self, ModelError> {
+        let rows = sources.len() * source_width;
+        let cols = bias.len();
+        if weight.len() != rows * cols {
+            return Err(ModelError::Cache(format!(
+                "mapper weight has {} values, expected {rows}×{cols}",
+                weight.len()
+            )));
+        }
+        Ok(Self {
+            sources,
+            weight: Tensor::from_slice(weight, (rows, cols), device)?.to_dtype(dtype)?,
+            bias: Tensor::from_slice(bias, cols, device)?.to_dtype(dtype)?,
+        })
+    }
+}
+
+/// Everything needed to turn source cache positions into target cache layers.
+#[derive(Debug, Clone)]
+pub struct CacheMapper {
+    pub source: KvShape,
+    pub target: KvShape,
+    pub keys: Vec<TargetLayerMap>,
+    pub values: Vec<TargetLayerMap>,
+}
+
+impl CacheMapper {
+    /// Map positions `start..end` of `src` into per-layer target K/V
+    /// ([n_kv_head_t, end − start, hd_t]), ready for [`KvCache::extend_with`].
+    pub fn map_range(
+        &self,
+        src: &KvCache,
+        src_rope: &Rope,
+        tgt_rope: &Rope,
+        start: usize,
+        end: usize,
+    ) -> Result<Vec<LayerKv>, ModelError> {
+        if src.shape() != self.source {
+            return Err(ModelError::Cache(format!(
+                "source cache {:?} does not match the mapper's source {:?}",
+                src.shape(),
+                self.source
+            )));
+        }
+        if self.keys.len() != self.target.n_layer || self.values.len() != self.target.n_layer {
+            return Err(ModelError::Cache(
+                "mapper has the wrong number of target layers".into(),
+            ));
+        }
+        // Un-rotate each source layer that any target layer reads, once.
+        let mut needed: BTreeMap<usize, ()> = BTreeMap::new();
+        for m in self.keys.iter().chain(&self.values) {
+            for &s in &m.sources {
+                needed.insert(s, ());
+            }
+        }
+        let mut feats = BTreeMap::new();
+        for &s in needed.keys() {
+            feats.insert(s, layer_features(src, src_rope, s, start, end, 1)?);
+        }
+        let dtype = self.keys[0].weight.dtype();
+        let gather = |m: &TargetLayerMap, keys: bool| -> Result<Tensor, ModelError> {
+            let parts: Vec<Tensor> = m
+                .sources
+                .iter()
+                .map(|s| {
+                    let f = &feats[s];
+                    let t = if keys { &f.k } else { &f.v };
+                    t.to_dtype(dtype)
+                })
+                .collect::<Result<_, _>>()?;
+            let x = if parts.len() == 1 {
+                parts[0].clone()
+            } else {
+                Tensor::cat(&parts, 1)?
+            };
+            Ok(x.matmul(&m.weight)?.broadcast_add(&m.bias)?)
+        };
+        let heads = self.target.n_kv_head;
+        let mut out = Vec::with_capacity(self.target.n_layer);
+        for (km, vm) in self.keys.iter().zip(&self.values) {
+            let k = rows_to_heads(&gather(km, true)?, heads)?.to_dtype(src.dtype())?;
+            let k = tgt_rope.rotate(&k, start)?;
+            let v = rows_to_heads(&gather(vm, false)?, heads)?.to_dtype(src.dtype())?;
+            out.push(LayerKv { k, v });
+        }
+        Ok(out)
+    }
+
+    /// A whole target cache from a whole source cache.
+    pub fn map_cache(
+        &self,
+        src: &KvCache,
+        src_rope: &Rope,
+        tgt_rope: &Rope,
+    ) -> Result<KvCache, ModelError> {
+        let layers = self.map_range(src, src_rope, tgt_rope, 0, src.len())?;
+        KvCache::import(self.target, layers, src.dtype(), src.device())
+    }
+}

@@ -1,0 +1,270 @@
+//! Mapper artifacts: one safetensors file per direction holding every target layer's K and
+//! V maps, with the JSON metadata (identities, selection, λ, corpus, calibration report)
+//! inside the file's header so weights and their description can never be separated.
+//! A readable copy of the metadata is written next to it. Files are keyed by the two
+//! models' checksums and written to a temp file, then renamed into place.
+
+use super::calibrate::{CalibrationReport, Fitted};
+use super::ridge::{FitInfo, LayerMap};
+use crate::model::{ModelConfig, ModelIdentity};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+pub const FORMAT: &str = "baton.mapper";
+pub const VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("i/o error on {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not a usable mapper artifact: {reason}")]
+    Bad { path: PathBuf, reason: String },
+    #[error("mapper {path} was made for {what} {expected}, but the loaded {what} is {found}: calibrate this pair with `baton calibrate --source {src} --target {tgt}`")]
+    Mismatch {
+        path: PathBuf,
+        what: &'static str,
+        expected: String,
+        found: String,
+        src: String,
+        tgt: String,
+    },
+    #[error("no mapper from {source_name} to {target}: run `baton calibrate --source {source_name} --target {target}` first")]
+    Missing { source_name: String, target: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ModelRef {
+    pub name: String,
+    pub sha256: String,
+    pub architecture: String,
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub tokenizer_fingerprint: String,
+}
+
+impl ModelRef {
+    pub fn new(id: &ModelIdentity, cfg: &ModelConfig) -> Self {
+        Self {
+            name: id.name.clone(),
+            sha256: id.sha256.clone(),
+            architecture: cfg.arch.name().to_string(),
+            layers: cfg.n_layer,
+            kv_heads: cfg.n_kv_head,
+            head_dim: cfg.head_dim,
+            tokenizer_fingerprint: id.tokenizer_fingerprint.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CorpusInfo {
+    pub files: String,
+    pub fingerprint: String,
+    pub sequences: usize,
+    pub seq_len: usize,
+    pub observations: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MapperMeta {
+    pub format: String,
+    pub version: u32,
+    pub direction: String,
+    pub source: ModelRef,
+    pub target: ModelRef,
+    pub k: usize,
+    pub lambda: f64,
+    pub standardize: bool,
+    /// Per target layer, the source layers its keys / values are predicted from.
+    pub key_sources: Vec<Vec<usize>>,
+    pub value_sources: Vec<Vec<usize>>,
+    pub corpus: CorpusInfo,
+    pub report: CalibrationReport,
+    pub created_unix: u64,
+    pub baton_version: String,
+}
+
+/// A loaded artifact: metadata plus the maps, in the ridge module's plain form.
+pub struct MapperArtifact {
+    pub path: PathBuf,
+    pub meta: MapperMeta,
+    pub keys: Vec<LayerMap>,
+    pub values: Vec<LayerMap>,
+}
+
+/// `<cache>/mappers/`.
+pub fn mappers_dir(root: &Path) -> PathBuf {
+    root.join("mappers")
+}
+
+/// Where the artifact for `source → target` lives, keyed by both checksums.
+pub fn artifact_path(root: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
+    let short = |s: &str| s.chars().take(12).collect::<String>();
+    mappers_dir(root).join(format!(
+        "{}__to__{}.{}-{}.safetensors",
+        sanitize(&source.name),
+        sanitize(&target.name),
+        short(&source.sha256),
+        short(&target.sha256)
+    ))
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+        .collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError + '_ {
+    move |source| ArtifactError::Io { path: path.to_path_buf(), source }
+}
+
+/// Write `fitted` atomically to `path` (and `path` with `.json` for people).
+pub fn save(fitted: &Fitted, meta: &MapperMeta, path: &Path) -> Result<(), ArtifactError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let json = serde_json::to_string_pretty(meta).map_err(|e| ArtifactError::Bad { path: path.to_path_buf(), reason: e.to_string() })?;
+    let mut buffers: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
+    for (kind, maps) in [("keys", &fitted.keys), ("values", &fitted.values)] {
+        for (j, m) in maps.iter().enumerate() {
+            let rows = m.weight.len() / m.bias.len().max(1);
+            buffers.push((format!("{kind}.{j}.weight"), f32_bytes(&m.weight), vec![rows, m.bias.len()]));
+            buffers.push((format!("{kind}.{j}.bias"), f32_bytes(&m.bias), vec![m.bias.len()]));
+        }
+    }
+    let views: Vec<(String, TensorView<'_>)> = buffers
+        .iter()
+        .map(|(n, b, s)| {
+            TensorView::new(Dtype::F32, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| ArtifactError::Bad { path: path.to_path_buf(), reason: e.to_string() })
+        })
+        .collect::<Result<_, _>>()?;
+    let mut header = HashMap::new();
+    header.insert("baton".to_string(), json.clone());
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    safetensors::serialize_to_file(views, Some(header), &tmp).map_err(|e| ArtifactError::Bad { path: tmp.clone(), reason: e.to_string() })?;
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    let json_path = path.with_extension("json");
+    let tmp_json = json_path.with_extension(format!("json.tmp.{}", std::process::id()));
+    std::fs::write(&tmp_json, json).map_err(io(&tmp_json))?;
+    std::fs::rename(&tmp_json, &json_path).map_err(io(&json_path))?;
+    Ok(())
+}
+
+fn read_meta(path: &Path, bytes: &[u8]) -> Result<MapperMeta, ArtifactError> {
+    let bad = |reason: String| ArtifactError::Bad { path: path.to_path_buf(), reason };
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
+    let json = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("baton"))
+        .ok_or_else(|| bad("no baton metadata in the header".into()))?;
+    let meta: MapperMeta = serde_json::from_str(json).map_err(|e| bad(format!("metadata: {e}")))?;
+    if meta.format != FORMAT {
+        return Err(bad(format!("format `{}` is not `{FORMAT}`", meta.format)));
+    }
+    if meta.version != VERSION {
+        return Err(bad(format!("format version {} is not supported (this build reads {VERSION}); calibrate again", meta.version)));
+    }
+    Ok(meta)
+}
+
+/// Only the metadata (for listings).
+pub fn load_meta(path: &Path) -> Result<MapperMeta, ArtifactError> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    read_meta(path, &bytes)
+}
+
+pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    let meta = read_meta(path, &bytes)?;
+    let bad = |reason: String| ArtifactError::Bad { path: path.to_path_buf(), reason };
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let read = |name: &str| -> Result<Vec<f32>, ArtifactError> {
+        let t = st.tensor(name).map_err(|e| bad(format!("{name}: {e}")))?;
+        if t.dtype() != Dtype::F32 {
+            return Err(bad(format!("{name} is {:?}, not F32", t.dtype())));
+        }
+        Ok(t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    };
+    let maps = |kind: &str, sources: &[Vec<usize>]| -> Result<Vec<LayerMap>, ArtifactError> {
+        sources
+            .iter()
+            .enumerate()
+            .map(|(j, s)| {
+                Ok(LayerMap {
+                    sources: s.clone(),
+                    weight: read(&format!("{kind}.{j}.weight"))?,
+                    bias: read(&format!("{kind}.{j}.bias"))?,
+                    info: FitInfo {
+                        lambda_requested: meta.lambda,
+                        lambda: meta.lambda,
+                        standardized: meta.standardize,
+                        constant_features: 0,
+                        observations: meta.corpus.observations,
+                    },
+                })
+            })
+            .collect()
+    };
+    let keys = maps("keys", &meta.key_sources)?;
+    let values = maps("values", &meta.value_sources)?;
+    if keys.len() != meta.target.layers || values.len() != meta.target.layers {
+        return Err(bad("layer count does not match the target model".into()));
+    }
+    Ok(MapperArtifact { path: path.to_path_buf(), meta, keys, values })
+}
+
+impl MapperArtifact {
+    /// Refuse to apply a mapper made for other models or another tokenizer.
+    pub fn check(&self, source: &ModelRef, target: &ModelRef) -> Result<(), ArtifactError> {
+        let m = &self.meta;
+        let checks = [
+            ("source model", &m.source.sha256, &source.sha256),
+            ("target model", &m.target.sha256, &target.sha256),
+            ("source tokenizer", &m.source.tokenizer_fingerprint, &source.tokenizer_fingerprint),
+            ("target tokenizer", &m.target.tokenizer_fingerprint, &target.tokenizer_fingerprint),
+        ];
+        for (what, expected, found) in checks {
+            if expected != found {
+                return Err(ArtifactError::Mismatch {
+                    path: self.path.clone(),
+                    what,
+                    expected: expected.clone(),
+                    found: found.clone(),
+                    src: source.name.clone(),
+                    tgt: target.name.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every artifact under `<root>/mappers`, newest first; unreadable files are reported,
+/// not skipped silently.
+pub fn list(root: &Path) -> Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> {
+    let dir = mappers_dir(root);
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .map(|p| {
+            let m = load_meta(&p);
+            (p, m)
+        })
+        .collect();
+    out.sort_by_key(|(_, m)| std::cmp::Reverse(m.as_ref().map(|m| m.created_unix).unwrap_or(0)));
+    out
+}

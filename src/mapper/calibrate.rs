@@ -1,0 +1,380 @@
+//! Calibration: stream the corpus through both models, accumulate the paired statistics
+//! for both directions at once, rank source layers per target layer, then choose k (and
+//! λ) by attention-output cosine on held-out windows, not by R².
+
+use super::apply::{CacheMapper, TargetLayerMap};
+use super::corpus::{self, Document, Split};
+use super::features::all_layer_features;
+use super::ridge::{self, LayerMap, RidgeOptions};
+use super::select::{select_layers, single_layer_r2};
+use super::stats::PairStats;
+use super::MapperError;
+use crate::metrics::attention_output_cosine;
+use crate::model::{ForwardOptions, KvCache, Logits, Model, ModelError, ModelIdentity};
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CalibrateOptions {
+    /// Windows used for fitting.
+    pub sequences: usize,
+    pub seq_len: usize,
+    /// Keep every `stride`-th position of a window as an observation.
+    pub stride: usize,
+    /// Held-out windows used to choose k and λ.
+    pub select_sequences: usize,
+    /// Query positions per held-out window for the attention-output cosine.
+    pub probes: usize,
+    /// Candidate k values; values past the source's layer count mean "all layers".
+    pub k_sweep: Vec<usize>,
+    pub lambdas: Vec<f64>,
+    pub standardize: bool,
+}
+
+impl Default for CalibrateOptions {
+    fn default() -> Self {
+        Self {
+            sequences: 64,
+            seq_len: 512,
+            stride: 4,
+            select_sequences: 8,
+            probes: 32,
+            k_sweep: vec![1, 2, 4, 8, 12, 16, usize::MAX],
+            lambdas: vec![0.01],
+            standardize: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Direction {
+    /// First model to second.
+    Forward,
+    /// Second model to first.
+    Backward,
+}
+
+/// Progress of a long calibration, for a bar with ETA.
+pub trait CalibrationProgress {
+    fn phase(&self, name: &str, total: u64);
+    fn advance(&self, n: u64);
+    fn note(&self, msg: &str);
+}
+
+pub struct NoProgress;
+impl CalibrationProgress for NoProgress {
+    fn phase(&self, _: &str, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn note(&self, _: &str) {}
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SweepPoint {
+    pub k: usize,
+    pub lambda: f64,
+    /// Held-out attention-output cosine, mean over target layers and windows.
+    pub cosine: f64,
+    pub r2_k: f64,
+    pub r2_v: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CalibrationReport {
+    pub observations: u64,
+    pub sequences: usize,
+    pub seq_len: usize,
+    pub stride: usize,
+    pub select_sequences: usize,
+    pub sweep: Vec<SweepPoint>,
+    /// Per target layer, on the held-out windows, for the chosen k and λ.
+    pub r2_k: Vec<f64>,
+    pub r2_v: Vec<f64>,
+    pub cosine: Vec<f64>,
+    /// Single-layer R² used for ranking, [target layer][source layer].
+    pub single_layer_r2_k: Vec<Vec<f64>>,
+    pub single_layer_r2_v: Vec<Vec<f64>>,
+    pub capture_seconds: f64,
+    pub fit_seconds: f64,
+    /// Bytes of the statistics held during calibration (both directions, K and V).
+    pub stats_bytes: usize,
+}
+
+/// A fitted mapper for one direction, ready to save or apply.
+pub struct Fitted {
+    pub source: ModelIdentity,
+    pub target: ModelIdentity,
+    pub k: usize,
+    pub lambda: f64,
+    pub standardize: bool,
+    pub keys: Vec<LayerMap>,
+    pub values: Vec<LayerMap>,
+    pub report: CalibrationReport,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrateError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Mapper(#[from] MapperError),
+    #[error(transparent)]
+    Corpus(#[from] corpus::CorpusError),
+    #[error(transparent)]
+    Metric(#[from] crate::metrics::MetricError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error("calibration cancelled; nothing was written")]
+    Cancelled,
+    #[error("{0}")]
+    Options(String),
+}
+
+struct Captured {
+    cache: KvCache,
+    /// Per layer [n_head, probes, hd], the model's own queries at the probe positions.
+    queries: Vec<Tensor>,
+}
+
+fn flat(t: &Tensor) -> Result<Vec<f32>, CalibrateError> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
+
+fn capture(m: &Model, ids: &[u32], probes: &[usize]) -> Result<Captured, CalibrateError> {
+    let mut cache = m.decoder.new_cache();
+    let out = m.decoder.forward(
+        ids,
+        &mut cache,
+        &ForwardOptions {
+            logits: Logits::None,
+            probe_positions: probes.to_vec(),
+        },
+    )?;
+    Ok(Captured {
+        cache,
+        queries: out.queries,
+    })
+}
+
+/// Probe positions spread over a window, skipping the first few (attention sinks).
+pub fn probe_positions(len: usize, count: usize) -> Vec<usize> {
+    let lo = (len / 8).min(len.saturating_sub(1));
+    let span = len - lo;
+    let count = count.min(span).max(1);
+    (0..count).map(|i| lo + i * span / count).collect()
+}
+
+/// Map each held-out window with `mapper` and score it against the true target cache.
+/// Returns the per-target-layer mean cosine.
+fn heldout_cosine(
+    mapper: &CacheMapper,
+    src: &Model,
+    tgt: &Model,
+    src_caps: &[Captured],
+    tgt_caps: &[Captured],
+    probes: &[usize],
+) -> Result<Vec<f64>, CalibrateError> {
+    let l_t = tgt.config().n_layer;
+    let mut per_layer = vec![0f64; l_t];
+    for (s, t) in src_caps.iter().zip(tgt_caps) {
+        let mapped = mapper.map_cache(&s.cache, src.decoder.rope(), tgt.decoder.rope())?;
+        for (l, slot) in per_layer.iter_mut().enumerate() {
+            let tr = t.cache.layer(l)?;
+            let mp = mapped.layer(l)?;
+            *slot += attention_output_cosine(&t.queries[l], probes, &tr.k, &tr.v, &mp.k, &mp.v)?;
+        }
+    }
+    let n = src_caps.len().max(1) as f64;
+    Ok(per_layer.into_iter().map(|c| c / n).collect())
+}
+
+fn to_cache_mapper(src: &Model, tgt: &Model, keys: &[LayerMap], values: &[LayerMap]) -> Result<CacheMapper, CalibrateError> {
+    let d_s = src.config().kv_width();
+    let dev = tgt.decoder.device();
+    let dtype = tgt.decoder.dtype();
+    let conv = |m: &LayerMap| TargetLayerMap::from_parts(m.sources.clone(), &m.weight, &m.bias, d_s, dev, dtype);
+    Ok(CacheMapper {
+        source: src.decoder.kv_shape(),
+        target: tgt.decoder.kv_shape(),
+        keys: keys.iter().map(conv).collect::<Result<_, _>>()?,
+        values: values.iter().map(conv).collect::<Result<_, _>>()?,
+    })
+}
+
+/// Calibrate the mappers between `a` and `b` for the requested directions.
+pub fn calibrate(
+    a: &Model,
+    b: &Model,
+    docs: &[Document],
+    directions: &[Direction],
+    opts: &CalibrateOptions,
+    progress: &dyn CalibrationProgress,
+    cancel: &AtomicBool,
+) -> Result<Vec<Fitted>, CalibrateError> {
+    crate::text::ensure_same_tokenizer(&a.tokenizer, &b.tokenizer)
+        .map_err(|e| CalibrateError::Model(e.into()))?;
+    if directions.is_empty() || opts.sequences == 0 || opts.seq_len < 16 || opts.stride == 0 {
+        return Err(CalibrateError::Options(
+            "need at least one direction, one sequence, a window of 16+ tokens and a stride of 1+".into(),
+        ));
+    }
+    let check_cancel = || if cancel.load(Ordering::Relaxed) { Err(CalibrateError::Cancelled) } else { Ok(()) };
+    let fit_windows = corpus::windows(docs, &a.tokenizer, Split::Fit, opts.seq_len, opts.sequences)?;
+    let sel_windows = corpus::windows(docs, &a.tokenizer, Split::Select, opts.seq_len, opts.select_sequences)?;
+    let (ca, cb) = (a.config(), b.config());
+    let (da, db) = (ca.kv_width(), cb.kv_width());
+    let pick = |d: Direction| match d {
+        Direction::Forward => (a, b),
+        Direction::Backward => (b, a),
+    };
+    // [direction] -> (K stats, V stats)
+    let mut stats: Vec<(PairStats, PairStats)> = Vec::new();
+    for &d in directions {
+        let (s, t) = pick(d);
+        let (ls, ds, lt, dt) = (s.config().n_layer, s.config().kv_width(), t.config().n_layer, t.config().kv_width());
+        stats.push((PairStats::new(ls, ds, lt, dt)?, PairStats::new(ls, ds, lt, dt)?));
+    }
+    let stats_bytes: usize = stats.iter().map(|(k, v)| k.memory_bytes() + v.memory_bytes()).sum();
+    tracing::info!(stats_bytes, "calibration statistics allocated");
+    let _ = (da, db);
+
+    // Capture: both models read each window once; every direction uses the pair.
+    let t0 = Instant::now();
+    progress.phase("capture", fit_windows.len() as u64);
+    for w in &fit_windows {
+        check_cancel()?;
+        let ca_ = capture(a, w, &[])?;
+        let cb_ = capture(b, w, &[])?;
+        let fa = all_layer_features(&ca_.cache, a.decoder.rope(), 0, w.len(), opts.stride)?;
+        let fb = all_layer_features(&cb_.cache, b.decoder.rope(), 0, w.len(), opts.stride)?;
+        let rows = fa.0.dim(0)?;
+        let (ak, av, bk, bv) = (flat(&fa.0)?, flat(&fa.1)?, flat(&fb.0)?, flat(&fb.1)?);
+        for (&d, (sk, sv)) in directions.iter().zip(stats.iter_mut()) {
+            match d {
+                Direction::Forward => {
+                    sk.update(&ak, &bk, rows)?;
+                    sv.update(&av, &bv, rows)?;
+                }
+                Direction::Backward => {
+                    sk.update(&bk, &ak, rows)?;
+                    sv.update(&bv, &av, rows)?;
+                }
+            }
+        }
+        progress.advance(1);
+    }
+
+    // Held-out windows: true caches and each model's own queries at probe positions.
+    let probes = probe_positions(opts.seq_len, opts.probes);
+    progress.phase("held-out", sel_windows.len() as u64);
+    let mut held_a = Vec::new();
+    let mut held_b = Vec::new();
+    for w in &sel_windows {
+        check_cancel()?;
+        held_a.push(capture(a, w, &probes)?);
+        held_b.push(capture(b, w, &probes)?);
+        progress.advance(1);
+    }
+    let capture_seconds = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut out = Vec::new();
+    for (&d, (sk, sv)) in directions.iter().zip(&stats) {
+        let (src, tgt) = pick(d);
+        let (src_caps, tgt_caps) = match d {
+            Direction::Forward => (&held_a, &held_b),
+            Direction::Backward => (&held_b, &held_a),
+        };
+        // Held-out statistics give held-out R² per layer without touching raw rows again.
+        let (ls, ds, lt, dt) = (sk.l_s(), sk.d_s(), sk.l_t(), sk.d_t());
+        let mut hk = PairStats::new(ls, ds, lt, dt)?;
+        let mut hv = PairStats::new(ls, ds, lt, dt)?;
+        for (s, t) in src_caps.iter().zip(tgt_caps.iter()) {
+            let fs = all_layer_features(&s.cache, src.decoder.rope(), 0, s.cache.len(), opts.stride)?;
+            let ft = all_layer_features(&t.cache, tgt.decoder.rope(), 0, t.cache.len(), opts.stride)?;
+            let rows = fs.0.dim(0)?;
+            hk.update(&flat(&fs.0)?, &flat(&ft.0)?, rows)?;
+            hv.update(&flat(&fs.1)?, &flat(&ft.1)?, rows)?;
+        }
+        let base = RidgeOptions { lambda: opts.lambdas.first().copied().unwrap_or(0.01), standardize: opts.standardize, ..RidgeOptions::default() };
+        let r2k = single_layer_r2(sk, &base)?;
+        let r2v = single_layer_r2(sv, &base)?;
+        let mut ks: Vec<usize> = opts.k_sweep.iter().map(|&k| k.min(ls)).collect();
+        ks.sort_unstable();
+        ks.dedup();
+        let total = (ks.len() * opts.lambdas.len()) as u64;
+        progress.phase(&format!("sweep {} -> {}", src.identity.name, tgt.identity.name), total);
+        let mut sweep = Vec::new();
+        let mut best: Option<(f64, usize, f64, Vec<LayerMap>, Vec<LayerMap>, Vec<f64>)> = None;
+        for &k in &ks {
+            check_cancel()?;
+            let sel_k = select_layers(&r2k, k);
+            let sel_v = select_layers(&r2v, k);
+            for &lambda in &opts.lambdas {
+                let ro = RidgeOptions { lambda, ..base };
+                let keys: Vec<LayerMap> = (0..lt).map(|j| ridge::fit_layer(sk, j, &sel_k[j], &ro)).collect::<Result<_, _>>()?;
+                let values: Vec<LayerMap> = (0..lt).map(|j| ridge::fit_layer(sv, j, &sel_v[j], &ro)).collect::<Result<_, _>>()?;
+                let mapper = to_cache_mapper(src, tgt, &keys, &values)?;
+                let cos = heldout_cosine(&mapper, src, tgt, src_caps, tgt_caps, &probes)?;
+                let mean_cos = cos.iter().sum::<f64>() / cos.len() as f64;
+                let mean_r2 = |st: &PairStats, maps: &[LayerMap]| -> Result<f64, CalibrateError> {
+                    let mut s = 0.0;
+                    for (j, m) in maps.iter().enumerate() {
+                        s += ridge::r2(st, j, m)?;
+                    }
+                    Ok(s / maps.len() as f64)
+                };
+                let point = SweepPoint { k, lambda, cosine: mean_cos, r2_k: mean_r2(&hk, &keys)?, r2_v: mean_r2(&hv, &values)? };
+                tracing::info!(?point, "sweep point");
+                progress.note(&format!("k={k:<3} λ={lambda:<8} held-out cosine {:.4}  R² K {:.3} V {:.3}", point.cosine, point.r2_k, point.r2_v));
+                sweep.push(point);
+                if best.as_ref().is_none_or(|b| mean_cos > b.0) {
+                    best = Some((mean_cos, k, lambda, keys, values, cos));
+                }
+                progress.advance(1);
+            }
+        }
+        let Some((_, k, lambda, keys, values, cosine)) = best else {
+            return Err(CalibrateError::Options("empty k sweep".into()));
+        };
+        let r2_k = keys.iter().enumerate().map(|(j, m)| ridge::r2(&hk, j, m)).collect::<Result<Vec<_>, _>>()?;
+        let r2_v = values.iter().enumerate().map(|(j, m)| ridge::r2(&hv, j, m)).collect::<Result<Vec<_>, _>>()?;
+        out.push(Fitted {
+            source: src.identity.clone(),
+            target: tgt.identity.clone(),
+            k,
+            lambda,
+            standardize: opts.standardize,
+            keys,
+            values,
+            report: CalibrationReport {
+                observations: sk.count(),
+                sequences: opts.sequences,
+                seq_len: opts.seq_len,
+                stride: opts.stride,
+                select_sequences: opts.select_sequences,
+                sweep,
+                r2_k,
+                r2_v,
+                cosine,
+                single_layer_r2_k: r2k,
+                single_layer_r2_v: r2v,
+                capture_seconds,
+                fit_seconds: 0.0,
+                stats_bytes,
+            },
+        });
+    }
+    let fit_seconds = t1.elapsed().as_secs_f64();
+    for f in &mut out {
+        f.report.fit_seconds = fit_seconds;
+    }
+    Ok(out)
+}
+
+impl Fitted {
+    pub fn cache_mapper(&self, src: &Model, tgt: &Model) -> Result<CacheMapper, CalibrateError> {
+        to_cache_mapper(src, tgt, &self.keys, &self.values)
+    }
+}

@@ -1,0 +1,227 @@
+//! Calibration and evaluation text: files in, fixed-length token windows out.
+//!
+//! Every file is cut into three disjoint regions by character offset — the first 70% for
+//! fitting, the next 10% for choosing k and λ, the last 20% for evaluation — so the
+//! default corpus serves all three without one ever seeing another's text.
+
+use crate::fetch;
+use crate::text::TextTokenizer;
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CorpusError {
+    #[error("cannot read corpus file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} line {line}: not a JSON object with a \"text\" string ({reason}); JSONL corpora need one {{\"text\": ...}} object per line")]
+    Jsonl {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error("unsupported corpus file {0}: use .txt, .utf8 or .jsonl")]
+    Extension(PathBuf),
+    #[error("the corpus yields only {got} windows of {len} tokens, {want} were asked for: add text (--corpus) or ask for fewer sequences")]
+    TooSmall { got: usize, want: usize, len: usize },
+    #[error(transparent)]
+    Fetch(#[from] fetch::FetchError),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::text::TokenizerError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    Fit,
+    Select,
+    Eval,
+}
+
+impl Split {
+    /// The share of each document this split takes, as a fraction range.
+    fn range(self) -> (f64, f64) {
+        match self {
+            Split::Fit => (0.0, 0.7),
+            Split::Select => (0.7, 0.8),
+            Split::Eval => (0.8, 1.0),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Document {
+    pub name: String,
+    pub text: String,
+}
+
+/// The default corpus: the plain-text calibration files of the exllamav2 package.
+pub fn default_files() -> Result<Vec<PathBuf>, CorpusError> {
+    let dir = fetch::ensure_by_name("calibration-text", &fetch::SilentProgress)?.path;
+    let rd = std::fs::read_dir(&dir).map_err(|e| CorpusError::Io {
+        path: dir.clone(),
+        source: e,
+    })?;
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "utf8"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Read .txt/.utf8 files whole and .jsonl files one `text` field per line.
+pub fn read_documents(files: &[PathBuf]) -> Result<Vec<Document>, CorpusError> {
+    let mut docs = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(path).map_err(|e| CorpusError::Io {
+            path: path.clone(),
+            source: e,
+        })?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("txt") | Some("utf8") | Some("text") => docs.push(Document { name, text }),
+            Some("jsonl") => {
+                for (i, line) in text
+                    .lines()
+                    .enumerate()
+                    .filter(|(_, l)| !l.trim().is_empty())
+                {
+                    let v: serde_json::Value =
+                        serde_json::from_str(line).map_err(|e| CorpusError::Jsonl {
+                            path: path.clone(),
+                            line: i + 1,
+                            reason: e.to_string(),
+                        })?;
+                    let t = v.get("text").and_then(|t| t.as_str()).ok_or_else(|| {
+                        CorpusError::Jsonl {
+                            path: path.clone(),
+                            line: i + 1,
+                            reason: "no \"text\" string".into(),
+                        }
+                    })?;
+                    docs.push(Document {
+                        name: format!("{name}:{}", i + 1),
+                        text: t.to_string(),
+                    });
+                }
+            }
+            _ => return Err(CorpusError::Extension(path.clone())),
+        }
+    }
+    Ok(docs)
+}
+
+/// sha256 over document names and texts: names what a mapper was fitted on.
+pub fn fingerprint(docs: &[Document]) -> String {
+    let mut h = Sha256::new();
+    for d in docs {
+        h.update(d.name.as_bytes());
+        h.update([0]);
+        h.update(d.text.as_bytes());
+        h.update([0]);
+    }
+    hex::encode(h.finalize())
+}
+
+fn char_slice(text: &str, from: f64, to: f64) -> &str {
+    let n = text.chars().count();
+    let a = (n as f64 * from) as usize;
+    let b = (n as f64 * to) as usize;
+    let start = text
+        .char_indices()
+        .nth(a)
+        .map(|(i, _)| i)
+        .unwrap_or(text.len());
+    let end = text
+        .char_indices()
+        .nth(b)
+        .map(|(i, _)| i)
+        .unwrap_or(text.len());
+    &text[start..end]
+}
+
+/// Up to `count` windows of exactly `len` tokens from `split` of the documents, taken in
+/// turn from each document so every domain is represented.
+pub fn windows(
+    docs: &[Document],
+    tok: &TextTokenizer,
+    split: Split,
+    len: usize,
+    count: usize,
+) -> Result<Vec<Vec<u32>>, CorpusError> {
+    let (from, to) = split.range();
+    let mut per_doc: Vec<std::vec::IntoIter<Vec<u32>>> = Vec::new();
+    for d in docs {
+        let ids = tok.encode_raw(char_slice(&d.text, from, to))?;
+        let chunks: Vec<Vec<u32>> = ids.chunks_exact(len).map(|c| c.to_vec()).collect();
+        per_doc.push(chunks.into_iter());
+    }
+    let mut out = Vec::with_capacity(count);
+    while out.len() < count {
+        let before = out.len();
+        for it in per_doc.iter_mut() {
+            if out.len() == count {
+                break;
+            }
+            if let Some(w) = it.next() {
+                out.push(w);
+            }
+        }
+        if out.len() == before {
+            break;
+        }
+    }
+    if out.len() < count {
+        return Err(CorpusError::TooSmall {
+            got: out.len(),
+            want: count,
+            len,
+        });
+    }
+    Ok(out)
+}
+
+/// The name shown for a corpus made of `files`.
+pub fn describe(files: &[PathBuf]) -> String {
+    files
+        .iter()
+        .map(|p| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| p.display().to_string())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_are_disjoint_and_cover_the_text() {
+        let text: String = (0..1000)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        let a = char_slice(&text, 0.0, 0.7);
+        let b = char_slice(&text, 0.7, 0.8);
+        let c = char_slice(&text, 0.8, 1.0);
+        assert_eq!(a.len() + b.len() + c.len(), text.len());
+        assert_eq!(format!("{a}{b}{c}"), text);
+    }
+
+    #[test]
+    fn jsonl_needs_a_text_field_and_says_which_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.jsonl");
+        std::fs::write(&p, "{\"text\": \"one\"}\n\n{\"body\": \"two\"}\n").unwrap();
+        let e = read_documents(&[p]).unwrap_err().to_string();
+        assert!(e.contains("line 3") && e.contains("\"text\""), "{e}");
+    }
+}
