@@ -40,6 +40,32 @@ pub enum Command {
     Calibrate(CalibrateArgs),
     /// List the mapper artifacts in the cache dir.
     Mappers(MappersArgs),
+    /// Measure a calibrated mapper on held-out text: R², attention cosine, next-token
+    /// agreement, KL and perplexities against the target's own prefill.
+    Eval(EvalArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    #[arg(long, default_value = "qwen2.5-coder-0.5b")]
+    pub source: String,
+    #[arg(long, default_value = "qwen2.5-coder-1.5b")]
+    pub target: String,
+    #[arg(long, value_enum, default_value = "both")]
+    pub direction: DirectionArg,
+    /// Held-out text files (default: the evaluation part of the calibration corpus, which
+    /// calibration never reads).
+    #[arg(long, num_args = 1..)]
+    pub texts: Vec<std::path::PathBuf>,
+    /// Windows of prefix + continuation tokens.
+    #[arg(long, default_value_t = 16)]
+    pub limit: usize,
+    #[arg(long, default_value_t = 384)]
+    pub prefix: usize,
+    #[arg(long, default_value_t = 128)]
+    pub continuation: usize,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

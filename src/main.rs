@@ -9,7 +9,7 @@ use baton::model::{self, GenerateOptions, Model, Sampling};
 use baton::text::ChatMessage;
 use candle_core::Device;
 use clap::Parser;
-use cli::{BenchModelArgs, CalibrateArgs, Cli, Command, DirectionArg, FetchArgs, GenerateArgs, InfoArgs, MappersArgs};
+use cli::{BenchModelArgs, CalibrateArgs, Cli, Command, DirectionArg, EvalArgs, FetchArgs, GenerateArgs, InfoArgs, MappersArgs};
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
 
@@ -50,6 +50,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::BenchModel(a)) => bench_model_cmd(a),
         Some(Command::Calibrate(a)) => calibrate_cmd(a, &dev),
         Some(Command::Mappers(a)) => mappers_cmd(a),
+        Some(Command::Eval(a)) => eval_cmd(a, &dev),
     }
 }
 
@@ -378,6 +379,74 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
             }
             Err(e) => println!("unreadable: {e}"),
         }
+    }
+    Ok(())
+}
+
+fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
+    use baton::mapper::artifact::{self, ModelRef};
+    use baton::mapper::corpus::{self, Split};
+    use baton::mapper::eval_text::{eval_text, TextEval, TextEvalOptions};
+    use baton::mapper::CacheMapper;
+    let progress = BarProgress::new();
+    let first = Model::open(&a.source, dev, &progress)?;
+    let second = Model::open(&a.target, dev, &progress)?;
+    drop(progress);
+    let opts = TextEvalOptions { prefix: a.prefix, continuation: a.continuation, ..TextEvalOptions::default() };
+    let len = a.prefix + a.continuation;
+    let windows = if a.texts.is_empty() {
+        let docs = corpus::read_documents(&corpus::default_files()?)?;
+        corpus::windows(&docs, &first.tokenizer, Split::Eval, len, a.limit)?
+    } else {
+        let docs = corpus::read_documents(&a.texts)?;
+        // Named files are held out by the user: all of each file is used.
+        let mut w = Vec::new();
+        for d in &docs {
+            let ids = first.tokenizer.encode_raw(&d.text)?;
+            w.extend(ids.chunks_exact(len).map(|c| c.to_vec()));
+        }
+        w.truncate(a.limit);
+        w
+    };
+    if windows.is_empty() {
+        bail!("the evaluation text holds no window of {len} tokens: give longer --texts or a shorter --prefix/--continuation");
+    }
+    let pairs: Vec<(&Model, &Model)> = match a.direction {
+        DirectionArg::Both => vec![(&first, &second), (&second, &first)],
+        DirectionArg::SourceToTarget => vec![(&first, &second)],
+        DirectionArg::TargetToSource => vec![(&second, &first)],
+    };
+    let root = fetch::cache_root();
+    let mut results = Vec::new();
+    for (s, t) in pairs {
+        let (sr, tr) = (ModelRef::new(&s.identity, s.config()), ModelRef::new(&t.identity, t.config()));
+        let path = artifact::artifact_path(&root, &sr, &tr);
+        if !path.is_file() {
+            return Err(artifact::ArtifactError::Missing { source_name: s.identity.name.clone(), target: t.identity.name.clone() }.into());
+        }
+        let art = artifact::load(&path)?;
+        art.check(&sr, &tr)?;
+        let mapper = CacheMapper::from_layer_maps(s, t, &art.keys, &art.values)?;
+        eprintln!("evaluating {} -> {} on {} windows ({} + {} tokens)", s.identity.name, t.identity.name, windows.len(), a.prefix, a.continuation);
+        let r = eval_text(s, t, &mapper, &windows, &opts)?;
+        let m = TextEval::mean;
+        println!(
+            "{} -> {} (k={}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | top-1 {:.3} KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} | map {:.1} ms vs re-prefill {:.0} ms",
+            s.identity.name, t.identity.name, art.meta.k,
+            m(&r.r2_k), m(&r.r2_v), m(&r.cosine_prefix), m(&r.cosine_continuation),
+            r.scores.agreement.top1, r.scores.agreement.kl,
+            r.scores.ppl_mapped, r.scores.ppl_true, r.scores.ppl_no_prefix,
+            r.map_seconds * 1e3, r.reprefill_seconds * 1e3
+        );
+        results.push(serde_json::json!({
+            "direction": format!("{} -> {}", s.identity.name, t.identity.name),
+            "mapper": path,
+            "k": art.meta.k,
+            "text": r,
+        }));
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"format": "baton.eval", "version": 1, "results": results}))?);
     }
     Ok(())
 }

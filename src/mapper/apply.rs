@@ -54,6 +54,26 @@ pub struct CacheMapper {
 }
 
 impl CacheMapper {
+    /// Tensors on the target's device from fitted or loaded maps.
+    pub fn from_layer_maps(
+        src: &crate::model::Model,
+        tgt: &crate::model::Model,
+        keys: &[super::ridge::LayerMap],
+        values: &[super::ridge::LayerMap],
+    ) -> Result<Self, ModelError> {
+        let d_s = src.config().kv_width();
+        let (dev, dtype) = (tgt.decoder.device(), tgt.decoder.dtype());
+        let conv = |m: &super::ridge::LayerMap| {
+            TargetLayerMap::from_parts(m.sources.clone(), &m.weight, &m.bias, d_s, dev, dtype)
+        };
+        Ok(Self {
+            source: src.decoder.kv_shape(),
+            target: tgt.decoder.kv_shape(),
+            keys: keys.iter().map(conv).collect::<Result<_, _>>()?,
+            values: values.iter().map(conv).collect::<Result<_, _>>()?,
+        })
+    }
+
     /// Map positions `start..end` of `src` into per-layer target K/V
     /// ([n_kv_head_t, end − start, hd_t]), ready for [`KvCache::extend_with`].
     pub fn map_range(

@@ -2,7 +2,7 @@
 //! for both directions at once, rank source layers per target layer, then choose k (and
 //! λ) by attention-output cosine on held-out windows, not by R².
 
-use super::apply::{CacheMapper, TargetLayerMap};
+use super::apply::CacheMapper;
 use super::corpus::{self, Document, Split};
 use super::features::all_layer_features;
 use super::ridge::{self, LayerMap, RidgeOptions};
@@ -81,6 +81,12 @@ pub struct SweepPoint {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SkippedK {
+    pub k: usize,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CalibrationReport {
     pub observations: u64,
     pub sequences: usize,
@@ -88,6 +94,9 @@ pub struct CalibrationReport {
     pub stride: usize,
     pub select_sequences: usize,
     pub sweep: Vec<SweepPoint>,
+    /// Candidate k values not tried, and why.
+    #[serde(default)]
+    pub skipped_k: Vec<SkippedK>,
     /// Per target layer, on the held-out windows, for the chosen k and λ.
     pub r2_k: Vec<f64>,
     pub r2_v: Vec<f64>,
@@ -190,16 +199,7 @@ fn heldout_cosine(
 }
 
 fn to_cache_mapper(src: &Model, tgt: &Model, keys: &[LayerMap], values: &[LayerMap]) -> Result<CacheMapper, CalibrateError> {
-    let d_s = src.config().kv_width();
-    let dev = tgt.decoder.device();
-    let dtype = tgt.decoder.dtype();
-    let conv = |m: &LayerMap| TargetLayerMap::from_parts(m.sources.clone(), &m.weight, &m.bias, d_s, dev, dtype);
-    Ok(CacheMapper {
-        source: src.decoder.kv_shape(),
-        target: tgt.decoder.kv_shape(),
-        keys: keys.iter().map(conv).collect::<Result<_, _>>()?,
-        values: values.iter().map(conv).collect::<Result<_, _>>()?,
-    })
+    Ok(CacheMapper::from_layer_maps(src, tgt, keys, values)?)
 }
 
 /// Calibrate the mappers between `a` and `b` for the requested directions.
@@ -222,8 +222,6 @@ pub fn calibrate(
     let check_cancel = || if cancel.load(Ordering::Relaxed) { Err(CalibrateError::Cancelled) } else { Ok(()) };
     let fit_windows = corpus::windows(docs, &a.tokenizer, Split::Fit, opts.seq_len, opts.sequences)?;
     let sel_windows = corpus::windows(docs, &a.tokenizer, Split::Select, opts.seq_len, opts.select_sequences)?;
-    let (ca, cb) = (a.config(), b.config());
-    let (da, db) = (ca.kv_width(), cb.kv_width());
     let pick = |d: Direction| match d {
         Direction::Forward => (a, b),
         Direction::Backward => (b, a),
@@ -237,7 +235,6 @@ pub fn calibrate(
     }
     let stats_bytes: usize = stats.iter().map(|(k, v)| k.memory_bytes() + v.memory_bytes()).sum();
     tracing::info!(stats_bytes, "calibration statistics allocated");
-    let _ = (da, db);
 
     // Capture: both models read each window once; every direction uses the pair.
     let t0 = Instant::now();
@@ -303,6 +300,18 @@ pub fn calibrate(
         let mut ks: Vec<usize> = opts.k_sweep.iter().map(|&k| k.min(ls)).collect();
         ks.sort_unstable();
         ks.dedup();
+        // With more features than about half the observations a ridge at small λ learns
+        // the noise (held-out R² far below zero), so such k are not tried at all.
+        let max_features = (sk.count() / 2) as usize;
+        let (ks, skipped): (Vec<usize>, Vec<usize>) = ks.into_iter().partition(|&k| k == 1 || k * ds <= max_features);
+        let skipped_k: Vec<SkippedK> = skipped
+            .into_iter()
+            .map(|k| {
+                let reason = format!("{} features for {} observations", k * ds, sk.count());
+                progress.note(&format!("k={k:<3} skipped: {reason} (calibrate on more sequences to try it)"));
+                SkippedK { k, reason }
+            })
+            .collect();
         let total = (ks.len() * opts.lambdas.len()) as u64;
         progress.phase(&format!("sweep {} -> {}", src.identity.name, tgt.identity.name), total);
         let mut sweep = Vec::new();
@@ -355,6 +364,7 @@ pub fn calibrate(
                 stride: opts.stride,
                 select_sequences: opts.select_sequences,
                 sweep,
+                skipped_k,
                 r2_k,
                 r2_v,
                 cosine,

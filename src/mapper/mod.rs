@@ -20,6 +20,7 @@ pub mod apply;
 pub mod artifact;
 pub mod calibrate;
 pub mod corpus;
+pub mod eval_text;
 pub mod features;
 
 pub use apply::{CacheMapper, TargetLayerMap};
