@@ -54,31 +54,72 @@ impl Tiny {
                 .collect();
             Tensor::from_vec(v, shape, &dev).unwrap()
         };
-        let (h, q, kv, f) = (self.hidden, self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.ffn);
+        let (h, q, kv, f) = (
+            self.hidden,
+            self.n_head * self.head_dim,
+            self.n_kv_head * self.head_dim,
+            self.ffn,
+        );
         let s = 1.0 / (h as f32).sqrt();
         let mut w = HashMap::new();
-        w.insert("model.embed_tokens.weight".into(), rand((self.vocab, h), 1.0));
+        w.insert(
+            "model.embed_tokens.weight".into(),
+            rand((self.vocab, h), 1.0),
+        );
         w.insert("lm_head.weight".into(), rand((self.vocab, h), s));
-        w.insert("model.norm.weight".into(), (rand((1, h), 0.1).squeeze(0).unwrap() + 1.0).unwrap());
+        w.insert(
+            "model.norm.weight".into(),
+            (rand((1, h), 0.1).squeeze(0).unwrap() + 1.0).unwrap(),
+        );
         for l in 0..self.n_layer {
             let p = format!("model.layers.{l}");
-            w.insert(format!("{p}.input_layernorm.weight"), (rand((1, h), 0.1).squeeze(0).unwrap() + 1.0).unwrap());
-            w.insert(format!("{p}.post_attention_layernorm.weight"), (rand((1, h), 0.1).squeeze(0).unwrap() + 1.0).unwrap());
-            w.insert(format!("{p}.self_attn.q_proj.weight"), rand((q, h), s * 2.0));
-            w.insert(format!("{p}.self_attn.k_proj.weight"), rand((kv, h), s * 2.0));
+            w.insert(
+                format!("{p}.input_layernorm.weight"),
+                (rand((1, h), 0.1).squeeze(0).unwrap() + 1.0).unwrap(),
+            );
+            w.insert(
+                format!("{p}.post_attention_layernorm.weight"),
+                (rand((1, h), 0.1).squeeze(0).unwrap() + 1.0).unwrap(),
+            );
+            w.insert(
+                format!("{p}.self_attn.q_proj.weight"),
+                rand((q, h), s * 2.0),
+            );
+            w.insert(
+                format!("{p}.self_attn.k_proj.weight"),
+                rand((kv, h), s * 2.0),
+            );
             w.insert(format!("{p}.self_attn.v_proj.weight"), rand((kv, h), s));
             w.insert(format!("{p}.self_attn.o_proj.weight"), rand((h, q), s));
             w.insert(format!("{p}.mlp.gate_proj.weight"), rand((f, h), s));
             w.insert(format!("{p}.mlp.up_proj.weight"), rand((f, h), s));
-            w.insert(format!("{p}.mlp.down_proj.weight"), rand((h, f), 1.0 / (f as f32).sqrt()));
+            w.insert(
+                format!("{p}.mlp.down_proj.weight"),
+                rand((h, f), 1.0 / (f as f32).sqrt()),
+            );
             if self.arch == "qwen2" {
-                w.insert(format!("{p}.self_attn.q_proj.bias"), rand((1, q), 0.1).squeeze(0).unwrap());
-                w.insert(format!("{p}.self_attn.k_proj.bias"), rand((1, kv), 0.1).squeeze(0).unwrap());
-                w.insert(format!("{p}.self_attn.v_proj.bias"), rand((1, kv), 0.1).squeeze(0).unwrap());
+                w.insert(
+                    format!("{p}.self_attn.q_proj.bias"),
+                    rand((1, q), 0.1).squeeze(0).unwrap(),
+                );
+                w.insert(
+                    format!("{p}.self_attn.k_proj.bias"),
+                    rand((1, kv), 0.1).squeeze(0).unwrap(),
+                );
+                w.insert(
+                    format!("{p}.self_attn.v_proj.bias"),
+                    rand((1, kv), 0.1).squeeze(0).unwrap(),
+                );
             }
             if self.arch == "qwen3" {
-                w.insert(format!("{p}.self_attn.q_norm.weight"), (rand((1, self.head_dim), 0.1).squeeze(0).unwrap() + 1.0).unwrap());
-                w.insert(format!("{p}.self_attn.k_norm.weight"), (rand((1, self.head_dim), 0.1).squeeze(0).unwrap() + 1.0).unwrap());
+                w.insert(
+                    format!("{p}.self_attn.q_norm.weight"),
+                    (rand((1, self.head_dim), 0.1).squeeze(0).unwrap() + 1.0).unwrap(),
+                );
+                w.insert(
+                    format!("{p}.self_attn.k_norm.weight"),
+                    (rand((1, self.head_dim), 0.1).squeeze(0).unwrap() + 1.0).unwrap(),
+                );
             }
         }
         w
@@ -104,6 +145,40 @@ impl Tiny {
         candle_core::safetensors::save(&self.weights(seed), dir.join("model.safetensors")).unwrap();
     }
 
+    /// A word-level tokenizer.json whose words are `w0` … `w{vocab-1}`, so test text maps
+    /// to known ids.
+    pub fn write_tokenizer(&self, dir: &Path) {
+        let vocab: serde_json::Map<String, serde_json::Value> = (0..self.vocab)
+            .map(|i| (format!("w{i}"), serde_json::json!(i)))
+            .collect();
+        let tok = serde_json::json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null,
+            "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+        });
+        std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    }
+
+    /// Text of `words` random words of this vocabulary.
+    pub fn text(&self, words: usize, seed: u64) -> String {
+        let mut x = seed | 1;
+        (0..words)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                format!("w{}", x % self.vocab as u64)
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
     /// The same weights as a GGUF file, named and laid out as llama.cpp's converter does:
     /// for llama-architecture models Q and K rows are permuted so that rope rotates
     /// adjacent pairs.
@@ -113,15 +188,36 @@ impl Tiny {
         let md: Vec<(String, Value)> = vec![
             ("general.architecture".into(), Value::String(a.into())),
             (format!("{a}.block_count"), Value::U32(self.n_layer as u32)),
-            (format!("{a}.embedding_length"), Value::U32(self.hidden as u32)),
-            (format!("{a}.feed_forward_length"), Value::U32(self.ffn as u32)),
-            (format!("{a}.attention.head_count"), Value::U32(self.n_head as u32)),
-            (format!("{a}.attention.head_count_kv"), Value::U32(self.n_kv_head as u32)),
-            (format!("{a}.attention.key_length"), Value::U32(self.head_dim as u32)),
-            (format!("{a}.context_length"), Value::U32(self.context as u32)),
+            (
+                format!("{a}.embedding_length"),
+                Value::U32(self.hidden as u32),
+            ),
+            (
+                format!("{a}.feed_forward_length"),
+                Value::U32(self.ffn as u32),
+            ),
+            (
+                format!("{a}.attention.head_count"),
+                Value::U32(self.n_head as u32),
+            ),
+            (
+                format!("{a}.attention.head_count_kv"),
+                Value::U32(self.n_kv_head as u32),
+            ),
+            (
+                format!("{a}.attention.key_length"),
+                Value::U32(self.head_dim as u32),
+            ),
+            (
+                format!("{a}.context_length"),
+                Value::U32(self.context as u32),
+            ),
             (format!("{a}.vocab_size"), Value::U32(self.vocab as u32)),
             (format!("{a}.rope.freq_base"), Value::F32(self.theta as f32)),
-            (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+            (
+                format!("{a}.attention.layer_norm_rms_epsilon"),
+                Value::F32(1e-6),
+            ),
         ];
         let permute = a == "llama" || a == "mistral";
         let perm = |t: &Tensor, heads: usize| -> Tensor {
@@ -139,7 +235,10 @@ impl Tiny {
                 .unwrap()
         };
         let mut tensors: Vec<(String, Tensor)> = vec![
-            ("token_embd.weight".into(), w["model.embed_tokens.weight"].clone()),
+            (
+                "token_embd.weight".into(),
+                w["model.embed_tokens.weight"].clone(),
+            ),
             ("output.weight".into(), w["lm_head.weight"].clone()),
             ("output_norm.weight".into(), w["model.norm.weight"].clone()),
         ];
@@ -148,11 +247,23 @@ impl Tiny {
             let b = format!("blk.{l}");
             let g = |n: &str| w[&format!("{p}.{n}")].clone();
             tensors.push((format!("{b}.attn_norm.weight"), g("input_layernorm.weight")));
-            tensors.push((format!("{b}.ffn_norm.weight"), g("post_attention_layernorm.weight")));
-            tensors.push((format!("{b}.attn_q.weight"), perm(&g("self_attn.q_proj.weight"), self.n_head)));
-            tensors.push((format!("{b}.attn_k.weight"), perm(&g("self_attn.k_proj.weight"), self.n_kv_head)));
+            tensors.push((
+                format!("{b}.ffn_norm.weight"),
+                g("post_attention_layernorm.weight"),
+            ));
+            tensors.push((
+                format!("{b}.attn_q.weight"),
+                perm(&g("self_attn.q_proj.weight"), self.n_head),
+            ));
+            tensors.push((
+                format!("{b}.attn_k.weight"),
+                perm(&g("self_attn.k_proj.weight"), self.n_kv_head),
+            ));
             tensors.push((format!("{b}.attn_v.weight"), g("self_attn.v_proj.weight")));
-            tensors.push((format!("{b}.attn_output.weight"), g("self_attn.o_proj.weight")));
+            tensors.push((
+                format!("{b}.attn_output.weight"),
+                g("self_attn.o_proj.weight"),
+            ));
             tensors.push((format!("{b}.ffn_gate.weight"), g("mlp.gate_proj.weight")));
             tensors.push((format!("{b}.ffn_up.weight"), g("mlp.up_proj.weight")));
             tensors.push((format!("{b}.ffn_down.weight"), g("mlp.down_proj.weight")));
@@ -162,13 +273,24 @@ impl Tiny {
                 tensors.push((format!("{b}.attn_v.bias"), g("self_attn.v_proj.bias")));
             }
             if a == "qwen3" {
-                tensors.push((format!("{b}.attn_q_norm.weight"), g("self_attn.q_norm.weight")));
-                tensors.push((format!("{b}.attn_k_norm.weight"), g("self_attn.k_norm.weight")));
+                tensors.push((
+                    format!("{b}.attn_q_norm.weight"),
+                    g("self_attn.q_norm.weight"),
+                ));
+                tensors.push((
+                    format!("{b}.attn_k_norm.weight"),
+                    g("self_attn.k_norm.weight"),
+                ));
             }
         }
         let q: Vec<(String, QTensor)> = tensors
             .into_iter()
-            .map(|(n, t)| (n, QTensor::quantize(&t.to_dtype(DType::F32).unwrap(), GgmlDType::F32).unwrap()))
+            .map(|(n, t)| {
+                (
+                    n,
+                    QTensor::quantize(&t.to_dtype(DType::F32).unwrap(), GgmlDType::F32).unwrap(),
+                )
+            })
             .collect();
         let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let t_refs: Vec<(&str, &QTensor)> = q.iter().map(|(k, v)| (k.as_str(), v)).collect();

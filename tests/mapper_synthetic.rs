@@ -1,0 +1,219 @@
+//! The mapper on tiny models generated here: mapping a model to itself is near exact, a
+//! target whose KV cache is a known linear function of the source's is recovered, the
+//! artifact round-trips and refuses other models, and a cancel leaves nothing behind.
+
+mod common;
+
+use baton::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
+use baton::mapper::calibrate::{calibrate, CalibrateError, CalibrateOptions, Direction, Fitted, NoProgress};
+use baton::mapper::corpus::Document;
+use baton::model::{LoadOptions, Model, ResolvedModel};
+use candle_core::{Device, Tensor};
+use common::synthetic::Tiny;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+fn load(dir: &Path, name: &str) -> Model {
+    let r = ResolvedModel { name: name.into(), path: dir.to_path_buf(), sha256: None, source: None };
+    Model::load(&r, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)).unwrap()
+}
+
+fn write_model(tiny: &Tiny, dir: &Path, weights: &HashMap<String, Tensor>) {
+    std::fs::create_dir_all(dir).unwrap();
+    tiny.write_safetensors(dir, 0);
+    candle_core::safetensors::save(weights, dir.join("model.safetensors")).unwrap();
+    tiny.write_tokenizer(dir);
+}
+
+fn docs(tiny: &Tiny) -> Vec<Document> {
+    (0..3).map(|i| Document { name: format!("d{i}"), text: tiny.text(4000, 11 + i) }).collect()
+}
+
+fn opts(k: Vec<usize>) -> CalibrateOptions {
+    CalibrateOptions {
+        sequences: 8,
+        seq_len: 64,
+        stride: 1,
+        select_sequences: 3,
+        probes: 8,
+        k_sweep: k,
+        lambdas: vec![0.01],
+        standardize: true,
+    }
+}
+
+fn run(a: &Model, b: &Model, k: Vec<usize>, tiny: &Tiny) -> Fitted {
+    let mut f = calibrate(a, b, &docs(tiny), &[Direction::Forward], &opts(k), &NoProgress, &AtomicBool::new(false)).unwrap();
+    f.remove(0)
+}
+
+#[test]
+fn mapping_a_model_to_itself_with_all_layers_is_near_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new("llama");
+    let w = tiny.weights(3);
+    write_model(&tiny, &dir.path().join("a"), &w);
+    write_model(&tiny, &dir.path().join("b"), &w);
+    let (a, b) = (load(&dir.path().join("a"), "a"), load(&dir.path().join("b"), "b"));
+    let f = run(&a, &b, vec![usize::MAX], &tiny);
+    let r = &f.report;
+    eprintln!("R² K {:?} V {:?} cosine {:?}", r.r2_k, r.r2_v, r.cosine);
+    assert!(r.r2_k.iter().chain(&r.r2_v).all(|&x| x > 0.999), "{:?} {:?}", r.r2_k, r.r2_v);
+    assert!(r.cosine.iter().all(|&c| c > 0.999), "{:?}", r.cosine);
+}
+
+#[test]
+fn a_known_linear_relation_between_caches_is_recovered() {
+    // The target is the source re-parameterised: keys of layer l scaled by c_l (queries by
+    // 1/c_l, which commutes with RoPE), values of each KV head multiplied by an invertible
+    // matrix M (undone in the output projection). It computes the same function, and its
+    // cache is exactly K_t = c_l K_s, V_t = M V_s per layer.
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new("llama");
+    let src_w = tiny.weights(5);
+    let mut tgt_w = src_w.clone();
+    let dev = Device::Cpu;
+    let hd = tiny.head_dim;
+    let group = tiny.n_head / tiny.n_kv_head;
+    let m = (Tensor::eye(hd, candle_core::DType::F32, &dev).unwrap() * 1.5).unwrap()
+        .broadcast_add(&(Tensor::randn(0f32, 0.2, (hd, hd), &dev).unwrap())).unwrap();
+    // Inverse through the normal equations: small and well conditioned.
+    let m_inv = {
+        let a: Vec<Vec<f32>> = m.to_vec2().unwrap();
+        invert(&a)
+    };
+    let m_inv = Tensor::new(m_inv, &dev).unwrap();
+    let scales = [2.0f64, 0.5];
+    for l in 0..tiny.n_layer {
+        let p = format!("model.layers.{l}.self_attn");
+        let c = scales[l];
+        let k = (&src_w[&format!("{p}.k_proj.weight")] * c).unwrap();
+        let q = (&src_w[&format!("{p}.q_proj.weight")] / c).unwrap();
+        tgt_w.insert(format!("{p}.k_proj.weight"), k);
+        tgt_w.insert(format!("{p}.q_proj.weight"), q);
+        let v = &src_w[&format!("{p}.v_proj.weight")];
+        let heads: Vec<Tensor> = (0..tiny.n_kv_head)
+            .map(|h| m.matmul(&v.narrow(0, h * hd, hd).unwrap()).unwrap())
+            .collect();
+        tgt_w.insert(format!("{p}.v_proj.weight"), Tensor::cat(&heads, 0).unwrap());
+        let o = &src_w[&format!("{p}.o_proj.weight")];
+        let cols: Vec<Tensor> = (0..tiny.n_head)
+            .map(|h| {
+                let _ = h / group;
+                o.narrow(1, h * hd, hd).unwrap().matmul(&m_inv).unwrap()
+            })
+            .collect();
+        tgt_w.insert(format!("{p}.o_proj.weight"), Tensor::cat(&cols, 1).unwrap());
+    }
+    write_model(&tiny, &dir.path().join("s"), &src_w);
+    write_model(&tiny, &dir.path().join("t"), &tgt_w);
+    let (s, t) = (load(&dir.path().join("s"), "s"), load(&dir.path().join("t"), "t"));
+    let f = run(&s, &t, vec![1], &tiny);
+    let r = &f.report;
+    eprintln!("R² K {:?} V {:?} cosine {:?}", r.r2_k, r.r2_v, r.cosine);
+    for j in 0..tiny.n_layer {
+        assert_eq!(f.keys[j].sources, vec![j], "target layer {j} keys come from source layer {j}");
+        assert_eq!(f.values[j].sources, vec![j]);
+        // Keys: W = c·I on each feature.
+        let width = tiny.n_kv_head * hd;
+        let w = &f.keys[j].weight;
+        let mut worst = 0f32;
+        for a in 0..width {
+            for b in 0..width {
+                let want = if a == b { scales[j] as f32 } else { 0.0 };
+                worst = worst.max((w[a * width + b] - want).abs());
+            }
+        }
+        assert!(worst < 1e-3, "layer {j}: key map is off by {worst}");
+    }
+    assert!(r.r2_k.iter().chain(&r.r2_v).all(|&x| x > 0.9999), "{:?} {:?}", r.r2_k, r.r2_v);
+    assert!(r.cosine.iter().all(|&c| c > 0.9999), "{:?}", r.cosine);
+}
+
+fn invert(a: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    let n = a.len();
+    let mut m: Vec<Vec<f64>> = a.iter().map(|r| r.iter().map(|&x| x as f64).collect()).collect();
+    let mut inv: Vec<Vec<f64>> = (0..n).map(|i| (0..n).map(|j| if i == j { 1.0 } else { 0.0 }).collect()).collect();
+    for c in 0..n {
+        let p = (c..n).max_by(|&x, &y| m[x][c].abs().total_cmp(&m[y][c].abs())).unwrap();
+        m.swap(c, p);
+        inv.swap(c, p);
+        let d = m[c][c];
+        for j in 0..n {
+            m[c][j] /= d;
+            inv[c][j] /= d;
+        }
+        for r in 0..n {
+            if r != c {
+                let f = m[r][c];
+                for j in 0..n {
+                    m[r][j] -= f * m[c][j];
+                    inv[r][j] -= f * inv[c][j];
+                }
+            }
+        }
+    }
+    inv.into_iter().map(|r| r.into_iter().map(|x| x as f32).collect()).collect()
+}
+
+#[test]
+fn artifact_round_trips_and_refuses_other_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new("qwen2");
+    write_model(&tiny, &dir.path().join("a"), &tiny.weights(1));
+    write_model(&tiny, &dir.path().join("b"), &tiny.weights(2));
+    let (a, b) = (load(&dir.path().join("a"), "a"), load(&dir.path().join("b"), "b"));
+    let f = run(&a, &b, vec![1, 2], &tiny);
+    let (sr, tr) = (ModelRef::new(&a.identity, a.config()), ModelRef::new(&b.identity, b.config()));
+    let meta = MapperMeta {
+        format: artifact::FORMAT.into(),
+        version: artifact::VERSION,
+        direction: "a -> b".into(),
+        source: sr.clone(),
+        target: tr.clone(),
+        k: f.k,
+        lambda: f.lambda,
+        standardize: f.standardize,
+        key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
+        value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
+        corpus: CorpusInfo { files: "synthetic".into(), fingerprint: "x".into(), sequences: 8, seq_len: 64, observations: f.report.observations },
+        report: f.report.clone(),
+        created_unix: 0,
+        baton_version: "test".into(),
+    };
+    let path = artifact::artifact_path(dir.path(), &sr, &tr);
+    artifact::save(&f, &meta, &path).unwrap();
+    assert!(path.with_extension("json").is_file());
+    let back = artifact::load(&path).unwrap();
+    for (x, y) in f.keys.iter().zip(&back.keys).chain(f.values.iter().zip(&back.values)) {
+        assert_eq!(x.sources, y.sources);
+        assert_eq!(x.weight, y.weight);
+        assert_eq!(x.bias, y.bias);
+    }
+    back.check(&sr, &tr).unwrap();
+    // Swapped direction: the source is not the model the mapper was made for.
+    let err = back.check(&tr, &sr).unwrap_err().to_string();
+    assert!(err.contains("source model") && err.contains("baton calibrate"), "{err}");
+    // Same weights, other tokenizer.
+    let mut other = tr.clone();
+    other.tokenizer_fingerprint = "0".repeat(64);
+    let err = back.check(&sr, &other).unwrap_err().to_string();
+    assert!(err.contains("target tokenizer"), "{err}");
+    // A file that is not an artifact.
+    let junk = dir.path().join("junk.safetensors");
+    std::fs::write(&junk, b"not safetensors").unwrap();
+    assert!(artifact::load(&junk).is_err());
+    assert_eq!(artifact::list(dir.path()).len(), 1);
+}
+
+#[test]
+fn a_cancelled_calibration_returns_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new("qwen3");
+    write_model(&tiny, &dir.path().join("a"), &tiny.weights(1));
+    write_model(&tiny, &dir.path().join("b"), &tiny.weights(2));
+    let (a, b) = (load(&dir.path().join("a"), "a"), load(&dir.path().join("b"), "b"));
+    let e = calibrate(&a, &b, &docs(&tiny), &[Direction::Forward], &opts(vec![1]), &NoProgress, &AtomicBool::new(true));
+    assert!(matches!(e, Err(CalibrateError::Cancelled)));
+}
