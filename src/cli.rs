@@ -64,6 +64,10 @@ pub struct EvalArgs {
     pub prefix: usize,
     #[arg(long, default_value_t = 128)]
     pub continuation: usize,
+    /// Leading positions the target computes itself (attention sinks) instead of
+    /// receiving them mapped; 0 maps everything.
+    #[arg(long, default_value_t = 0)]
+    pub anchor: usize,
     #[arg(long)]
     pub json: bool,
 }

@@ -392,7 +392,7 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
     let first = Model::open(&a.source, dev, &progress)?;
     let second = Model::open(&a.target, dev, &progress)?;
     drop(progress);
-    let opts = TextEvalOptions { prefix: a.prefix, continuation: a.continuation, ..TextEvalOptions::default() };
+    let opts = TextEvalOptions { prefix: a.prefix, continuation: a.continuation, anchor: a.anchor, ..TextEvalOptions::default() };
     let len = a.prefix + a.continuation;
     let windows = if a.texts.is_empty() {
         let docs = corpus::read_documents(&corpus::default_files()?)?;
@@ -431,10 +431,10 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         let r = eval_text(s, t, &mapper, &windows, &opts)?;
         let m = TextEval::mean;
         println!(
-            "{} -> {} (k={}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | top-1 {:.3} KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} | map {:.1} ms vs re-prefill {:.0} ms",
+            "{} -> {} (k={}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | top-1 {:.3} (no prefix {:.3}) KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} | map {:.1} ms vs re-prefill {:.0} ms",
             s.identity.name, t.identity.name, art.meta.k,
             m(&r.r2_k), m(&r.r2_v), m(&r.cosine_prefix), m(&r.cosine_continuation),
-            r.scores.agreement.top1, r.scores.agreement.kl,
+            r.scores.agreement.top1, r.scores.agreement_no_prefix.top1, r.scores.agreement.kl,
             r.scores.ppl_mapped, r.scores.ppl_true, r.scores.ppl_no_prefix,
             r.map_seconds * 1e3, r.reprefill_seconds * 1e3
         );

@@ -31,6 +31,10 @@ pub struct CalibrateOptions {
     pub k_sweep: Vec<usize>,
     pub lambdas: Vec<f64>,
     pub standardize: bool,
+    /// Leading positions of each window left out of the statistics: the first tokens are
+    /// attention sinks whose keys and values are outliers by orders of magnitude.
+    #[serde(default)]
+    pub skip_first: usize,
 }
 
 impl Default for CalibrateOptions {
@@ -44,6 +48,7 @@ impl Default for CalibrateOptions {
             k_sweep: vec![1, 2, 4, 8, 12, 16, usize::MAX],
             lambdas: vec![0.01],
             standardize: true,
+            skip_first: 0,
         }
     }
 }
@@ -243,8 +248,8 @@ pub fn calibrate(
         check_cancel()?;
         let ca_ = capture(a, w, &[])?;
         let cb_ = capture(b, w, &[])?;
-        let fa = all_layer_features(&ca_.cache, a.decoder.rope(), 0, w.len(), opts.stride)?;
-        let fb = all_layer_features(&cb_.cache, b.decoder.rope(), 0, w.len(), opts.stride)?;
+        let fa = all_layer_features(&ca_.cache, a.decoder.rope(), opts.skip_first, w.len(), opts.stride)?;
+        let fb = all_layer_features(&cb_.cache, b.decoder.rope(), opts.skip_first, w.len(), opts.stride)?;
         let rows = fa.0.dim(0)?;
         let (ak, av, bk, bv) = (flat(&fa.0)?, flat(&fa.1)?, flat(&fb.0)?, flat(&fb.1)?);
         for (&d, (sk, sv)) in directions.iter().zip(stats.iter_mut()) {
@@ -288,8 +293,8 @@ pub fn calibrate(
         let mut hk = PairStats::new(ls, ds, lt, dt)?;
         let mut hv = PairStats::new(ls, ds, lt, dt)?;
         for (s, t) in src_caps.iter().zip(tgt_caps.iter()) {
-            let fs = all_layer_features(&s.cache, src.decoder.rope(), 0, s.cache.len(), opts.stride)?;
-            let ft = all_layer_features(&t.cache, tgt.decoder.rope(), 0, t.cache.len(), opts.stride)?;
+            let fs = all_layer_features(&s.cache, src.decoder.rope(), opts.skip_first, s.cache.len(), opts.stride)?;
+            let ft = all_layer_features(&t.cache, tgt.decoder.rope(), opts.skip_first, t.cache.len(), opts.stride)?;
             let rows = fs.0.dim(0)?;
             hk.update(&flat(&fs.0)?, &flat(&ft.0)?, rows)?;
             hv.update(&flat(&fs.1)?, &flat(&ft.1)?, rows)?;

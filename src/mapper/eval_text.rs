@@ -16,11 +16,13 @@ pub struct TextEvalOptions {
     pub prefix: usize,
     pub continuation: usize,
     pub probes: usize,
+    /// Leading positions the target computes itself instead of receiving them mapped.
+    pub anchor: usize,
 }
 
 impl Default for TextEvalOptions {
     fn default() -> Self {
-        Self { prefix: 384, continuation: 128, probes: 32 }
+        Self { prefix: 384, continuation: 128, probes: 32, anchor: 0 }
     }
 }
 
@@ -90,7 +92,14 @@ pub fn eval_text(
         let truth = tgt.decoder.forward(prefix, &mut true_cache, &ForwardOptions { logits: Logits::None, probe_positions: prefix_probes.clone() })?;
         out.reprefill_seconds += t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let mut mapped = mapper.map_cache(&src_cache, src.decoder.rope(), tgt.decoder.rope())?;
+        let mut mapped = if opts.anchor == 0 {
+            mapper.map_cache(&src_cache, src.decoder.rope(), tgt.decoder.rope())?
+        } else {
+            let mut c = tgt.decoder.new_cache();
+            tgt.decoder.forward(&prefix[..opts.anchor], &mut c, &ForwardOptions { logits: Logits::None, probe_positions: vec![] })?;
+            c.extend_with(&mapper.map_range(&src_cache, src.decoder.rope(), tgt.decoder.rope(), opts.anchor, p)?)?;
+            c
+        };
         out.map_seconds += t1.elapsed().as_secs_f64();
 
         let mut r2k = Vec::with_capacity(l_t);
@@ -123,6 +132,9 @@ pub fn eval_text(
         scores_acc.agreement.top1 += s.agreement.top1;
         scores_acc.agreement.kl += s.agreement.kl;
         scores_acc.agreement.positions += s.agreement.positions;
+        scores_acc.agreement_no_prefix.top1 += s.agreement_no_prefix.top1;
+        scores_acc.agreement_no_prefix.kl += s.agreement_no_prefix.kl;
+        scores_acc.agreement_no_prefix.positions += s.agreement_no_prefix.positions;
         // Perplexities are averaged in log space: the geometric mean over windows.
         scores_acc.ppl_true += s.ppl_true.ln();
         scores_acc.ppl_mapped += s.ppl_mapped.ln();
@@ -138,6 +150,11 @@ pub fn eval_text(
             top1: scores_acc.agreement.top1 / n,
             kl: scores_acc.agreement.kl / n,
             positions: scores_acc.agreement.positions,
+        },
+        agreement_no_prefix: metrics::NextTokenAgreement {
+            top1: scores_acc.agreement_no_prefix.top1 / n,
+            kl: scores_acc.agreement_no_prefix.kl / n,
+            positions: scores_acc.agreement_no_prefix.positions,
         },
         ppl_true: (scores_acc.ppl_true / n).exp(),
         ppl_mapped: (scores_acc.ppl_mapped / n).exp(),

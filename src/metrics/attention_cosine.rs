@@ -35,11 +35,19 @@ pub fn attention_output_cosine(
         )));
     }
     if let Some(&bad) = probe_positions.iter().find(|&&q| q >= len) {
-        return Err(MetricError::Shape(format!("probe at {bad} past a cache of {len}")));
+        return Err(MetricError::Shape(format!(
+            "probe at {bad} past a cache of {len}"
+        )));
     }
     let group = nh / nkv;
     let f = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.contiguous()?) };
-    let (q, kt, vt, km, vm) = (f(queries)?, f(k_true)?, f(v_true)?, f(k_mapped)?, f(v_mapped)?);
+    let (q, kt, vt, km, vm) = (
+        f(queries)?,
+        f(k_true)?,
+        f(v_true)?,
+        f(k_mapped)?,
+        f(v_mapped)?,
+    );
     // Mask: probe i sees keys 0..=pos_i.
     let mut mask = vec![0f32; p * len];
     for (i, &pos) in probe_positions.iter().enumerate() {

@@ -31,7 +31,7 @@ pub fn key_error_concentration(key_error: &Tensor, wq: &Tensor, n_head: usize) -
     for h in 0..n_head {
         let w = wq.narrow(0, h * hd, hd)?;
         let m = w.matmul(&w.t()?)?; // [hd, hd]
-        // tr(W Wᵀ) is the squared Frobenius norm of W.
+                                    // tr(W Wᵀ) is the squared Frobenius norm of W.
         let mean_weight = w.sqr()?.sum_all()?.to_scalar::<f32>()? as f64 / hd as f64;
         let eh = e.get(h / group)?; // [n, hd]
         let weighted = (eh.matmul(&m)? * &eh)?.sum(D::Minus1)?.to_vec1::<f32>()?;
@@ -43,7 +43,11 @@ pub fn key_error_concentration(key_error: &Tensor, wq: &Tensor, n_head: usize) -
             }
         }
     }
-    Ok(if count > 0 { total / count as f64 } else { f64::NAN })
+    Ok(if count > 0 {
+        total / count as f64
+    } else {
+        f64::NAN
+    })
 }
 
 #[cfg(test)]

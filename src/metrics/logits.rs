@@ -18,6 +18,8 @@ pub struct NextTokenAgreement {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct ContinuationScores {
     pub agreement: NextTokenAgreement,
+    /// The same comparison for the target with no prefix at all: the floor.
+    pub agreement_no_prefix: NextTokenAgreement,
     pub ppl_true: f64,
     pub ppl_mapped: f64,
     /// The continuation scored with no prefix at all: the floor.
@@ -26,7 +28,10 @@ pub struct ContinuationScores {
 
 /// Log-softmax rows of [n, vocab] logits in f32.
 fn log_probs(logits: &Tensor) -> Result<Tensor> {
-    Ok(candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?)
+    Ok(candle_nn::ops::log_softmax(
+        &logits.to_dtype(DType::F32)?,
+        D::Minus1,
+    )?)
 }
 
 /// Top-1 agreement and mean KL between two [n, vocab] logit matrices.
@@ -57,7 +62,10 @@ pub fn agreement(true_logits: &Tensor, mapped_logits: &Tensor) -> Result<NextTok
 pub fn perplexity(logits: &Tensor, targets: &[u32]) -> Result<f64> {
     let n = logits.dim(0)?;
     if n != targets.len() {
-        return Err(MetricError::Shape(format!("{n} rows, {} targets", targets.len())));
+        return Err(MetricError::Shape(format!(
+            "{n} rows, {} targets",
+            targets.len()
+        )));
     }
     let lp = log_probs(logits)?;
     let idx = Tensor::new(targets, logits.device())?.unsqueeze(1)?;
@@ -77,12 +85,15 @@ pub fn continuation_scores(
 ) -> Result<ContinuationScores> {
     let n = continuation.len();
     if n < 2 {
-        return Err(MetricError::Shape("a continuation needs at least two tokens".into()));
+        return Err(MetricError::Shape(
+            "a continuation needs at least two tokens".into(),
+        ));
     }
     let rows = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(0, 0, n - 1)?) };
     let targets = &continuation[1..];
     Ok(ContinuationScores {
         agreement: agreement(&rows(true_logits)?, &rows(mapped_logits)?)?,
+        agreement_no_prefix: agreement(&rows(true_logits)?, &rows(no_prefix_logits)?)?,
         ppl_true: perplexity(&rows(true_logits)?, targets)?,
         ppl_mapped: perplexity(&rows(mapped_logits)?, targets)?,
         ppl_no_prefix: perplexity(&rows(no_prefix_logits)?, targets)?,
