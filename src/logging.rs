@@ -14,7 +14,9 @@ pub fn default_log_dir() -> PathBuf {
 
 /// Install a file logger; the returned guard flushes on drop. Filter with `BATON_LOG`
 /// (tracing env-filter syntax, default `info`).
-pub fn init_file_logging(dir: &Path) -> std::io::Result<tracing_appender::non_blocking::WorkerGuard> {
+pub fn init_file_logging(
+    dir: &Path,
+) -> std::io::Result<tracing_appender::non_blocking::WorkerGuard> {
     std::fs::create_dir_all(dir)?;
     let appender = tracing_appender::rolling::never(dir, "baton.log");
     let (writer, guard) = tracing_appender::non_blocking(appender);

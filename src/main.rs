@@ -218,8 +218,43 @@ fn generate_cmd(a: GenerateArgs, dev: &Device) -> Result<()> {
     Ok(())
 }
 
-fn bench_model_cmd(_a: BenchModelArgs) -> Result<()> {
-    bail!("bench-model is not wired yet")
+fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
+    let names = if a.model.is_empty() {
+        vec!["qwen2.5-coder-0.5b".to_string(), "qwen2.5-coder-1.5b".to_string()]
+    } else {
+        a.model.clone()
+    };
+    let mut all = Vec::new();
+    for name in &names {
+        let progress = BarProgress::new();
+        let resolved = model::resolve(name, &progress)?;
+        drop(progress);
+        eprintln!("timing {name} ({} prompt tokens, {} decode steps, {} repeats)...", a.prompt_len, a.decode_len, a.repeats);
+        let rows = model::bench::bench_model(&resolved.path, a.prompt_len, a.decode_len, a.repeats)?;
+        for r in &rows {
+            if !a.json {
+                println!(
+                    "{:<22} {:<38} prefill {:>7.1} tokens/s   decode {:>6.1} tokens/s",
+                    name, r.engine, r.prefill_tok_s, r.decode_tok_s
+                );
+            }
+        }
+        if let (Some(ours), Some(peer)) = (rows.iter().find(|r| r.engine == model::bench::BATON), rows.iter().find(|r| r.engine != model::bench::BATON)) {
+            if !a.json {
+                println!(
+                    "{:<22} baton / peer in this run: prefill {:.2}x, decode {:.2}x",
+                    name,
+                    ours.prefill_tok_s / peer.prefill_tok_s,
+                    ours.decode_tok_s / peer.decode_tok_s
+                );
+            }
+        }
+        all.push(serde_json::json!({"model": name, "rows": rows}));
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    }
+    Ok(())
 }
 
 /// Progress bars for calibration phases, with ETA.

@@ -32,7 +32,11 @@ fn tiny_gguf(path: &Path, arch: &str, extra: &[(&str, Value)]) {
         md.push((k.to_string(), v.clone()));
     }
     let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let t = QTensor::quantize(&Tensor::zeros((1, 32), candle_core::DType::F32, &Device::Cpu).unwrap(), GgmlDType::F32).unwrap();
+    let t = QTensor::quantize(
+        &Tensor::zeros((1, 32), candle_core::DType::F32, &Device::Cpu).unwrap(),
+        GgmlDType::F32,
+    )
+    .unwrap();
     let mut f = std::fs::File::create(path).unwrap();
     gguf_file::write(&mut f, &md_refs, &[("token_embd.weight", &t)]).unwrap();
 }
@@ -78,11 +82,18 @@ fn unsupported_and_sliding_window_architectures_are_refused_with_reason() {
     let p = dir.path().join("gemma.gguf");
     tiny_gguf(&p, "gemma3", &[]);
     let e = load_err(&p);
-    assert!(matches!(e, ModelError::UnsupportedArchitecture { .. }), "{e}");
+    assert!(
+        matches!(e, ModelError::UnsupportedArchitecture { .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains("gemma3"), "{e}");
 
     let p = dir.path().join("mistral-swa.gguf");
-    tiny_gguf(&p, "llama", &[("llama.attention.sliding_window", Value::U32(4096))]);
+    tiny_gguf(
+        &p,
+        "llama",
+        &[("llama.attention.sliding_window", Value::U32(4096))],
+    );
     let e = load_err(&p);
     assert!(e.to_string().contains("sliding-window"), "{e}");
 }
@@ -103,8 +114,18 @@ fn prompt_longer_than_the_context_is_refused() {
 #[test]
 fn a_pair_with_different_tokenizers_is_refused() {
     let dev = Device::Cpu;
-    let qwen = Model::open(common::qwen_small().to_str().unwrap(), &dev, &baton::fetch::SilentProgress).unwrap();
-    let smol = Model::open(common::smollm().to_str().unwrap(), &dev, &baton::fetch::SilentProgress).unwrap();
+    let qwen = Model::open(
+        common::qwen_small().to_str().unwrap(),
+        &dev,
+        &baton::fetch::SilentProgress,
+    )
+    .unwrap();
+    let smol = Model::open(
+        common::smollm().to_str().unwrap(),
+        &dev,
+        &baton::fetch::SilentProgress,
+    )
+    .unwrap();
     let e = ensure_same_tokenizer(&qwen.tokenizer, &smol.tokenizer).unwrap_err();
     assert!(e.to_string().contains("different tokenizers"), "{e}");
 }
@@ -117,6 +138,9 @@ fn the_binary_reports_errors_in_one_line_and_exits_non_zero() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("error:") && err.contains("qwen2.5-coder-0.5b"), "{err}");
+    assert!(
+        err.contains("error:") && err.contains("qwen2.5-coder-0.5b"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }

@@ -22,18 +22,45 @@ fn gguf_and_safetensors_give_the_same_logits_for_each_architecture() {
         let a = load_decoder(&st, &dev, LoadOptions::for_device(&dev)).unwrap();
         let b = load_decoder(&gg, &dev, LoadOptions::for_device(&dev)).unwrap();
         assert_eq!(a.decoder.config().rope.layout, RopeLayout::RotateHalf);
-        let expect_gguf = if matches!(arch, "llama" | "mistral") { RopeLayout::Interleaved } else { RopeLayout::RotateHalf };
+        let expect_gguf = if matches!(arch, "llama" | "mistral") {
+            RopeLayout::Interleaved
+        } else {
+            RopeLayout::RotateHalf
+        };
         assert_eq!(b.decoder.config().rope.layout, expect_gguf);
         let (mut ca, mut cb) = (a.decoder.new_cache(), b.decoder.new_cache());
         let la = a.decoder.next_logits(&ids, &mut ca).unwrap();
         let lb = b.decoder.next_logits(&ids, &mut cb).unwrap();
-        let scale = la.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        let d = (&la - &lb).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        assert!(d <= 1e-4 * scale.max(1.0), "{arch}: max |dlogit| {d} (scale {scale})");
+        let scale = la
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let d = (&la - &lb)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(
+            d <= 1e-4 * scale.max(1.0),
+            "{arch}: max |dlogit| {d} (scale {scale})"
+        );
         // Values carry no position, so V caches agree directly; keys agree up to the
         // GGUF row permutation for llama-family files.
         let (ea, eb) = (ca.export().unwrap(), cb.export().unwrap());
-        let dv = (&ea[1].v - &eb[1].v).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let dv = (&ea[1].v - &eb[1].v)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         assert!(dv < 1e-4, "{arch}: V caches differ by {dv}");
     }
 }

@@ -40,6 +40,7 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
         k_sweep: k,
         lambdas: vec![0.01],
         standardize: true,
+        skip_first: 0,
     }
 }
 

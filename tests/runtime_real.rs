@@ -53,7 +53,11 @@ fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
 fn prefill_equals_prefill_then_extend_then_decode() {
     let dev = Device::Cpu;
     let m = Model::load(
-        &model::resolve(common::qwen_small().to_str().unwrap(), &baton::fetch::SilentProgress).unwrap(),
+        &model::resolve(
+            common::qwen_small().to_str().unwrap(),
+            &baton::fetch::SilentProgress,
+        )
+        .unwrap(),
         &dev,
         LoadOptions::for_device(&dev),
     )
@@ -84,7 +88,13 @@ fn prefill_equals_prefill_then_extend_then_decode() {
     let dec1 = d.next_logits(&ids[598..599], &mut cache).unwrap();
     let dec2 = d.next_logits(&ids[599..600], &mut cache).unwrap();
 
-    let scale = full.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    let scale = full
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
     let tol = 1e-4 * scale;
     let e_ext = max_abs(&full.narrow(0, 250, 348).unwrap(), &ext);
     let e_d1 = max_abs(&full.get(598).unwrap(), &dec1);
@@ -95,7 +105,9 @@ fn prefill_equals_prefill_then_extend_then_decode() {
     // The caches agree too, and an exported/imported cache continues identically.
     let mut again = d.new_cache();
     d.forward(&ids[..599], &mut again, &none).unwrap();
-    let moved = baton::model::KvCache::import(d.kv_shape(), again.export().unwrap(), d.dtype(), d.device()).unwrap();
+    let moved =
+        baton::model::KvCache::import(d.kv_shape(), again.export().unwrap(), d.dtype(), d.device())
+            .unwrap();
     let mut moved = moved;
     let after_import = d.next_logits(&ids[599..600], &mut moved).unwrap();
     assert!(max_abs(&after_import, &dec2) <= tol);
@@ -111,7 +123,14 @@ fn logits_agree_with_candle_quantized_qwen2_on_the_same_file() {
     let path = common::qwen_small();
     let dev = Device::Cpu;
     // The file's own block types, as the peer uses them.
-    let ours = load_decoder(&path, &dev, LoadOptions { convert_slow_blocks: false }).unwrap();
+    let ours = load_decoder(
+        &path,
+        &dev,
+        LoadOptions {
+            convert_slow_blocks: false,
+        },
+    )
+    .unwrap();
     let m = Model::load(
         &model::resolve(path.to_str().unwrap(), &baton::fetch::SilentProgress).unwrap(),
         &dev,
@@ -125,9 +144,10 @@ fn logits_agree_with_candle_quantized_qwen2_on_the_same_file() {
 
     let mut f = std::fs::File::open(&path).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
-    let mut peer =
-        candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(content, &mut f, &dev)
-            .unwrap();
+    let mut peer = candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(
+        content, &mut f, &dev,
+    )
+    .unwrap();
     // The peer returns only the last position's logits, so feed it one token at a time.
     let mut peer_rows = Vec::with_capacity(n);
     for (i, &t) in ids.iter().enumerate() {
@@ -155,24 +175,40 @@ fn logits_agree_with_candle_quantized_qwen2_on_the_same_file() {
     let pv = peer_all.to_vec2::<f32>().unwrap();
     for i in (0..n).filter(|&i| tp[i] != tn[i]) {
         let margin = pv[i][tp[i] as usize] - pv[i][tn[i] as usize];
-        eprintln!("position {i}: peer picks {} and baton {}, {margin:.3} apart in the peer's logits", tp[i], tn[i]);
+        eprintln!(
+            "position {i}: peer picks {} and baton {}, {margin:.3} apart in the peer's logits",
+            tp[i], tn[i]
+        );
         assert!(margin < 0.25, "position {i}: not a near-tie ({margin})");
     }
-    assert!(same_native as f64 >= 0.98 * n as f64, "native top-1 {same_native}/{n}");
+    assert!(
+        same_native as f64 >= 0.98 * n as f64,
+        "native top-1 {same_native}/{n}"
+    );
     assert!(d_native < 1.0, "max |dlogit| {d_native}");
-    assert!(same_conv as f64 >= 0.99 * n as f64, "converted top-1 {same_conv}/{n}");
+    assert!(
+        same_conv as f64 >= 0.99 * n as f64,
+        "converted top-1 {same_conv}/{n}"
+    );
 }
 
 #[test]
 fn greedy_factorial_answer_is_code() {
     let dev = Device::Cpu;
-    let m = Model::open(common::qwen_small().to_str().unwrap(), &dev, &baton::fetch::SilentProgress).unwrap();
+    let m = Model::open(
+        common::qwen_small().to_str().unwrap(),
+        &dev,
+        &baton::fetch::SilentProgress,
+    )
+    .unwrap();
     let ids = m
         .chat_template()
         .unwrap()
         .render_ids(
             &m.tokenizer,
-            &[ChatMessage::user("Write a Python function that returns the factorial of n.")],
+            &[ChatMessage::user(
+                "Write a Python function that returns the factorial of n.",
+            )],
             true,
         )
         .unwrap();
@@ -182,7 +218,15 @@ fn greedy_factorial_answer_is_code() {
         sampling: Sampling::greedy(),
         stop_ids: m.tokenizer.eos_ids().to_vec(),
     };
-    let g = model::generate(&m.decoder, &mut cache, &ids, &opts, &AtomicBool::new(false), &mut |_| true).unwrap();
+    let g = model::generate(
+        &m.decoder,
+        &mut cache,
+        &ids,
+        &opts,
+        &AtomicBool::new(false),
+        &mut |_| true,
+    )
+    .unwrap();
     let text = m.tokenizer.decode(&g.tokens).unwrap();
     eprintln!("{text}");
     assert!(text.contains("def factorial(n"), "{text}");
@@ -194,7 +238,12 @@ fn greedy_factorial_answer_is_code() {
 #[test]
 fn cancel_stops_generation_at_once() {
     let dev = Device::Cpu;
-    let m = Model::open(common::smollm().to_str().unwrap(), &dev, &baton::fetch::SilentProgress).unwrap();
+    let m = Model::open(
+        common::smollm().to_str().unwrap(),
+        &dev,
+        &baton::fetch::SilentProgress,
+    )
+    .unwrap();
     let ids = m.tokenizer.encode("Once upon a time").unwrap();
     let cancel = AtomicBool::new(false);
     let mut seen = 0;

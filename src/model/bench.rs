@@ -37,10 +37,14 @@ pub const PEER_QWEN2: &str = "candle-transformers quantized_qwen2";
 pub fn bench_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let lo = 256u64.min(vocab as u64 / 2);
     let hi = (vocab as u64).min(30_000).max(lo + 1);
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (lo + (s >> 33) % (hi - lo)) as u32
         })
         .collect()
@@ -101,7 +105,13 @@ fn row(engine: &str, prompt_len: usize, decode_len: usize, runs: &[(f64, f64)]) 
     let mut p: Vec<f64> = runs.iter().map(|r| prompt_len as f64 / r.0).collect();
     let mut d: Vec<f64> = runs
         .iter()
-        .map(|r| if decode_len == 0 { 0.0 } else { decode_len as f64 / r.1 })
+        .map(|r| {
+            if decode_len == 0 {
+                0.0
+            } else {
+                decode_len as f64 / r.1
+            }
+        })
         .collect();
     BenchRow {
         engine: engine.to_string(),
@@ -124,7 +134,9 @@ pub fn bench_model(
     repeats: usize,
 ) -> Result<Vec<BenchRow>, ModelError> {
     if prompt_len == 0 {
-        return Err(ModelError::Unsupported("a benchmark needs at least one prompt token".into()));
+        return Err(ModelError::Unsupported(
+            "a benchmark needs at least one prompt token".into(),
+        ));
     }
     let dev = Device::Cpu;
     let repeats = repeats.max(1);
@@ -153,7 +165,9 @@ pub fn bench_model(
             path: path.to_path_buf(),
             source: e,
         })?;
-        Some(quantized_qwen2::ModelWeights::from_gguf(content, &mut f, &dev)?)
+        Some(quantized_qwen2::ModelWeights::from_gguf(
+            content, &mut f, &dev,
+        )?)
     } else {
         None
     };

@@ -166,10 +166,12 @@ impl ModelConfig {
         let key = |k: &str| format!("{arch_name}.{k}");
         let get_u = |k: &str| -> Result<usize> {
             let full = key(k);
-            let v = metadata.get(&full).ok_or_else(|| ModelError::MissingMetadata {
-                key: full.clone(),
-                hint: String::new(),
-            })?;
+            let v = metadata
+                .get(&full)
+                .ok_or_else(|| ModelError::MissingMetadata {
+                    key: full.clone(),
+                    hint: String::new(),
+                })?;
             gguf_usize(v).ok_or_else(|| ModelError::BadMetadata {
                 key: full,
                 reason: format!("expected an integer, found {v:?}"),
@@ -261,12 +263,18 @@ impl ModelConfig {
                 "this {arch_name} model uses sliding-window attention; baton maps full-attention KV caches only, where every layer keeps every position"
             )));
         }
-        if hf.layer_types.as_ref().is_some_and(|t| t.iter().any(|l| l != "full_attention")) {
+        if hf
+            .layer_types
+            .as_ref()
+            .is_some_and(|t| t.iter().any(|l| l != "full_attention"))
+        {
             return Err(ModelError::Unsupported(format!(
                 "this {arch_name} model mixes attention types across layers (hybrid); baton maps full-attention KV caches only"
             )));
         }
-        let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads);
+        let head_dim = hf
+            .head_dim
+            .unwrap_or(hf.hidden_size / hf.num_attention_heads);
         let llama3_scaling = match &hf.rope_scaling {
             Some(s) if s.kind() == Some("llama3") => Some(Llama3Scaling {
                 factor: s.factor.unwrap_or(8.0),
@@ -390,7 +398,10 @@ mod tests {
         let (a, b) = (rope.inv_freqs(), plain.inv_freqs());
         assert_eq!(a[0], b[0], "the fastest frequency is untouched");
         let last = a.len() - 1;
-        assert!((a[last] - b[last] / 8.0).abs() < 1e-15, "the slowest is divided by the factor");
+        assert!(
+            (a[last] - b[last] / 8.0).abs() < 1e-15,
+            "the slowest is divided by the factor"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::config::ModelConfig;
 use super::error::{ModelError, Result};
 use super::kv_cache::{KvCache, KvShape};
 use super::rope::Rope;
-use super::weights::Weights;
+use super::weights::{Linear, Weights};
 use candle_core::{DType, Device, Tensor, D};
 
 /// Which positions of a chunk want logits.
@@ -141,7 +141,14 @@ impl Decoder {
         }
         let start = cache.len();
         let mut logits = Vec::new();
-        let mut queries: Vec<Vec<Tensor>> = vec![Vec::new(); if opts.probe_positions.is_empty() { 0 } else { self.cfg.n_layer }];
+        let mut queries: Vec<Vec<Tensor>> = vec![
+            Vec::new();
+            if opts.probe_positions.is_empty() {
+                0
+            } else {
+                self.cfg.n_layer
+            }
+        ];
         let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
         for (ci, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let chunk_start = cache.len();
@@ -202,9 +209,15 @@ impl Decoder {
         let mut queries = Vec::new();
         for (l, w) in self.weights.layers.iter().enumerate() {
             let x = candle_nn::ops::rms_norm(&h, &w.attn_norm, eps)?;
-            let q = w.q.forward(&x)?.reshape((t, nh, hd))?.transpose(0, 1)?;
-            let k = w.k.forward(&x)?.reshape((t, nkv, hd))?.transpose(0, 1)?;
-            let v = w.v.forward(&x)?.reshape((t, nkv, hd))?.transpose(0, 1)?;
+            let mut qkv = Linear::forward_many(&[&w.q, &w.k, &w.v], &x)?.into_iter();
+            let (q, k, v) = (
+                qkv.next().unwrap(),
+                qkv.next().unwrap(),
+                qkv.next().unwrap(),
+            );
+            let q = q.reshape((t, nh, hd))?.transpose(0, 1)?;
+            let k = k.reshape((t, nkv, hd))?.transpose(0, 1)?;
+            let v = v.reshape((t, nkv, hd))?.transpose(0, 1)?;
             let (q, k) = match (&w.q_norm, &w.k_norm) {
                 (Some(qn), Some(kn)) => (
                     candle_nn::ops::rms_norm(&q.contiguous()?, qn, eps)?,
@@ -219,11 +232,10 @@ impl Decoder {
             }
             let kv = cache.write(l, &k, &v)?;
             let o = attention::causal_attention(&q, &kv.k, &kv.v, start)?;
-            h = (h + w.o.forward(&o)?)?;
+            h = w.o.forward_residual(&o, &h)?;
             let x = candle_nn::ops::rms_norm(&h, &w.ffn_norm, eps)?;
-            let gate = candle_nn::ops::silu(&w.gate.forward(&x)?)?;
-            let up = w.up.forward(&x)?;
-            h = (h + w.down.forward(&(gate * up)?)?)?;
+            let act = Linear::forward_swiglu(&w.gate, &w.up, &x)?;
+            h = w.down.forward_residual(&act, &h)?;
         }
         cache.advance(t);
         let rows = match want {

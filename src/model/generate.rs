@@ -67,7 +67,8 @@ pub fn generate(
     let t0 = Instant::now();
     if new_ids.is_empty() {
         return Err(ModelError::Cache(
-            "generation needs at least one new id after the cache (e.g. the generation prompt)".into(),
+            "generation needs at least one new id after the cache (e.g. the generation prompt)"
+                .into(),
         ));
     }
     let mut logits = decoder.next_logits(new_ids, cache)?;

@@ -66,7 +66,11 @@ impl KvCache {
 
     /// Bytes held by the meaningful part of the cache.
     pub fn bytes(&self) -> usize {
-        2 * self.shape.n_layer * self.shape.n_kv_head * self.shape.head_dim * self.len * self.dtype.size_in_bytes()
+        2 * self.shape.n_layer
+            * self.shape.n_kv_head
+            * self.shape.head_dim
+            * self.len
+            * self.dtype.size_in_bytes()
     }
 
     /// Keys and values of layer `l` for positions `0..len` (views, not copies).
@@ -105,7 +109,12 @@ impl KvCache {
     }
 
     /// A cache holding exactly `layers` (e.g. a mapped cache).
-    pub fn import(shape: KvShape, layers: Vec<LayerKv>, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn import(
+        shape: KvShape,
+        layers: Vec<LayerKv>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let mut cache = Self::new(shape, dtype, device);
         cache.extend_with(&layers)?;
         Ok(cache)
@@ -212,8 +221,8 @@ mod tests {
     fn chunk(t: usize, seed: f32) -> Result<Vec<LayerKv>> {
         (0..2)
             .map(|l| {
-                let base = Tensor::arange(0f32, (2 * t * 4) as f32, &Device::Cpu)?
-                    .reshape((2, t, 4))?;
+                let base =
+                    Tensor::arange(0f32, (2 * t * 4) as f32, &Device::Cpu)?.reshape((2, t, 4))?;
                 let k = (base.clone() + (seed + l as f32 * 100.0) as f64)?;
                 let v = (base - (seed + l as f32 * 100.0) as f64)?;
                 Ok(LayerKv { k, v })

@@ -90,7 +90,9 @@ pub fn read_gguf_header(path: &Path) -> Result<gguf_file::Content> {
     if end > len {
         return Err(ModelError::BadGguf {
             path: path.to_path_buf(),
-            reason: format!("the file is truncated: {len} bytes, but its tensors end at byte {end}"),
+            reason: format!(
+                "the file is truncated: {len} bytes, but its tensors end at byte {end}"
+            ),
         });
     }
     Ok(content)

@@ -62,14 +62,20 @@ pub fn resolve(spec: &str, progress: &dyn FetchProgress) -> Result<ResolvedModel
     }
     if let Some(rest) = spec.strip_prefix("hf:") {
         let mut parts = rest.splitn(3, '/');
-        let (Some(owner), Some(repo), Some(file)) = (parts.next(), parts.next(), parts.next()) else {
+        let (Some(owner), Some(repo), Some(file)) = (parts.next(), parts.next(), parts.next())
+        else {
             return Err(ModelError::Unsupported(format!(
                 "`{spec}` is not a hub reference: write hf:OWNER/REPO/FILE, e.g. hf:Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
             )));
         };
         let repo_id = format!("{owner}/{repo}");
         let root = fetch::cache_root();
-        let dest = root.join("models").join("hf").join(owner).join(repo).join(file);
+        let dest = root
+            .join("models")
+            .join("hf")
+            .join(owner)
+            .join(repo)
+            .join(file);
         if !dest.is_file() {
             if let Some(parent) = dest.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| ModelError::Io {
@@ -133,7 +139,10 @@ fn directory_sha256(dir: &Path) -> Result<String> {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     for f in super::weights::safetensors_files(dir)? {
-        let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         h.update(name.as_bytes());
         h.update(b"\0");
         h.update(file_sha256(&f)?.as_bytes());
@@ -159,7 +168,10 @@ impl Model {
             }
             None => {
                 let tok = TextTokenizer::from_tokenizer_json(resolved.path.join("tokenizer.json"))?;
-                let tpl = ChatTemplate::from_tokenizer_config(resolved.path.join("tokenizer_config.json")).ok();
+                let tpl = ChatTemplate::from_tokenizer_config(
+                    resolved.path.join("tokenizer_config.json"),
+                )
+                .ok();
                 (tok, tpl)
             }
         };

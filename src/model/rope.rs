@@ -16,7 +16,12 @@ pub struct Rope {
 }
 
 impl Rope {
-    pub fn new(cfg: &RopeConfig, max_positions: usize, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn new(
+        cfg: &RopeConfig,
+        max_positions: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let inv = cfg.inv_freqs();
         let half = inv.len();
         // Angles in f64: at position 32K an f32 product loses ~3 decimal digits of phase.
@@ -132,7 +137,12 @@ mod tests {
         let r = rope.rotate(&x, 1)?.flatten_all()?.to_vec1::<f32>()?;
         assert!((r[0] - 1f32.cos()).abs() < 1e-6);
         assert!((r[32] - 1f32.sin()).abs() < 1e-6);
-        let rest: f32 = r.iter().enumerate().filter(|(i, _)| *i != 0 && *i != 32).map(|(_, x)| x.abs()).sum();
+        let rest: f32 = r
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 0 && *i != 32)
+            .map(|(_, x)| x.abs())
+            .sum();
         assert!(rest < 1e-6);
         Ok(())
     }
@@ -145,7 +155,13 @@ mod offset_tests {
     #[test]
     fn rotating_a_suffix_matches_rotating_the_whole() -> Result<()> {
         for layout in [RopeLayout::RotateHalf, RopeLayout::Interleaved] {
-            let cfg = RopeConfig { theta: 10_000.0, layout, dim: 8, llama3_scaling: None, freq_factors: None };
+            let cfg = RopeConfig {
+                theta: 10_000.0,
+                layout,
+                dim: 8,
+                llama3_scaling: None,
+                freq_factors: None,
+            };
             let rope = Rope::new(&cfg, 64, DType::F32, &Device::Cpu)?;
             let x = Tensor::randn(0f32, 1.0, (2, 10, 8), &Device::Cpu)?;
             let whole = rope.rotate(&x, 0)?.narrow(1, 6, 4)?;
