@@ -9,7 +9,10 @@ use baton::model::{self, GenerateOptions, Model, Sampling};
 use baton::text::ChatMessage;
 use candle_core::Device;
 use clap::Parser;
-use cli::{BenchModelArgs, CalibrateArgs, Cli, Command, DirectionArg, EvalArgs, FetchArgs, GenerateArgs, InfoArgs, MappersArgs};
+use cli::{
+    BenchModelArgs, CalibrateArgs, Cli, Command, DirectionArg, EvalArgs, FetchArgs, GenerateArgs,
+    InfoArgs, MappersArgs,
+};
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
 
@@ -220,7 +223,10 @@ fn generate_cmd(a: GenerateArgs, dev: &Device) -> Result<()> {
 
 fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
     let names = if a.model.is_empty() {
-        vec!["qwen2.5-coder-0.5b".to_string(), "qwen2.5-coder-1.5b".to_string()]
+        vec![
+            "qwen2.5-coder-0.5b".to_string(),
+            "qwen2.5-coder-1.5b".to_string(),
+        ]
     } else {
         a.model.clone()
     };
@@ -229,8 +235,12 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
         let progress = BarProgress::new();
         let resolved = model::resolve(name, &progress)?;
         drop(progress);
-        eprintln!("timing {name} ({} prompt tokens, {} decode steps, {} repeats)...", a.prompt_len, a.decode_len, a.repeats);
-        let rows = model::bench::bench_model(&resolved.path, a.prompt_len, a.decode_len, a.repeats)?;
+        eprintln!(
+            "timing {name} ({} prompt tokens, {} decode steps, {} repeats)...",
+            a.prompt_len, a.decode_len, a.repeats
+        );
+        let rows =
+            model::bench::bench_model(&resolved.path, a.prompt_len, a.decode_len, a.repeats)?;
         for r in &rows {
             if !a.json {
                 println!(
@@ -239,7 +249,10 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
                 );
             }
         }
-        if let (Some(ours), Some(peer)) = (rows.iter().find(|r| r.engine == model::bench::BATON), rows.iter().find(|r| r.engine != model::bench::BATON)) {
+        if let (Some(ours), Some(peer)) = (
+            rows.iter().find(|r| r.engine == model::bench::BATON),
+            rows.iter().find(|r| r.engine != model::bench::BATON),
+        ) {
             if !a.json {
                 println!(
                     "{:<22} baton / peer in this run: prefill {:.2}x, decode {:.2}x",
@@ -269,9 +282,11 @@ impl baton::mapper::calibrate::CalibrationProgress for CalibrationBars {
         }
         let b = indicatif::ProgressBar::new(total);
         b.set_style(
-            indicatif::ProgressStyle::with_template("{msg:>28} [{bar:30}] {pos}/{len} elapsed {elapsed} ETA {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template(
+                "{msg:>28} [{bar:30}] {pos}/{len} elapsed {elapsed} ETA {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
         );
         b.set_message(name.to_string());
         *self.bar.borrow_mut() = Some(b);
@@ -299,12 +314,22 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
         // Ctrl-C stops at the next window; artifacts are only written at the very end.
         let _ = ctrlc::set_handler(move || c.store(true, std::sync::atomic::Ordering::Relaxed));
     }
-    let (sequences, seq_len) = if a.reference { (500, 1024) } else { (a.sequences, a.seq_len) };
-    let k_sweep = a
-        .k
-        .iter()
-        .map(|k| if k == "all" { Ok(usize::MAX) } else { k.parse::<usize>().with_context(|| format!("--k takes numbers or `all`, got `{k}`")) })
-        .collect::<Result<Vec<_>>>()?;
+    let (sequences, seq_len) = if a.reference {
+        (500, 1024)
+    } else {
+        (a.sequences, a.seq_len)
+    };
+    let k_sweep =
+        a.k.iter()
+            .map(|k| {
+                if k == "all" {
+                    Ok(usize::MAX)
+                } else {
+                    k.parse::<usize>()
+                        .with_context(|| format!("--k takes numbers or `all`, got `{k}`"))
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
     let opts = CalibrateOptions {
         sequences,
         seq_len,
@@ -315,7 +340,11 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
         standardize: !a.no_standardize,
         ..CalibrateOptions::default()
     };
-    let files = if a.corpus.is_empty() { corpus::default_files()? } else { a.corpus.clone() };
+    let files = if a.corpus.is_empty() {
+        corpus::default_files()?
+    } else {
+        a.corpus.clone()
+    };
     let docs = corpus::read_documents(&files)?;
     let progress = BarProgress::new();
     let src = Model::open(&a.source, dev, &progress)?;
@@ -326,7 +355,9 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
         DirectionArg::SourceToTarget => vec![Direction::Forward],
         DirectionArg::TargetToSource => vec![Direction::Backward],
     };
-    let bars = CalibrationBars { bar: std::cell::RefCell::new(None) };
+    let bars = CalibrationBars {
+        bar: std::cell::RefCell::new(None),
+    };
     let started = std::time::Instant::now();
     let fitted = cal::calibrate(&src, &tgt, &docs, &directions, &opts, &bars, &cancel)?;
     if let Some(b) = bars.bar.borrow_mut().take() {
@@ -335,7 +366,11 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
     let root = fetch::cache_root();
     let mut reports = Vec::new();
     for f in &fitted {
-        let (s, t) = if f.source.sha256 == src.identity.sha256 { (&src, &tgt) } else { (&tgt, &src) };
+        let (s, t) = if f.source.sha256 == src.identity.sha256 {
+            (&src, &tgt)
+        } else {
+            (&tgt, &src)
+        };
         let meta = MapperMeta {
             format: artifact::FORMAT.into(),
             version: artifact::VERSION,
@@ -355,7 +390,10 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
                 observations: f.report.observations,
             },
             report: f.report.clone(),
-            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            created_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
             baton_version: env!("CARGO_PKG_VERSION").into(),
         };
         let path = artifact::artifact_path(&root, &meta.source, &meta.target);
@@ -427,7 +465,12 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
     let first = Model::open(&a.source, dev, &progress)?;
     let second = Model::open(&a.target, dev, &progress)?;
     drop(progress);
-    let opts = TextEvalOptions { prefix: a.prefix, continuation: a.continuation, anchor: a.anchor, ..TextEvalOptions::default() };
+    let opts = TextEvalOptions {
+        prefix: a.prefix,
+        continuation: a.continuation,
+        anchor: a.anchor,
+        ..TextEvalOptions::default()
+    };
     let len = a.prefix + a.continuation;
     let windows = if a.texts.is_empty() {
         let docs = corpus::read_documents(&corpus::default_files()?)?;
@@ -454,15 +497,29 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
     let root = fetch::cache_root();
     let mut results = Vec::new();
     for (s, t) in pairs {
-        let (sr, tr) = (ModelRef::new(&s.identity, s.config()), ModelRef::new(&t.identity, t.config()));
+        let (sr, tr) = (
+            ModelRef::new(&s.identity, s.config()),
+            ModelRef::new(&t.identity, t.config()),
+        );
         let path = artifact::artifact_path(&root, &sr, &tr);
         if !path.is_file() {
-            return Err(artifact::ArtifactError::Missing { source_name: s.identity.name.clone(), target: t.identity.name.clone() }.into());
+            return Err(artifact::ArtifactError::Missing {
+                source_name: s.identity.name.clone(),
+                target: t.identity.name.clone(),
+            }
+            .into());
         }
         let art = artifact::load(&path)?;
         art.check(&sr, &tr)?;
         let mapper = CacheMapper::from_layer_maps(s, t, &art.keys, &art.values)?;
-        eprintln!("evaluating {} -> {} on {} windows ({} + {} tokens)", s.identity.name, t.identity.name, windows.len(), a.prefix, a.continuation);
+        eprintln!(
+            "evaluating {} -> {} on {} windows ({} + {} tokens)",
+            s.identity.name,
+            t.identity.name,
+            windows.len(),
+            a.prefix,
+            a.continuation
+        );
         let r = eval_text(s, t, &mapper, &windows, &opts)?;
         let m = TextEval::mean;
         println!(
@@ -481,7 +538,12 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         }));
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"format": "baton.eval", "version": 1, "results": results}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"format": "baton.eval", "version": 1, "results": results})
+            )?
+        );
     }
     Ok(())
 }

@@ -29,12 +29,32 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         standardize: true,
         skip_first: 0,
     };
-    let fitted = calibrate(&src, &tgt, &docs, &[Direction::Forward], &opts, &NoProgress, &AtomicBool::new(false))
-        .unwrap()
-        .remove(0);
+    let fitted = calibrate(
+        &src,
+        &tgt,
+        &docs,
+        &[Direction::Forward],
+        &opts,
+        &NoProgress,
+        &AtomicBool::new(false),
+    )
+    .unwrap()
+    .remove(0);
     let mapper = CacheMapper::from_layer_maps(&src, &tgt, &fitted.keys, &fitted.values).unwrap();
     let windows = corpus::windows(&docs, &src.tokenizer, Split::Eval, 256, 2).unwrap();
-    let r = eval_text(&src, &tgt, &mapper, &windows, &TextEvalOptions { prefix: 192, continuation: 64, probes: 16, anchor: 0 }).unwrap();
+    let r = eval_text(
+        &src,
+        &tgt,
+        &mapper,
+        &windows,
+        &TextEvalOptions {
+            prefix: 192,
+            continuation: 64,
+            probes: 16,
+            anchor: 0,
+        },
+    )
+    .unwrap();
     let s = &r.scores;
     eprintln!(
         "k={} lambda={} sweep {:?} top-1 mapped {:.3} vs no prefix {:.3}; PPL mapped {:.2} true {:.2} no prefix {:.2}; cosine {:.3}; R² K {:.3} V {:.3}",
@@ -60,5 +80,10 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         s.agreement.top1,
         s.agreement_no_prefix.top1
     );
-    assert!(s.ppl_mapped < 0.9 * s.ppl_no_prefix, "PPL mapped {:.2} vs floor {:.2}", s.ppl_mapped, s.ppl_no_prefix);
+    assert!(
+        s.ppl_mapped < 0.9 * s.ppl_no_prefix,
+        "PPL mapped {:.2} vs floor {:.2}",
+        s.ppl_mapped,
+        s.ppl_no_prefix
+    );
 }

@@ -2,10 +2,14 @@
 //! target whose KV cache is a known linear function of the source's is recovered, the
 //! artifact round-trips and refuses other models, and a cancel leaves nothing behind.
 
+#![allow(clippy::needless_range_loop)] // layers index several parallel tables
+
 mod common;
 
 use baton::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
-use baton::mapper::calibrate::{calibrate, CalibrateError, CalibrateOptions, Direction, Fitted, NoProgress};
+use baton::mapper::calibrate::{
+    calibrate, CalibrateError, CalibrateOptions, Direction, Fitted, NoProgress,
+};
 use baton::mapper::corpus::Document;
 use baton::model::{LoadOptions, Model, ResolvedModel};
 use candle_core::{Device, Tensor};
@@ -15,7 +19,12 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 fn load(dir: &Path, name: &str) -> Model {
-    let r = ResolvedModel { name: name.into(), path: dir.to_path_buf(), sha256: None, source: None };
+    let r = ResolvedModel {
+        name: name.into(),
+        path: dir.to_path_buf(),
+        sha256: None,
+        source: None,
+    };
     Model::load(&r, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)).unwrap()
 }
 
@@ -27,7 +36,12 @@ fn write_model(tiny: &Tiny, dir: &Path, weights: &HashMap<String, Tensor>) {
 }
 
 fn docs(tiny: &Tiny) -> Vec<Document> {
-    (0..3).map(|i| Document { name: format!("d{i}"), text: tiny.text(4000, 11 + i) }).collect()
+    (0..3)
+        .map(|i| Document {
+            name: format!("d{i}"),
+            text: tiny.text(4000, 11 + i),
+        })
+        .collect()
 }
 
 fn opts(k: Vec<usize>) -> CalibrateOptions {
@@ -45,7 +59,16 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
 }
 
 fn run(a: &Model, b: &Model, k: Vec<usize>, tiny: &Tiny) -> Fitted {
-    let mut f = calibrate(a, b, &docs(tiny), &[Direction::Forward], &opts(k), &NoProgress, &AtomicBool::new(false)).unwrap();
+    let mut f = calibrate(
+        a,
+        b,
+        &docs(tiny),
+        &[Direction::Forward],
+        &opts(k),
+        &NoProgress,
+        &AtomicBool::new(false),
+    )
+    .unwrap();
     f.remove(0)
 }
 
@@ -56,11 +79,19 @@ fn mapping_a_model_to_itself_with_all_layers_is_near_exact() {
     let w = tiny.weights(3);
     write_model(&tiny, &dir.path().join("a"), &w);
     write_model(&tiny, &dir.path().join("b"), &w);
-    let (a, b) = (load(&dir.path().join("a"), "a"), load(&dir.path().join("b"), "b"));
+    let (a, b) = (
+        load(&dir.path().join("a"), "a"),
+        load(&dir.path().join("b"), "b"),
+    );
     let f = run(&a, &b, vec![usize::MAX], &tiny);
     let r = &f.report;
     eprintln!("R² K {:?} V {:?} cosine {:?}", r.r2_k, r.r2_v, r.cosine);
-    assert!(r.r2_k.iter().chain(&r.r2_v).all(|&x| x > 0.999), "{:?} {:?}", r.r2_k, r.r2_v);
+    assert!(
+        r.r2_k.iter().chain(&r.r2_v).all(|&x| x > 0.999),
+        "{:?} {:?}",
+        r.r2_k,
+        r.r2_v
+    );
     assert!(r.cosine.iter().all(|&c| c > 0.999), "{:?}", r.cosine);
 }
 
@@ -77,8 +108,10 @@ fn a_known_linear_relation_between_caches_is_recovered() {
     let dev = Device::Cpu;
     let hd = tiny.head_dim;
     let group = tiny.n_head / tiny.n_kv_head;
-    let m = (Tensor::eye(hd, candle_core::DType::F32, &dev).unwrap() * 1.5).unwrap()
-        .broadcast_add(&(Tensor::randn(0f32, 0.2, (hd, hd), &dev).unwrap())).unwrap();
+    let m = (Tensor::eye(hd, candle_core::DType::F32, &dev).unwrap() * 1.5)
+        .unwrap()
+        .broadcast_add(&(Tensor::randn(0f32, 0.2, (hd, hd), &dev).unwrap()))
+        .unwrap();
     // Inverse through the normal equations: small and well conditioned.
     let m_inv = {
         let a: Vec<Vec<f32>> = m.to_vec2().unwrap();
@@ -97,7 +130,10 @@ fn a_known_linear_relation_between_caches_is_recovered() {
         let heads: Vec<Tensor> = (0..tiny.n_kv_head)
             .map(|h| m.matmul(&v.narrow(0, h * hd, hd).unwrap()).unwrap())
             .collect();
-        tgt_w.insert(format!("{p}.v_proj.weight"), Tensor::cat(&heads, 0).unwrap());
+        tgt_w.insert(
+            format!("{p}.v_proj.weight"),
+            Tensor::cat(&heads, 0).unwrap(),
+        );
         let o = &src_w[&format!("{p}.o_proj.weight")];
         let cols: Vec<Tensor> = (0..tiny.n_head)
             .map(|h| {
@@ -109,12 +145,19 @@ fn a_known_linear_relation_between_caches_is_recovered() {
     }
     write_model(&tiny, &dir.path().join("s"), &src_w);
     write_model(&tiny, &dir.path().join("t"), &tgt_w);
-    let (s, t) = (load(&dir.path().join("s"), "s"), load(&dir.path().join("t"), "t"));
+    let (s, t) = (
+        load(&dir.path().join("s"), "s"),
+        load(&dir.path().join("t"), "t"),
+    );
     let f = run(&s, &t, vec![1], &tiny);
     let r = &f.report;
     eprintln!("R² K {:?} V {:?} cosine {:?}", r.r2_k, r.r2_v, r.cosine);
     for j in 0..tiny.n_layer {
-        assert_eq!(f.keys[j].sources, vec![j], "target layer {j} keys come from source layer {j}");
+        assert_eq!(
+            f.keys[j].sources,
+            vec![j],
+            "target layer {j} keys come from source layer {j}"
+        );
         assert_eq!(f.values[j].sources, vec![j]);
         // Keys: W = c·I on each feature.
         let width = tiny.n_kv_head * hd;
@@ -128,16 +171,28 @@ fn a_known_linear_relation_between_caches_is_recovered() {
         }
         assert!(worst < 1e-3, "layer {j}: key map is off by {worst}");
     }
-    assert!(r.r2_k.iter().chain(&r.r2_v).all(|&x| x > 0.9999), "{:?} {:?}", r.r2_k, r.r2_v);
+    assert!(
+        r.r2_k.iter().chain(&r.r2_v).all(|&x| x > 0.9999),
+        "{:?} {:?}",
+        r.r2_k,
+        r.r2_v
+    );
     assert!(r.cosine.iter().all(|&c| c > 0.9999), "{:?}", r.cosine);
 }
 
 fn invert(a: &[Vec<f32>]) -> Vec<Vec<f32>> {
     let n = a.len();
-    let mut m: Vec<Vec<f64>> = a.iter().map(|r| r.iter().map(|&x| x as f64).collect()).collect();
-    let mut inv: Vec<Vec<f64>> = (0..n).map(|i| (0..n).map(|j| if i == j { 1.0 } else { 0.0 }).collect()).collect();
+    let mut m: Vec<Vec<f64>> = a
+        .iter()
+        .map(|r| r.iter().map(|&x| x as f64).collect())
+        .collect();
+    let mut inv: Vec<Vec<f64>> = (0..n)
+        .map(|i| (0..n).map(|j| if i == j { 1.0 } else { 0.0 }).collect())
+        .collect();
     for c in 0..n {
-        let p = (c..n).max_by(|&x, &y| m[x][c].abs().total_cmp(&m[y][c].abs())).unwrap();
+        let p = (c..n)
+            .max_by(|&x, &y| m[x][c].abs().total_cmp(&m[y][c].abs()))
+            .unwrap();
         m.swap(c, p);
         inv.swap(c, p);
         let d = m[c][c];
@@ -155,7 +210,9 @@ fn invert(a: &[Vec<f32>]) -> Vec<Vec<f32>> {
             }
         }
     }
-    inv.into_iter().map(|r| r.into_iter().map(|x| x as f32).collect()).collect()
+    inv.into_iter()
+        .map(|r| r.into_iter().map(|x| x as f32).collect())
+        .collect()
 }
 
 #[test]
@@ -164,9 +221,15 @@ fn artifact_round_trips_and_refuses_other_models() {
     let tiny = Tiny::new("qwen2");
     write_model(&tiny, &dir.path().join("a"), &tiny.weights(1));
     write_model(&tiny, &dir.path().join("b"), &tiny.weights(2));
-    let (a, b) = (load(&dir.path().join("a"), "a"), load(&dir.path().join("b"), "b"));
+    let (a, b) = (
+        load(&dir.path().join("a"), "a"),
+        load(&dir.path().join("b"), "b"),
+    );
     let f = run(&a, &b, vec![1, 2], &tiny);
-    let (sr, tr) = (ModelRef::new(&a.identity, a.config()), ModelRef::new(&b.identity, b.config()));
+    let (sr, tr) = (
+        ModelRef::new(&a.identity, a.config()),
+        ModelRef::new(&b.identity, b.config()),
+    );
     let meta = MapperMeta {
         format: artifact::FORMAT.into(),
         version: artifact::VERSION,
@@ -178,7 +241,13 @@ fn artifact_round_trips_and_refuses_other_models() {
         standardize: f.standardize,
         key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
         value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
-        corpus: CorpusInfo { files: "synthetic".into(), fingerprint: "x".into(), sequences: 8, seq_len: 64, observations: f.report.observations },
+        corpus: CorpusInfo {
+            files: "synthetic".into(),
+            fingerprint: "x".into(),
+            sequences: 8,
+            seq_len: 64,
+            observations: f.report.observations,
+        },
         report: f.report.clone(),
         created_unix: 0,
         baton_version: "test".into(),
@@ -187,7 +256,12 @@ fn artifact_round_trips_and_refuses_other_models() {
     artifact::save(&f, &meta, &path).unwrap();
     assert!(path.with_extension("json").is_file());
     let back = artifact::load(&path).unwrap();
-    for (x, y) in f.keys.iter().zip(&back.keys).chain(f.values.iter().zip(&back.values)) {
+    for (x, y) in f
+        .keys
+        .iter()
+        .zip(&back.keys)
+        .chain(f.values.iter().zip(&back.values))
+    {
         assert_eq!(x.sources, y.sources);
         assert_eq!(x.weight, y.weight);
         assert_eq!(x.bias, y.bias);
@@ -195,7 +269,10 @@ fn artifact_round_trips_and_refuses_other_models() {
     back.check(&sr, &tr).unwrap();
     // Swapped direction: the source is not the model the mapper was made for.
     let err = back.check(&tr, &sr).unwrap_err().to_string();
-    assert!(err.contains("source model") && err.contains("baton calibrate"), "{err}");
+    assert!(
+        err.contains("source model") && err.contains("baton calibrate"),
+        "{err}"
+    );
     // Same weights, other tokenizer.
     let mut other = tr.clone();
     other.tokenizer_fingerprint = "0".repeat(64);
@@ -214,7 +291,18 @@ fn a_cancelled_calibration_returns_cancelled() {
     let tiny = Tiny::new("qwen3");
     write_model(&tiny, &dir.path().join("a"), &tiny.weights(1));
     write_model(&tiny, &dir.path().join("b"), &tiny.weights(2));
-    let (a, b) = (load(&dir.path().join("a"), "a"), load(&dir.path().join("b"), "b"));
-    let e = calibrate(&a, &b, &docs(&tiny), &[Direction::Forward], &opts(vec![1]), &NoProgress, &AtomicBool::new(true));
+    let (a, b) = (
+        load(&dir.path().join("a"), "a"),
+        load(&dir.path().join("b"), "b"),
+    );
+    let e = calibrate(
+        &a,
+        &b,
+        &docs(&tiny),
+        &[Direction::Forward],
+        &opts(vec![1]),
+        &NoProgress,
+        &AtomicBool::new(true),
+    );
     assert!(matches!(e, Err(CalibrateError::Cancelled)));
 }

@@ -19,20 +19,28 @@ pub const VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
     #[error("i/o error on {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is not a usable mapper artifact: {reason}")]
     Bad { path: PathBuf, reason: String },
-    #[error("mapper {path} was made for {what} {expected}, but the loaded {what} is {found}: calibrate this pair with `baton calibrate --source {src} --target {tgt}`")]
-    Mismatch {
-        path: PathBuf,
-        what: &'static str,
-        expected: String,
-        found: String,
-        src: String,
-        tgt: String,
-    },
+    #[error("{0}")]
+    Mismatch(Box<Mismatch>),
     #[error("no mapper from {source_name} to {target}: run `baton calibrate --source {source_name} --target {target}` first")]
     Missing { source_name: String, target: String },
+}
+
+/// An artifact applied to models it was not made for.
+#[derive(Debug, thiserror::Error)]
+#[error("mapper {path} was made for {what} {expected}, but the loaded {what} is {found}: calibrate this pair with `baton calibrate --source {src} --target {tgt}`")]
+pub struct Mismatch {
+    pub path: PathBuf,
+    pub what: &'static str,
+    pub expected: String,
+    pub found: String,
+    pub src: String,
+    pub tgt: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -115,7 +123,13 @@ pub fn artifact_path(root: &Path, source: &ModelRef, target: &ModelRef) -> PathB
 
 fn sanitize(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -124,20 +138,34 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError + '_ {
-    move |source| ArtifactError::Io { path: path.to_path_buf(), source }
+    move |source| ArtifactError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Write `fitted` atomically to `path` (and `path` with `.json` for people).
 pub fn save(fitted: &Fitted, meta: &MapperMeta, path: &Path) -> Result<(), ArtifactError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let json = serde_json::to_string_pretty(meta).map_err(|e| ArtifactError::Bad { path: path.to_path_buf(), reason: e.to_string() })?;
+    let json = serde_json::to_string_pretty(meta).map_err(|e| ArtifactError::Bad {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
     let mut buffers: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
     for (kind, maps) in [("keys", &fitted.keys), ("values", &fitted.values)] {
         for (j, m) in maps.iter().enumerate() {
             let rows = m.weight.len() / m.bias.len().max(1);
-            buffers.push((format!("{kind}.{j}.weight"), f32_bytes(&m.weight), vec![rows, m.bias.len()]));
-            buffers.push((format!("{kind}.{j}.bias"), f32_bytes(&m.bias), vec![m.bias.len()]));
+            buffers.push((
+                format!("{kind}.{j}.weight"),
+                f32_bytes(&m.weight),
+                vec![rows, m.bias.len()],
+            ));
+            buffers.push((
+                format!("{kind}.{j}.bias"),
+                f32_bytes(&m.bias),
+                vec![m.bias.len()],
+            ));
         }
     }
     let views: Vec<(String, TensorView<'_>)> = buffers
@@ -145,13 +173,19 @@ pub fn save(fitted: &Fitted, meta: &MapperMeta, path: &Path) -> Result<(), Artif
         .map(|(n, b, s)| {
             TensorView::new(Dtype::F32, s.clone(), b)
                 .map(|v| (n.clone(), v))
-                .map_err(|e| ArtifactError::Bad { path: path.to_path_buf(), reason: e.to_string() })
+                .map_err(|e| ArtifactError::Bad {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                })
         })
         .collect::<Result<_, _>>()?;
     let mut header = HashMap::new();
     header.insert("baton".to_string(), json.clone());
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    safetensors::serialize_to_file(views, Some(header), &tmp).map_err(|e| ArtifactError::Bad { path: tmp.clone(), reason: e.to_string() })?;
+    safetensors::serialize_to_file(views, Some(header), &tmp).map_err(|e| ArtifactError::Bad {
+        path: tmp.clone(),
+        reason: e.to_string(),
+    })?;
     std::fs::rename(&tmp, path).map_err(io(path))?;
     let json_path = path.with_extension("json");
     let tmp_json = json_path.with_extension(format!("json.tmp.{}", std::process::id()));
@@ -161,7 +195,10 @@ pub fn save(fitted: &Fitted, meta: &MapperMeta, path: &Path) -> Result<(), Artif
 }
 
 fn read_meta(path: &Path, bytes: &[u8]) -> Result<MapperMeta, ArtifactError> {
-    let bad = |reason: String| ArtifactError::Bad { path: path.to_path_buf(), reason };
+    let bad = |reason: String| ArtifactError::Bad {
+        path: path.to_path_buf(),
+        reason,
+    };
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
     let json = header
         .metadata()
@@ -173,7 +210,10 @@ fn read_meta(path: &Path, bytes: &[u8]) -> Result<MapperMeta, ArtifactError> {
         return Err(bad(format!("format `{}` is not `{FORMAT}`", meta.format)));
     }
     if meta.version != VERSION {
-        return Err(bad(format!("format version {} is not supported (this build reads {VERSION}); calibrate again", meta.version)));
+        return Err(bad(format!(
+            "format version {} is not supported (this build reads {VERSION}); calibrate again",
+            meta.version
+        )));
     }
     Ok(meta)
 }
@@ -187,14 +227,20 @@ pub fn load_meta(path: &Path) -> Result<MapperMeta, ArtifactError> {
 pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
     let bytes = std::fs::read(path).map_err(io(path))?;
     let meta = read_meta(path, &bytes)?;
-    let bad = |reason: String| ArtifactError::Bad { path: path.to_path_buf(), reason };
+    let bad = |reason: String| ArtifactError::Bad {
+        path: path.to_path_buf(),
+        reason,
+    };
     let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
     let read = |name: &str| -> Result<Vec<f32>, ArtifactError> {
         let t = st.tensor(name).map_err(|e| bad(format!("{name}: {e}")))?;
         if t.dtype() != Dtype::F32 {
             return Err(bad(format!("{name} is {:?}, not F32", t.dtype())));
         }
-        Ok(t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     };
     let maps = |kind: &str, sources: &[Vec<usize>]| -> Result<Vec<LayerMap>, ArtifactError> {
         sources
@@ -221,7 +267,12 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
     if keys.len() != meta.target.layers || values.len() != meta.target.layers {
         return Err(bad("layer count does not match the target model".into()));
     }
-    Ok(MapperArtifact { path: path.to_path_buf(), meta, keys, values })
+    Ok(MapperArtifact {
+        path: path.to_path_buf(),
+        meta,
+        keys,
+        values,
+    })
 }
 
 impl MapperArtifact {
@@ -231,19 +282,27 @@ impl MapperArtifact {
         let checks = [
             ("source model", &m.source.sha256, &source.sha256),
             ("target model", &m.target.sha256, &target.sha256),
-            ("source tokenizer", &m.source.tokenizer_fingerprint, &source.tokenizer_fingerprint),
-            ("target tokenizer", &m.target.tokenizer_fingerprint, &target.tokenizer_fingerprint),
+            (
+                "source tokenizer",
+                &m.source.tokenizer_fingerprint,
+                &source.tokenizer_fingerprint,
+            ),
+            (
+                "target tokenizer",
+                &m.target.tokenizer_fingerprint,
+                &target.tokenizer_fingerprint,
+            ),
         ];
         for (what, expected, found) in checks {
             if expected != found {
-                return Err(ArtifactError::Mismatch {
+                return Err(ArtifactError::Mismatch(Box::new(Mismatch {
                     path: self.path.clone(),
                     what,
                     expected: expected.clone(),
                     found: found.clone(),
                     src: source.name.clone(),
                     tgt: target.name.clone(),
-                });
+                })));
             }
         }
         Ok(())

@@ -203,7 +203,12 @@ fn heldout_cosine(
     Ok(per_layer.into_iter().map(|c| c / n).collect())
 }
 
-fn to_cache_mapper(src: &Model, tgt: &Model, keys: &[LayerMap], values: &[LayerMap]) -> Result<CacheMapper, CalibrateError> {
+fn to_cache_mapper(
+    src: &Model,
+    tgt: &Model,
+    keys: &[LayerMap],
+    values: &[LayerMap],
+) -> Result<CacheMapper, CalibrateError> {
     Ok(CacheMapper::from_layer_maps(src, tgt, keys, values)?)
 }
 
@@ -221,12 +226,26 @@ pub fn calibrate(
         .map_err(|e| CalibrateError::Model(e.into()))?;
     if directions.is_empty() || opts.sequences == 0 || opts.seq_len < 16 || opts.stride == 0 {
         return Err(CalibrateError::Options(
-            "need at least one direction, one sequence, a window of 16+ tokens and a stride of 1+".into(),
+            "need at least one direction, one sequence, a window of 16+ tokens and a stride of 1+"
+                .into(),
         ));
     }
-    let check_cancel = || if cancel.load(Ordering::Relaxed) { Err(CalibrateError::Cancelled) } else { Ok(()) };
-    let fit_windows = corpus::windows(docs, &a.tokenizer, Split::Fit, opts.seq_len, opts.sequences)?;
-    let sel_windows = corpus::windows(docs, &a.tokenizer, Split::Select, opts.seq_len, opts.select_sequences)?;
+    let check_cancel = || {
+        if cancel.load(Ordering::Relaxed) {
+            Err(CalibrateError::Cancelled)
+        } else {
+            Ok(())
+        }
+    };
+    let fit_windows =
+        corpus::windows(docs, &a.tokenizer, Split::Fit, opts.seq_len, opts.sequences)?;
+    let sel_windows = corpus::windows(
+        docs,
+        &a.tokenizer,
+        Split::Select,
+        opts.seq_len,
+        opts.select_sequences,
+    )?;
     let pick = |d: Direction| match d {
         Direction::Forward => (a, b),
         Direction::Backward => (b, a),
@@ -235,10 +254,21 @@ pub fn calibrate(
     let mut stats: Vec<(PairStats, PairStats)> = Vec::new();
     for &d in directions {
         let (s, t) = pick(d);
-        let (ls, ds, lt, dt) = (s.config().n_layer, s.config().kv_width(), t.config().n_layer, t.config().kv_width());
-        stats.push((PairStats::new(ls, ds, lt, dt)?, PairStats::new(ls, ds, lt, dt)?));
+        let (ls, ds, lt, dt) = (
+            s.config().n_layer,
+            s.config().kv_width(),
+            t.config().n_layer,
+            t.config().kv_width(),
+        );
+        stats.push((
+            PairStats::new(ls, ds, lt, dt)?,
+            PairStats::new(ls, ds, lt, dt)?,
+        ));
     }
-    let stats_bytes: usize = stats.iter().map(|(k, v)| k.memory_bytes() + v.memory_bytes()).sum();
+    let stats_bytes: usize = stats
+        .iter()
+        .map(|(k, v)| k.memory_bytes() + v.memory_bytes())
+        .sum();
     tracing::info!(stats_bytes, "calibration statistics allocated");
 
     // Capture: both models read each window once; every direction uses the pair.
@@ -248,8 +278,20 @@ pub fn calibrate(
         check_cancel()?;
         let ca_ = capture(a, w, &[])?;
         let cb_ = capture(b, w, &[])?;
-        let fa = all_layer_features(&ca_.cache, a.decoder.rope(), opts.skip_first, w.len(), opts.stride)?;
-        let fb = all_layer_features(&cb_.cache, b.decoder.rope(), opts.skip_first, w.len(), opts.stride)?;
+        let fa = all_layer_features(
+            &ca_.cache,
+            a.decoder.rope(),
+            opts.skip_first,
+            w.len(),
+            opts.stride,
+        )?;
+        let fb = all_layer_features(
+            &cb_.cache,
+            b.decoder.rope(),
+            opts.skip_first,
+            w.len(),
+            opts.stride,
+        )?;
         let rows = fa.0.dim(0)?;
         let (ak, av, bk, bv) = (flat(&fa.0)?, flat(&fa.1)?, flat(&fb.0)?, flat(&fb.1)?);
         for (&d, (sk, sv)) in directions.iter().zip(stats.iter_mut()) {
@@ -293,13 +335,29 @@ pub fn calibrate(
         let mut hk = PairStats::new(ls, ds, lt, dt)?;
         let mut hv = PairStats::new(ls, ds, lt, dt)?;
         for (s, t) in src_caps.iter().zip(tgt_caps.iter()) {
-            let fs = all_layer_features(&s.cache, src.decoder.rope(), opts.skip_first, s.cache.len(), opts.stride)?;
-            let ft = all_layer_features(&t.cache, tgt.decoder.rope(), opts.skip_first, t.cache.len(), opts.stride)?;
+            let fs = all_layer_features(
+                &s.cache,
+                src.decoder.rope(),
+                opts.skip_first,
+                s.cache.len(),
+                opts.stride,
+            )?;
+            let ft = all_layer_features(
+                &t.cache,
+                tgt.decoder.rope(),
+                opts.skip_first,
+                t.cache.len(),
+                opts.stride,
+            )?;
             let rows = fs.0.dim(0)?;
             hk.update(&flat(&fs.0)?, &flat(&ft.0)?, rows)?;
             hv.update(&flat(&fs.1)?, &flat(&ft.1)?, rows)?;
         }
-        let base = RidgeOptions { lambda: opts.lambdas.first().copied().unwrap_or(0.01), standardize: opts.standardize, ..RidgeOptions::default() };
+        let base = RidgeOptions {
+            lambda: opts.lambdas.first().copied().unwrap_or(0.01),
+            standardize: opts.standardize,
+            ..RidgeOptions::default()
+        };
         let r2k = single_layer_r2(sk, &base)?;
         let r2v = single_layer_r2(sv, &base)?;
         let mut ks: Vec<usize> = opts.k_sweep.iter().map(|&k| k.min(ls)).collect();
@@ -308,18 +366,26 @@ pub fn calibrate(
         // With more features than about half the observations a ridge at small λ learns
         // the noise (held-out R² far below zero), so such k are not tried at all.
         let max_features = (sk.count() / 2) as usize;
-        let (ks, skipped): (Vec<usize>, Vec<usize>) = ks.into_iter().partition(|&k| k == 1 || k * ds <= max_features);
+        let (ks, skipped): (Vec<usize>, Vec<usize>) = ks
+            .into_iter()
+            .partition(|&k| k == 1 || k * ds <= max_features);
         let skipped_k: Vec<SkippedK> = skipped
             .into_iter()
             .map(|k| {
                 let reason = format!("{} features for {} observations", k * ds, sk.count());
-                progress.note(&format!("k={k:<3} skipped: {reason} (calibrate on more sequences to try it)"));
+                progress.note(&format!(
+                    "k={k:<3} skipped: {reason} (calibrate on more sequences to try it)"
+                ));
                 SkippedK { k, reason }
             })
             .collect();
         let total = (ks.len() * opts.lambdas.len()) as u64;
-        progress.phase(&format!("sweep {} -> {}", src.identity.name, tgt.identity.name), total);
+        progress.phase(
+            &format!("sweep {} -> {}", src.identity.name, tgt.identity.name),
+            total,
+        );
         let mut sweep = Vec::new();
+        #[allow(clippy::type_complexity)]
         let mut best: Option<(f64, usize, f64, Vec<LayerMap>, Vec<LayerMap>, Vec<f64>)> = None;
         for &k in &ks {
             check_cancel()?;
@@ -327,8 +393,12 @@ pub fn calibrate(
             let sel_v = select_layers(&r2v, k);
             for &lambda in &opts.lambdas {
                 let ro = RidgeOptions { lambda, ..base };
-                let keys: Vec<LayerMap> = (0..lt).map(|j| ridge::fit_layer(sk, j, &sel_k[j], &ro)).collect::<Result<_, _>>()?;
-                let values: Vec<LayerMap> = (0..lt).map(|j| ridge::fit_layer(sv, j, &sel_v[j], &ro)).collect::<Result<_, _>>()?;
+                let keys: Vec<LayerMap> = (0..lt)
+                    .map(|j| ridge::fit_layer(sk, j, &sel_k[j], &ro))
+                    .collect::<Result<_, _>>()?;
+                let values: Vec<LayerMap> = (0..lt)
+                    .map(|j| ridge::fit_layer(sv, j, &sel_v[j], &ro))
+                    .collect::<Result<_, _>>()?;
                 let mapper = to_cache_mapper(src, tgt, &keys, &values)?;
                 let cos = heldout_cosine(&mapper, src, tgt, src_caps, tgt_caps, &probes)?;
                 let mean_cos = cos.iter().sum::<f64>() / cos.len() as f64;
@@ -339,9 +409,18 @@ pub fn calibrate(
                     }
                     Ok(s / maps.len() as f64)
                 };
-                let point = SweepPoint { k, lambda, cosine: mean_cos, r2_k: mean_r2(&hk, &keys)?, r2_v: mean_r2(&hv, &values)? };
+                let point = SweepPoint {
+                    k,
+                    lambda,
+                    cosine: mean_cos,
+                    r2_k: mean_r2(&hk, &keys)?,
+                    r2_v: mean_r2(&hv, &values)?,
+                };
                 tracing::info!(?point, "sweep point");
-                progress.note(&format!("k={k:<3} λ={lambda:<8} held-out cosine {:.4}  R² K {:.3} V {:.3}", point.cosine, point.r2_k, point.r2_v));
+                progress.note(&format!(
+                    "k={k:<3} λ={lambda:<8} held-out cosine {:.4}  R² K {:.3} V {:.3}",
+                    point.cosine, point.r2_k, point.r2_v
+                ));
                 sweep.push(point);
                 if best.as_ref().is_none_or(|b| mean_cos > b.0) {
                     best = Some((mean_cos, k, lambda, keys, values, cos));
@@ -352,8 +431,16 @@ pub fn calibrate(
         let Some((_, k, lambda, keys, values, cosine)) = best else {
             return Err(CalibrateError::Options("empty k sweep".into()));
         };
-        let r2_k = keys.iter().enumerate().map(|(j, m)| ridge::r2(&hk, j, m)).collect::<Result<Vec<_>, _>>()?;
-        let r2_v = values.iter().enumerate().map(|(j, m)| ridge::r2(&hv, j, m)).collect::<Result<Vec<_>, _>>()?;
+        let r2_k = keys
+            .iter()
+            .enumerate()
+            .map(|(j, m)| ridge::r2(&hk, j, m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let r2_v = values
+            .iter()
+            .enumerate()
+            .map(|(j, m)| ridge::r2(&hv, j, m))
+            .collect::<Result<Vec<_>, _>>()?;
         out.push(Fitted {
             source: src.identity.clone(),
             target: tgt.identity.clone(),

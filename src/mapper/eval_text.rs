@@ -22,7 +22,12 @@ pub struct TextEvalOptions {
 
 impl Default for TextEvalOptions {
     fn default() -> Self {
-        Self { prefix: 384, continuation: 128, probes: 32, anchor: 0 }
+        Self {
+            prefix: 384,
+            continuation: 128,
+            probes: 32,
+            anchor: 0,
+        }
     }
 }
 
@@ -59,8 +64,20 @@ fn add(acc: &mut Vec<f64>, v: &[f64]) {
     }
 }
 
-fn all_logits(m: &Model, ids: &[u32], cache: &mut KvCache, probes: Vec<usize>) -> Result<(Tensor, Vec<Tensor>), CalibrateError> {
-    let out = m.decoder.forward(ids, cache, &ForwardOptions { logits: Logits::All, probe_positions: probes })?;
+fn all_logits(
+    m: &Model,
+    ids: &[u32],
+    cache: &mut KvCache,
+    probes: Vec<usize>,
+) -> Result<(Tensor, Vec<Tensor>), CalibrateError> {
+    let out = m.decoder.forward(
+        ids,
+        cache,
+        &ForwardOptions {
+            logits: Logits::All,
+            probe_positions: probes,
+        },
+    )?;
     let logits = out
         .logits
         .ok_or_else(|| CalibrateError::Options("no logits for the continuation".into()))?;
@@ -75,29 +92,67 @@ pub fn eval_text(
     opts: &TextEvalOptions,
 ) -> Result<TextEval, CalibrateError> {
     let (p, c) = (opts.prefix, opts.continuation);
-    let mut out = TextEval { prefix: p, continuation: c, ..TextEval::default() };
+    let mut out = TextEval {
+        prefix: p,
+        continuation: c,
+        ..TextEval::default()
+    };
     let l_t = tgt.config().n_layer;
     let prefix_probes = probe_positions(p, opts.probes);
-    let cont_probes: Vec<usize> = probe_positions(c, opts.probes).into_iter().map(|q| q + p).collect();
+    let cont_probes: Vec<usize> = probe_positions(c, opts.probes)
+        .into_iter()
+        .map(|q| q + p)
+        .collect();
     let mut scores_acc = ContinuationScores::default();
     for w in windows {
         if w.len() < p + c {
-            return Err(CalibrateError::Options(format!("a window of {} tokens is shorter than prefix + continuation ({})", w.len(), p + c)));
+            return Err(CalibrateError::Options(format!(
+                "a window of {} tokens is shorter than prefix + continuation ({})",
+                w.len(),
+                p + c
+            )));
         }
         let (prefix, cont) = (&w[..p], &w[p..p + c]);
         let mut src_cache = src.decoder.new_cache();
-        src.decoder.forward(prefix, &mut src_cache, &ForwardOptions { logits: Logits::None, probe_positions: vec![] })?;
+        src.decoder.forward(
+            prefix,
+            &mut src_cache,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: vec![],
+            },
+        )?;
         let t0 = Instant::now();
         let mut true_cache = tgt.decoder.new_cache();
-        let truth = tgt.decoder.forward(prefix, &mut true_cache, &ForwardOptions { logits: Logits::None, probe_positions: prefix_probes.clone() })?;
+        let truth = tgt.decoder.forward(
+            prefix,
+            &mut true_cache,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: prefix_probes.clone(),
+            },
+        )?;
         out.reprefill_seconds += t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut mapped = if opts.anchor == 0 {
             mapper.map_cache(&src_cache, src.decoder.rope(), tgt.decoder.rope())?
         } else {
             let mut c = tgt.decoder.new_cache();
-            tgt.decoder.forward(&prefix[..opts.anchor], &mut c, &ForwardOptions { logits: Logits::None, probe_positions: vec![] })?;
-            c.extend_with(&mapper.map_range(&src_cache, src.decoder.rope(), tgt.decoder.rope(), opts.anchor, p)?)?;
+            tgt.decoder.forward(
+                &prefix[..opts.anchor],
+                &mut c,
+                &ForwardOptions {
+                    logits: Logits::None,
+                    probe_positions: vec![],
+                },
+            )?;
+            c.extend_with(&mapper.map_range(
+                &src_cache,
+                src.decoder.rope(),
+                tgt.decoder.rope(),
+                opts.anchor,
+                p,
+            )?)?;
             c
         };
         out.map_seconds += t1.elapsed().as_secs_f64();
@@ -112,20 +167,35 @@ pub fn eval_text(
             r2k.push(r[0]);
             r2v.push(r[1]);
             let (a, b) = (true_cache.layer(l)?, mapped.layer(l)?);
-            cos_p.push(metrics::attention_output_cosine(&truth.queries[l], &prefix_probes, &a.k, &a.v, &b.k, &b.v)?);
+            cos_p.push(metrics::attention_output_cosine(
+                &truth.queries[l],
+                &prefix_probes,
+                &a.k,
+                &a.v,
+                &b.k,
+                &b.v,
+            )?);
         }
         add(&mut out.r2_k, &r2k);
         add(&mut out.r2_v, &r2v);
         add(&mut out.cosine_prefix, &cos_p);
 
-        let (true_logits, cont_queries) = all_logits(tgt, cont, &mut true_cache, cont_probes.clone())?;
+        let (true_logits, cont_queries) =
+            all_logits(tgt, cont, &mut true_cache, cont_probes.clone())?;
         let (mapped_logits, _) = all_logits(tgt, cont, &mut mapped, vec![])?;
         let mut empty = tgt.decoder.new_cache();
         let (floor_logits, _) = all_logits(tgt, cont, &mut empty, vec![])?;
         let mut cos_c = Vec::with_capacity(l_t);
-        for l in 0..l_t {
+        for (l, q) in cont_queries.iter().enumerate().take(l_t) {
             let (a, b) = (true_cache.layer(l)?, mapped.layer(l)?);
-            cos_c.push(metrics::attention_output_cosine(&cont_queries[l], &cont_probes, &a.k, &a.v, &b.k, &b.v)?);
+            cos_c.push(metrics::attention_output_cosine(
+                q,
+                &cont_probes,
+                &a.k,
+                &a.v,
+                &b.k,
+                &b.v,
+            )?);
         }
         add(&mut out.cosine_continuation, &cos_c);
         let s = metrics::continuation_scores(&true_logits, &mapped_logits, &floor_logits, cont)?;
@@ -142,7 +212,12 @@ pub fn eval_text(
         out.windows += 1;
     }
     let n = out.windows.max(1) as f64;
-    for v in [&mut out.r2_k, &mut out.r2_v, &mut out.cosine_prefix, &mut out.cosine_continuation] {
+    for v in [
+        &mut out.r2_k,
+        &mut out.r2_v,
+        &mut out.cosine_prefix,
+        &mut out.cosine_continuation,
+    ] {
         v.iter_mut().for_each(|x| *x /= n);
     }
     out.scores = ContinuationScores {

@@ -46,7 +46,10 @@ pub fn layer_features(
     let k = rope.unrotate(&kv.k.contiguous()?, start)?;
     let (k, v) = if stride > 1 {
         let idx = Tensor::new(strided(end - start, stride).as_slice(), k.device())?;
-        (k.index_select(&idx, 1)?, kv.v.contiguous()?.index_select(&idx, 1)?)
+        (
+            k.index_select(&idx, 1)?,
+            kv.v.contiguous()?.index_select(&idx, 1)?,
+        )
     } else {
         (k, kv.v)
     };

@@ -17,7 +17,7 @@ use candle_core::{DType, Tensor, D};
 pub fn key_error_concentration(key_error: &Tensor, wq: &Tensor, n_head: usize) -> Result<f64> {
     let (nkv, _n, hd) = key_error.dims3()?;
     let (rows, _hidden) = wq.dims2()?;
-    if rows != n_head * hd || n_head % nkv != 0 {
+    if rows != n_head * hd || !n_head.is_multiple_of(nkv) {
         return Err(MetricError::Shape(format!(
             "query projection {:?} for {n_head} heads of width {hd} over {nkv} KV heads",
             wq.dims()

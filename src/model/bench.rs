@@ -149,7 +149,7 @@ pub fn bench_model(
             max: cfg.context_length,
         });
     }
-    let tokens = bench_tokens(prompt_len + decode_len, cfg.vocab_size, 0x6261_746f_6e);
+    let tokens = bench_tokens(prompt_len + decode_len, cfg.vocab_size, 0x0062_6174_6f6e);
     let (prompt, steps) = tokens.split_at(prompt_len);
 
     let is_qwen2 = loaded.format == ModelFormat::Gguf
@@ -219,7 +219,3 @@ mod tests {
         assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
     }
 }
-
-#[cfg(test)]
-#[path = "/tmp/baton_scratch/scratch.rs"]
-mod scratch;

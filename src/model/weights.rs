@@ -1,6 +1,10 @@
 //! Weights from GGUF (quantized, through candle's QMatMul) or Hugging Face safetensors
 //! (dense), into one layout the decoder runs.
 
+// The SIMD kernels index several parallel lane arrays with one counter; iterator
+// chains would hide which lanes pair up.
+#![allow(clippy::needless_range_loop, clippy::type_complexity)]
+
 use super::config::{Arch, ModelConfig};
 use super::error::{ModelError, Result};
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
@@ -134,7 +138,12 @@ impl Linear {
                 if let candle_core::Storage::Cpu(cs) = &*st {
                     let all = cs.as_slice::<f32>()?;
                     let rs = &all[lay.start_offset()..lay.start_offset() + res.elem_count()];
-                    if let Some(mut outs) = run_packed(&ws, x, |_| qmm::Epilogue::Residual(rs), Some(res.elem_count()))? {
+                    if let Some(mut outs) = run_packed(
+                        &ws,
+                        x,
+                        |_| qmm::Epilogue::Residual(rs),
+                        Some(res.elem_count()),
+                    )? {
                         return Ok(outs.pop().expect("one output"));
                     }
                 }
@@ -148,7 +157,12 @@ impl Linear {
         #[cfg(target_arch = "x86_64")]
         if let (Some(g), Some(u)) = (packed_all(&[gate]), packed_all(&[up])) {
             let (g, u) = (g[0], u[0]);
-            if g.1.is_none() && u.1.is_none() && g.0.n() == u.0.n() && g.0.k() == u.0.k() && g.0.kind() == u.0.kind() {
+            if g.1.is_none()
+                && u.1.is_none()
+                && g.0.n() == u.0.n()
+                && g.0.k() == u.0.k()
+                && g.0.kind() == u.0.kind()
+            {
                 if let Some(mut outs) = run_packed_swiglu(g.0, u.0, x)? {
                     return Ok(outs.pop().expect("one output"));
                 }
@@ -174,19 +188,27 @@ fn packed_all<'a>(ls: &[&'a Linear]) -> Option<Vec<PackedRef<'a>>> {
         })
         .collect::<Option<_>>()?;
     let ok = !ws.is_empty()
-        && ws.iter().all(|(w, _)| w.k() == ws[0].0.k() && w.kind().a256() == ws[0].0.kind().a256());
+        && ws
+            .iter()
+            .all(|(w, _)| w.k() == ws[0].0.k() && w.kind().a256() == ws[0].0.kind().a256());
     ok.then_some(ws)
 }
 
 /// The f32 rows of `x` ([.., k], on the CPU) for a packed matmul, or None.
 #[cfg(target_arch = "x86_64")]
-fn with_rows<T>(x: &Tensor, k: usize, f: impl FnOnce(&[f32], usize) -> Result<T>) -> Result<Option<T>> {
+fn with_rows<T>(
+    x: &Tensor,
+    k: usize,
+    f: impl FnOnce(&[f32], usize) -> Result<T>,
+) -> Result<Option<T>> {
     if !x.device().is_cpu() || x.dtype() != DType::F32 || x.rank() == 0 {
         return Ok(None);
     }
     let dims = x.dims();
     if dims[dims.len() - 1] != k {
-        return Err(ModelError::Cache(format!("matmul input {dims:?} for {k} inputs")));
+        return Err(ModelError::Cache(format!(
+            "matmul input {dims:?} for {k} inputs"
+        )));
     }
     let m = x.elem_count() / k;
     let x = x.contiguous()?;
@@ -215,9 +237,12 @@ fn run_packed<'a>(
     let k = ws[0].0.k();
     let outs = with_rows(x, k, |xs, m| {
         if residual_len.is_some_and(|r| r != m * ws[0].0.n()) {
-            return Err(ModelError::Cache("residual shape differs from the projection's output".into()));
+            return Err(ModelError::Cache(
+                "residual shape differs from the projection's output".into(),
+            ));
         }
-        let mut outs: Vec<Vec<std::mem::MaybeUninit<f32>>> = ws.iter().map(|(w, _)| qmm::uninit(m * w.n())).collect();
+        let mut outs: Vec<Vec<std::mem::MaybeUninit<f32>>> =
+            ws.iter().map(|(w, _)| qmm::uninit(m * w.n())).collect();
         {
             let mut jobs: Vec<qmm::Job<'_>> = ws
                 .iter()
@@ -234,10 +259,18 @@ fn run_packed<'a>(
             qmm::matmul(xs, m, &mut jobs);
         }
         // SAFETY: matmul wrote every element of every dst.
-        Ok(outs.into_iter().map(|o| unsafe { qmm::assume_init(o) }).collect::<Vec<_>>())
+        Ok(outs
+            .into_iter()
+            .map(|o| unsafe { qmm::assume_init(o) })
+            .collect::<Vec<_>>())
     })?;
-    outs.map(|outs| outs.into_iter().zip(ws).map(|(o, (w, _))| out_tensor(o, x, w.n())).collect())
-        .transpose()
+    outs.map(|outs| {
+        outs.into_iter()
+            .zip(ws)
+            .map(|(o, (w, _))| out_tensor(o, x, w.n()))
+            .collect()
+    })
+    .transpose()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -783,6 +816,7 @@ pub(crate) mod qmm {
             self.kind
         }
         #[cfg(test)]
+        #[allow(dead_code)]
         pub(crate) fn bytes(&self) -> usize {
             self.data.len() * 64
         }
@@ -813,6 +847,7 @@ pub(crate) mod qmm {
             self.data.as_ptr() as *const u8
         }
         #[cfg(test)]
+        #[allow(dead_code)]
         pub(crate) fn raw(&self) -> &[u8] {
             unsafe { std::slice::from_raw_parts(self.base(), self.data.len() * 64) }
         }
@@ -820,9 +855,9 @@ pub(crate) mod qmm {
         /// Whether a tensor of this type and shape can be packed.
         pub(crate) fn supports(dt: GgmlDType, n: usize, k: usize) -> bool {
             available()
-                && Kind::of(dt).is_some_and(|kind| k > 0 && k % kind.block() == 0)
+                && Kind::of(dt).is_some_and(|kind| k > 0 && k.is_multiple_of(kind.block()))
                 && n > 0
-                && n % 16 == 0
+                && n.is_multiple_of(16)
         }
 
         /// Pack raw ggml blocks (`n` rows of `k` values, row-major) of type `dt`.
@@ -851,7 +886,8 @@ pub(crate) mod qmm {
             // Tiles are independent: pack them in parallel.
             let pack_tile = |t: usize| {
                 // SAFETY: tile t's bytes are written by this call only.
-                let tile = unsafe { std::slice::from_raw_parts_mut((base as *mut u8).add(t * tb), tb) };
+                let tile =
+                    unsafe { std::slice::from_raw_parts_mut((base as *mut u8).add(t * tb), tb) };
                 let p = pm;
                 for b in 0..kb {
                     let tile = &mut *tile;
@@ -1159,34 +1195,61 @@ pub(crate) mod qmm {
                     let v = _mm512_load_si512(p.add(g8 * 64) as *const _);
                     let o = s.w.as_mut_ptr().add(j * 4096 + (2 * g8) * 64);
                     _mm512_store_si512(o as *mut _, _mm512_and_si512(v, m4));
-                    _mm512_store_si512(o.add(64) as *mut _, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                    _mm512_store_si512(
+                        o.add(64) as *mut _,
+                        _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                    );
                 }
                 for sb in 0..8 {
                     let sc = _mm_loadu_si128(p.add(2048 + sb * 16) as *const _);
-                    _mm512_store_si512(s.sc.as_mut_ptr().add(j * 256 + sb * 16) as *mut _, _mm512_cvtepu8_epi32(sc));
+                    _mm512_store_si512(
+                        s.sc.as_mut_ptr().add(j * 256 + sb * 16) as *mut _,
+                        _mm512_cvtepu8_epi32(sc),
+                    );
                 }
                 for pp in 0..4 {
                     let m = _mm256_loadu_si256(p.add(2176 + pp * 32) as *const _);
-                    _mm512_store_si512(s.pairs.as_mut_ptr().add(j * 256 + pp * 32) as *mut _, _mm512_cvtepu8_epi16(m));
+                    _mm512_store_si512(
+                        s.pairs.as_mut_ptr().add(j * 256 + pp * 32) as *mut _,
+                        _mm512_cvtepu8_epi16(m),
+                    );
                 }
-                _mm512_store_ps(s.d.as_mut_ptr().add(j * 16), _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2304) as *const _)));
-                _mm512_store_ps(s.dmin.as_mut_ptr().add(j * 16), _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2336) as *const _)));
+                _mm512_store_ps(
+                    s.d.as_mut_ptr().add(j * 16),
+                    _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2304) as *const _)),
+                );
+                _mm512_store_ps(
+                    s.dmin.as_mut_ptr().add(j * 16),
+                    _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2336) as *const _)),
+                );
             }
             Kind::Q6K => {
                 for sub in 0..16 {
                     let w = q6_unpack(p, sub);
                     for (i, wi) in w.iter().enumerate() {
-                        _mm512_store_si512(s.w.as_mut_ptr().add(j * 4096 + (4 * sub + i) * 64) as *mut _, *wi);
+                        _mm512_store_si512(
+                            s.w.as_mut_ptr().add(j * 4096 + (4 * sub + i) * 64) as *mut _,
+                            *wi,
+                        );
                     }
                 }
                 for sb in 0..16 {
                     let sc = _mm_loadu_si128(p.add(3072 + sb * 16) as *const _);
-                    _mm512_store_si512(s.sc.as_mut_ptr().add(j * 256 + sb * 16) as *mut _, _mm512_cvtepi8_epi32(sc));
+                    _mm512_store_si512(
+                        s.sc.as_mut_ptr().add(j * 256 + sb * 16) as *mut _,
+                        _mm512_cvtepi8_epi32(sc),
+                    );
                 }
                 for pp in 0..8 {
-                    _mm512_store_si512(s.pairs.as_mut_ptr().add(j * 256 + pp * 32) as *mut _, q6_pair(p, pp));
+                    _mm512_store_si512(
+                        s.pairs.as_mut_ptr().add(j * 256 + pp * 32) as *mut _,
+                        q6_pair(p, pp),
+                    );
                 }
-                _mm512_store_ps(s.d.as_mut_ptr().add(j * 16), _mm512_cvtph_ps(_mm256_loadu_si256(p.add(3328) as *const _)));
+                _mm512_store_ps(
+                    s.d.as_mut_ptr().add(j * 16),
+                    _mm512_cvtph_ps(_mm256_loadu_si256(p.add(3328) as *const _)),
+                );
             }
             _ => unreachable!("expand_k takes K-quants"),
         }
@@ -1201,7 +1264,10 @@ pub(crate) mod qmm {
         let v1 = _mm512_load_si512(p.add((2 * sub + 1) * 64) as *const _);
         let h = _mm512_load_si512(p.add(2048 + sub * 64) as *const _);
         [
-            _mm512_or_si512(_mm512_and_si512(v0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m3)),
+            _mm512_or_si512(
+                _mm512_and_si512(v0, m4),
+                _mm512_and_si512(_mm512_slli_epi16(h, 4), m3),
+            ),
             _mm512_or_si512(
                 _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
                 _mm512_and_si512(_mm512_slli_epi16(h, 2), m3),
@@ -1227,7 +1293,14 @@ pub(crate) mod qmm {
 
     /// Q5_0: expand block `b` of tile j into scratch slot (j, u) (512 bytes each).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn expand_q5(w: &Packed, tile: *const u8, b: usize, j: usize, u: usize, s: &mut Scratch) {
+    unsafe fn expand_q5(
+        w: &Packed,
+        tile: *const u8,
+        b: usize,
+        j: usize,
+        u: usize,
+        s: &mut Scratch,
+    ) {
         let qp = tile.add(w.qs_off(b));
         let hp = tile.add(w.hm_off(b));
         for g8 in 0..4 {
@@ -1248,7 +1321,10 @@ pub(crate) mod qmm {
         let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         let mlo = std::ptr::read_unaligned(hp.add((2 * g8) * 8) as *const u64);
         let mhi = std::ptr::read_unaligned(hp.add((2 * g8 + 1) * 8) as *const u64);
-        (_mm512_mask_add_epi8(lo, mlo, lo, sixteen), _mm512_mask_add_epi8(hi, mhi, hi, sixteen))
+        (
+            _mm512_mask_add_epi8(lo, mlo, lo, sixteen),
+            _mm512_mask_add_epi8(hi, mhi, hi, sixteen),
+        )
     }
 
     /// One 32-value block for M rows x N tiles: Q8_0 (offset 128) or Q5_0 (offset 16).
@@ -1300,7 +1376,11 @@ pub(crate) mod qmm {
         for i in 0..M {
             let da = _mm512_set1_ps((*a[i]).d);
             for j in 0..N {
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][j]), _mm512_mul_ps(dw[j], da), acc[i][j]);
+                acc[i][j] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(s[i][j]),
+                    _mm512_mul_ps(dw[j], da),
+                    acc[i][j],
+                );
             }
         }
     }
@@ -1308,14 +1388,20 @@ pub(crate) mod qmm {
     /// One Q4_K super-block (256 values) for M rows x N tiles from the scratch.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    unsafe fn sb_q4k<const M: usize, const N: usize>(s: &Scratch, a: [*const A256; M], acc: &mut [[__m512; N]; M]) {
+    unsafe fn sb_q4k<const M: usize, const N: usize>(
+        s: &Scratch,
+        a: [*const A256; M],
+        acc: &mut [[__m512; N]; M],
+    ) {
         let mut i1 = [[_mm512_setzero_si512(); N]; M];
         for sb in 0..8 {
             let mut ss = [[_mm512_setzero_si512(); N]; M];
             for g in 0..8 {
                 let mut wv = [_mm512_setzero_si512(); N];
                 for j in 0..N {
-                    wv[j] = _mm512_load_si512(s.w.as_ptr().add(j * 4096 + (sb * 8 + g) * 64) as *const _);
+                    wv[j] = _mm512_load_si512(
+                        s.w.as_ptr().add(j * 4096 + (sb * 8 + g) * 64) as *const _
+                    );
                 }
                 for i in 0..M {
                     let av = bcast((*a[i]).qs.as_ptr().add(sb * 32 + 4 * g) as *const u8);
@@ -1363,8 +1449,16 @@ pub(crate) mod qmm {
         for i in 0..M {
             let da = _mm512_set1_ps((*a[i]).d);
             for j in 0..N {
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1[i][j]), _mm512_mul_ps(d[j], da), acc[i][j]);
-                acc[i][j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(i2[i][j]), _mm512_mul_ps(dm[j], da), acc[i][j]);
+                acc[i][j] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(i1[i][j]),
+                    _mm512_mul_ps(d[j], da),
+                    acc[i][j],
+                );
+                acc[i][j] = _mm512_fnmadd_ps(
+                    _mm512_cvtepi32_ps(i2[i][j]),
+                    _mm512_mul_ps(dm[j], da),
+                    acc[i][j],
+                );
             }
         }
     }
@@ -1372,14 +1466,20 @@ pub(crate) mod qmm {
     /// One Q6_K super-block (256 values) for M rows x N tiles from the scratch.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    unsafe fn sb_q6k<const M: usize, const N: usize>(s: &Scratch, a: [*const A256; M], acc: &mut [[__m512; N]; M]) {
+    unsafe fn sb_q6k<const M: usize, const N: usize>(
+        s: &Scratch,
+        a: [*const A256; M],
+        acc: &mut [[__m512; N]; M],
+    ) {
         let mut i1 = [[_mm512_setzero_si512(); N]; M];
         for sb in 0..16 {
             let mut ss = [[_mm512_setzero_si512(); N]; M];
             for g in 0..4 {
                 let mut wv = [_mm512_setzero_si512(); N];
                 for j in 0..N {
-                    wv[j] = _mm512_load_si512(s.w.as_ptr().add(j * 4096 + (sb * 4 + g) * 64) as *const _);
+                    wv[j] = _mm512_load_si512(
+                        s.w.as_ptr().add(j * 4096 + (sb * 4 + g) * 64) as *const _
+                    );
                 }
                 for i in 0..M {
                     let av = bcast((*a[i]).qs.as_ptr().add(sb * 16 + 4 * g) as *const u8);
@@ -1422,7 +1522,11 @@ pub(crate) mod qmm {
         for i in 0..M {
             let da = _mm512_set1_ps((*a[i]).d);
             for j in 0..N {
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1[i][j]), _mm512_mul_ps(d[j], da), acc[i][j]);
+                acc[i][j] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(i1[i][j]),
+                    _mm512_mul_ps(d[j], da),
+                    acc[i][j],
+                );
             }
         }
     }
@@ -1432,7 +1536,12 @@ pub(crate) mod qmm {
     // the same bits whichever path computed it.
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn gemv_q5<const N: usize>(w: &Packed, tiles: [*const u8; N], a: *const A32, acc: &mut [[__m512; N]; 1]) {
+    unsafe fn gemv_q5<const N: usize>(
+        w: &Packed,
+        tiles: [*const u8; N],
+        a: *const A32,
+        acc: &mut [[__m512; N]; 1],
+    ) {
         for b in 0..w.kb() {
             let ab = a.add(b);
             for t in tiles.iter() {
@@ -1448,7 +1557,8 @@ pub(crate) mod qmm {
                 let alo = bcast((*ab).qs.as_ptr().add(8 * g8) as *const u8);
                 let ahi = bcast((*ab).qs.as_ptr().add(8 * g8 + 4) as *const u8);
                 for j in 0..N {
-                    let (lo, hi) = q5_unpack(tiles[j].add(w.qs_off(b)), tiles[j].add(w.hm_off(b)), g8);
+                    let (lo, hi) =
+                        q5_unpack(tiles[j].add(w.qs_off(b)), tiles[j].add(w.hm_off(b)), g8);
                     s[0][j] = _mm512_dpbusd_epi32(s[0][j], lo, alo);
                     sh[j] = _mm512_dpbusd_epi32(sh[j], hi, ahi);
                 }
@@ -1465,7 +1575,12 @@ pub(crate) mod qmm {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn gemv_q4k<const N: usize>(kb: usize, tiles: [*const u8; N], a: *const A256, acc: &mut [[__m512; N]; 1]) {
+    unsafe fn gemv_q4k<const N: usize>(
+        kb: usize,
+        tiles: [*const u8; N],
+        a: *const A256,
+        acc: &mut [[__m512; N]; 1],
+    ) {
         let m4 = _mm512_set1_epi8(0x0f);
         let pb = Kind::Q4K.packed_bytes();
         for b in 0..kb {
@@ -1482,21 +1597,33 @@ pub(crate) mod qmm {
                     let alo = bcast((*ab).qs.as_ptr().add(s * 32 + 8 * g) as *const u8);
                     let ahi = bcast((*ab).qs.as_ptr().add(s * 32 + 8 * g + 4) as *const u8);
                     for j in 0..N {
-                        let v = _mm512_load_si512(tiles[j].add(b * pb + (s * 4 + g) * 64) as *const _);
+                        let v =
+                            _mm512_load_si512(tiles[j].add(b * pb + (s * 4 + g) * 64) as *const _);
                         sl[j] = _mm512_dpbusd_epi32(sl[j], _mm512_and_si512(v, m4), alo);
-                        sh[j] = _mm512_dpbusd_epi32(sh[j], _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), ahi);
+                        sh[j] = _mm512_dpbusd_epi32(
+                            sh[j],
+                            _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                            ahi,
+                        );
                     }
                 }
                 for j in 0..N {
-                    let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(tiles[j].add(b * pb + 2048 + s * 16) as *const _));
-                    i1[0][j] = _mm512_add_epi32(i1[0][j], _mm512_mullo_epi32(_mm512_add_epi32(sl[j], sh[j]), sc));
+                    let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                        tiles[j].add(b * pb + 2048 + s * 16) as *const _,
+                    ));
+                    i1[0][j] = _mm512_add_epi32(
+                        i1[0][j],
+                        _mm512_mullo_epi32(_mm512_add_epi32(sl[j], sh[j]), sc),
+                    );
                 }
             }
             let mut i2 = [[_mm512_setzero_si512(); N]; 1];
             for pp in 0..4 {
                 let bv = bcast((*ab).b32.as_ptr().add(2 * pp) as *const u8);
                 for j in 0..N {
-                    let mv = _mm512_cvtepu8_epi16(_mm256_loadu_si256(tiles[j].add(b * pb + 2176 + pp * 32) as *const _));
+                    let mv = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+                        tiles[j].add(b * pb + 2176 + pp * 32) as *const _,
+                    ));
                     i2[0][j] = _mm512_dpwssd_epi32(i2[0][j], mv, bv);
                 }
             }
@@ -1504,14 +1631,20 @@ pub(crate) mod qmm {
             let mut dm = [_mm512_setzero_ps(); N];
             for j in 0..N {
                 d[j] = _mm512_cvtph_ps(_mm256_loadu_si256(tiles[j].add(b * pb + 2304) as *const _));
-                dm[j] = _mm512_cvtph_ps(_mm256_loadu_si256(tiles[j].add(b * pb + 2336) as *const _));
+                dm[j] =
+                    _mm512_cvtph_ps(_mm256_loadu_si256(tiles[j].add(b * pb + 2336) as *const _));
             }
             q4k_finish(i1, i2, d, dm, [ab], acc);
         }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn gemv_q6k<const N: usize>(kb: usize, tiles: [*const u8; N], a: *const A256, acc: &mut [[__m512; N]; 1]) {
+    unsafe fn gemv_q6k<const N: usize>(
+        kb: usize,
+        tiles: [*const u8; N],
+        a: *const A256,
+        acc: &mut [[__m512; N]; 1],
+    ) {
         let pb = Kind::Q6K.packed_bytes();
         for b in 0..kb {
             let ab = a.add(b);
@@ -1532,14 +1665,18 @@ pub(crate) mod qmm {
                     let s0 = _mm512_dpbusd_epi32(s0, w[2], av[2]);
                     let s1 = _mm512_dpbusd_epi32(s1, w[3], av[3]);
                     let ss = _mm512_add_epi32(s0, s1);
-                    let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(3072 + sub * 16) as *const _));
+                    let sc =
+                        _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(3072 + sub * 16) as *const _));
                     i1[0][j] = _mm512_add_epi32(i1[0][j], _mm512_mullo_epi32(ss, sc));
                 }
             }
             for pp in 0..8 {
                 let bv = bcast((*ab).b16.as_ptr().add(2 * pp) as *const u8);
                 for j in 0..N {
-                    i1[0][j] = _mm512_sub_epi32(i1[0][j], _mm512_madd_epi16(q6_pair(tiles[j].add(b * pb), pp), bv));
+                    i1[0][j] = _mm512_sub_epi32(
+                        i1[0][j],
+                        _mm512_madd_epi16(q6_pair(tiles[j].add(b * pb), pp), bv),
+                    );
                 }
             }
             let mut d = [_mm512_setzero_ps(); N];
@@ -1561,7 +1698,12 @@ pub(crate) mod qmm {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn gemv_q8<const N: usize>(w: &Packed, tiles: [*const u8; N], a: *const A32, acc: &mut [[__m512; N]; 1]) {
+    unsafe fn gemv_q8<const N: usize>(
+        w: &Packed,
+        tiles: [*const u8; N],
+        a: *const A32,
+        acc: &mut [[__m512; N]; 1],
+    ) {
         for b in 0..w.kb() {
             let ab = a.add(b);
             let mut wp = [std::ptr::null::<u8>(); N];
@@ -1594,11 +1736,13 @@ pub(crate) mod qmm {
     unsafe fn silu(x: __m512) -> __m512 {
         let nx = _mm512_sub_ps(_mm512_setzero_ps(), x);
         // e^-x: clamp to keep the polynomial in range; far out silu is x or 0 anyway.
-        let nx = _mm512_min_ps(_mm512_max_ps(nx, _mm512_set1_ps(-104.0)), _mm512_set1_ps(88.0));
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
-            nx,
-            _mm512_set1_ps(std::f32::consts::LOG2_E),
-        ));
+        let nx = _mm512_min_ps(
+            _mm512_max_ps(nx, _mm512_set1_ps(-104.0)),
+            _mm512_set1_ps(88.0),
+        );
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(nx, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
         let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), nx);
         let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
         let mut p = _mm512_set1_ps(1.987_569_1e-4);
@@ -1606,8 +1750,14 @@ pub(crate) mod qmm {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.000_000_1e-1));
-        let e = _mm512_scalef_ps(_mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0)), n);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5e-1));
+        let e = _mm512_scalef_ps(
+            _mm512_add_ps(
+                _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
+                _mm512_set1_ps(1.0),
+            ),
+            n,
+        );
         _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e))
     }
 
@@ -1676,7 +1826,10 @@ pub(crate) mod qmm {
             }};
         }
         #[inline(always)]
-        unsafe fn load_acc<const M: usize, const N: usize>(acc: &[__m512; RB * NT], r: usize) -> [[__m512; N]; M] {
+        unsafe fn load_acc<const M: usize, const N: usize>(
+            acc: &[__m512; RB * NT],
+            r: usize,
+        ) -> [[__m512; N]; M] {
             let mut a = [[_mm512_setzero_ps(); N]; M];
             for i in 0..M {
                 for j in 0..N {
@@ -1686,7 +1839,11 @@ pub(crate) mod qmm {
             a
         }
         #[inline(always)]
-        unsafe fn store_acc<const M: usize, const N: usize>(acc: &mut [__m512; RB * NT], r: usize, a: &[[__m512; N]; M]) {
+        unsafe fn store_acc<const M: usize, const N: usize>(
+            acc: &mut [__m512; RB * NT],
+            r: usize,
+            a: &[[__m512; N]; M],
+        ) {
             for i in 0..M {
                 for j in 0..N {
                     acc[(r + i) * NT + j] = a[i][j];
@@ -1845,7 +2002,11 @@ pub(crate) mod qmm {
             let mut total = 0;
             for j in jobs.iter() {
                 starts.push(total);
-                let per = if matches!(j.epilogue, Epilogue::SwiGlu) { 1 } else { NT };
+                let per = if matches!(j.epilogue, Epilogue::SwiGlu) {
+                    1
+                } else {
+                    NT
+                };
                 total += (j.w.n / 16).div_ceil(per) * n_rc;
             }
             struct Raw<'a> {
@@ -1865,39 +2026,64 @@ pub(crate) mod qmm {
                     dst: j.dst.as_mut_ptr() as usize,
                 })
                 .collect();
-            let run = |range: std::ops::Range<usize>| WORK.with(|cell| {
-                let mut work = cell.borrow_mut();
-                // SAFETY: all-zero bytes are valid for both (integers and floats).
-                let (scratch, acc) = work.get_or_insert_with(|| unsafe {
-                    (Box::new_zeroed().assume_init(), Box::new_zeroed().assume_init())
-                });
-                for it in range {
-                    let ji = starts.partition_point(|&s| s <= it) - 1;
-                    let r = &raws[ji];
-                    let local = it - starts[ji];
-                    let (cg, rc) = (local / n_rc, local % n_rc);
-                    let ts = r.w.tile_bytes();
-                    let n = r.w.n;
-                    let (t0, nt, tiles) = match (r.epilogue, r.up) {
-                        (Epilogue::SwiGlu, Some(up)) => {
-                            (cg, 2, [r.w.base().wrapping_add(cg * ts), up.base().wrapping_add(cg * ts)])
+            let run = |range: std::ops::Range<usize>| {
+                WORK.with(|cell| {
+                    let mut work = cell.borrow_mut();
+                    // SAFETY: all-zero bytes are valid for both (integers and floats).
+                    let (scratch, acc) = work.get_or_insert_with(|| unsafe {
+                        (
+                            Box::new_zeroed().assume_init(),
+                            Box::new_zeroed().assume_init(),
+                        )
+                    });
+                    for it in range {
+                        let ji = starts.partition_point(|&s| s <= it) - 1;
+                        let r = &raws[ji];
+                        let local = it - starts[ji];
+                        let (cg, rc) = (local / n_rc, local % n_rc);
+                        let ts = r.w.tile_bytes();
+                        let n = r.w.n;
+                        let (t0, nt, tiles) = match (r.epilogue, r.up) {
+                            (Epilogue::SwiGlu, Some(up)) => (
+                                cg,
+                                2,
+                                [
+                                    r.w.base().wrapping_add(cg * ts),
+                                    up.base().wrapping_add(cg * ts),
+                                ],
+                            ),
+                            _ => {
+                                let t0 = cg * NT;
+                                let nt = (n / 16 - t0).min(NT);
+                                (
+                                    t0,
+                                    nt,
+                                    [
+                                        r.w.base().wrapping_add(t0 * ts),
+                                        r.w.base().wrapping_add((t0 + 1) * ts),
+                                    ],
+                                )
+                            }
+                        };
+                        let r0 = rc * RB;
+                        let r1 = (r0 + RB).min(m);
+                        unsafe {
+                            item(r.w, acts, tiles, nt, r0, r1, scratch, acc);
+                            store(r, n, t0, nt, r0, r1, acc);
                         }
-                        _ => {
-                            let t0 = cg * NT;
-                            let nt = (n / 16 - t0).min(NT);
-                            (t0, nt, [r.w.base().wrapping_add(t0 * ts), r.w.base().wrapping_add((t0 + 1) * ts)])
-                        }
-                    };
-                    let r0 = rc * RB;
-                    let r1 = (r0 + RB).min(m);
-                    unsafe {
-                        item(r.w, acts, tiles, nt, r0, r1, scratch, acc);
-                        store(r, n, t0, nt, r0, r1, acc);
                     }
-                }
-            });
+                })
+            };
             #[target_feature(enable = "avx512f")]
-            unsafe fn store(r: &Raw<'_>, n: usize, t0: usize, nt: usize, r0: usize, r1: usize, acc: &[__m512; RB * NT]) {
+            unsafe fn store(
+                r: &Raw<'_>,
+                n: usize,
+                t0: usize,
+                nt: usize,
+                r0: usize,
+                r1: usize,
+                acc: &[__m512; RB * NT],
+            ) {
                 let dst = r.dst as *mut f32;
                 for row in 0..r1 - r0 {
                     match r.epilogue {
@@ -1913,7 +2099,10 @@ pub(crate) mod qmm {
                                     v = _mm512_add_ps(v, _mm512_loadu_ps(b.as_ptr().add(col)));
                                 }
                                 if let Epilogue::Residual(res) = r.epilogue {
-                                    v = _mm512_add_ps(v, _mm512_loadu_ps(res.as_ptr().add((r0 + row) * n + col)));
+                                    v = _mm512_add_ps(
+                                        v,
+                                        _mm512_loadu_ps(res.as_ptr().add((r0 + row) * n + col)),
+                                    );
                                 }
                                 _mm512_storeu_ps(dst.add((r0 + row) * n + col), v);
                             }
@@ -1936,7 +2125,14 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
-    fn run(x: &[f32], m: usize, w: &Packed, up: Option<&Packed>, ep: Epilogue<'_>, bias: Option<&[f32]>) -> Vec<f32> {
+    fn run(
+        x: &[f32],
+        m: usize,
+        w: &Packed,
+        up: Option<&Packed>,
+        ep: Epilogue<'_>,
+        bias: Option<&[f32]>,
+    ) -> Vec<f32> {
         let mut out = qmm::uninit(m * w.n());
         qmm::matmul(
             x,
@@ -1968,7 +2164,12 @@ mod tests {
         }
         let dev = Device::Cpu;
         let (n, k, m) = (48, 512, 70);
-        for dt in [GgmlDType::Q8_0, GgmlDType::Q5_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+        for dt in [
+            GgmlDType::Q8_0,
+            GgmlDType::Q5_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
             let wf = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
             let q = QTensor::quantize(&wf, dt)?;
             let w = Packed::new(dt, n, k, &q.data()?).expect("packable");
@@ -1985,8 +2186,20 @@ mod tests {
             let e = rel(&all, &reference);
             assert!(e < 0.02, "{dt:?}: relative error {e}");
             for (r0, rows) in [(0, 1), (37, 1), (69, 1), (3, 7), (60, 10)] {
-                let part = run(&xs[r0 * k..(r0 + rows) * k], rows, &w, None, Epilogue::Plain, Some(&bias));
-                assert_eq!(part, all[r0 * n..(r0 + rows) * n], "{dt:?}: rows {r0}..{}", r0 + rows);
+                let part = run(
+                    &xs[r0 * k..(r0 + rows) * k],
+                    rows,
+                    &w,
+                    None,
+                    Epilogue::Plain,
+                    Some(&bias),
+                );
+                assert_eq!(
+                    part,
+                    all[r0 * n..(r0 + rows) * n],
+                    "{dt:?}: rows {r0}..{}",
+                    r0 + rows
+                );
             }
             // Fused epilogues: residual add and SwiGLU.
             let res: Vec<f32> = (0..m * n).map(|i| (i % 13) as f32 - 6.0).collect();
@@ -2001,7 +2214,11 @@ mod tests {
             let sw = run(&xs, m, &w, Some(&up), Epilogue::SwiGlu, None);
             for i in 0..m * n {
                 let want = g[i] / (1.0 + (-g[i]).exp()) * u[i];
-                assert!((sw[i] - want).abs() <= 1e-5 * (1.0 + want.abs()), "{dt:?} swiglu {i}: {} vs {want}", sw[i]);
+                assert!(
+                    (sw[i] - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{dt:?} swiglu {i}: {} vs {want}",
+                    sw[i]
+                );
             }
             let sw1 = run(&xs[5 * k..6 * k], 1, &w, Some(&up), Epilogue::SwiGlu, None);
             assert_eq!(sw1, sw[5 * n..6 * n]);
