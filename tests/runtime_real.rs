@@ -163,7 +163,7 @@ fn logits_agree_with_candle_quantized_qwen2_on_the_same_file() {
     let d_conv = max_abs(&peer_all, &converted);
     eprintln!(
         "vs peer over {n} positions: native blocks top-1 {same_native}/{n}, max |dlogit| {d_native:.4}; \
-         Q5_0->Q8_0 converted top-1 {same_conv}/{n}, max |dlogit| {d_conv:.4}"
+         default load top-1 {same_conv}/{n}, max |dlogit| {d_conv:.4}"
     );
     // Bit-identical results are not on offer between two correct implementations: both
     // quantize activations to 8 bits before each quantized matmul, so last-bit differences
@@ -186,10 +186,22 @@ fn logits_agree_with_candle_quantized_qwen2_on_the_same_file() {
         "native top-1 {same_native}/{n}"
     );
     assert!(d_native < 1.0, "max |dlogit| {d_native}");
-    assert!(
-        same_conv as f64 >= 0.99 * n as f64,
-        "converted top-1 {same_conv}/{n}"
-    );
+    // When the default load re-quantizes block types (Q4_1/Q5_1, or Q5_0 on CPUs without
+    // the packed kernels), the converted model is held to the same bar.
+    if !m.decoder.weights().conversion.converted.is_empty() {
+        for i in (0..n).filter(|&i| tp[i] != tc[i]) {
+            let margin = pv[i][tp[i] as usize] - pv[i][tc[i] as usize];
+            assert!(
+                margin < 0.25,
+                "converted, position {i}: not a near-tie ({margin})"
+            );
+        }
+        assert!(
+            same_conv as f64 >= 0.98 * n as f64,
+            "converted top-1 {same_conv}/{n}"
+        );
+        assert!(d_conv < 1.0, "converted max |dlogit| {d_conv}");
+    }
 }
 
 #[test]
