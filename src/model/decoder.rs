@@ -209,12 +209,13 @@ impl Decoder {
         let mut queries = Vec::new();
         for (l, w) in self.weights.layers.iter().enumerate() {
             let x = candle_nn::ops::rms_norm(&h, &w.attn_norm, eps)?;
-            let mut qkv = Linear::forward_many(&[&w.q, &w.k, &w.v], &x)?.into_iter();
-            let (q, k, v) = (
-                qkv.next().unwrap(),
-                qkv.next().unwrap(),
-                qkv.next().unwrap(),
-            );
+            let [q, k, v]: [Tensor; 3] = Linear::forward_many(&[&w.q, &w.k, &w.v], &x)?
+                .try_into()
+                .map_err(|_| {
+                    ModelError::Cache(
+                        "fused q/k/v projection returned the wrong number of outputs".into(),
+                    )
+                })?;
             let q = q.reshape((t, nh, hd))?.transpose(0, 1)?;
             let k = k.reshape((t, nkv, hd))?.transpose(0, 1)?;
             let v = v.reshape((t, nkv, hd))?.transpose(0, 1)?;

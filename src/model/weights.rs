@@ -170,8 +170,13 @@ impl Linear {
                 }
             }
         }
-        let mut gu = Self::forward_many(&[gate, up], x)?.into_iter();
-        let (g, u) = (gu.next().expect("gate"), gu.next().expect("up"));
+        let [g, u]: [Tensor; 2] = Self::forward_many(&[gate, up], x)?
+            .try_into()
+            .map_err(|_| {
+                ModelError::Cache(
+                    "fused gate/up projection returned the wrong number of outputs".into(),
+                )
+            })?;
         Ok((candle_nn::ops::silu(&g)? * u)?)
     }
 }
