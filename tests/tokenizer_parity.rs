@@ -19,23 +19,7 @@ use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
 
 mod common;
 
-/// Real inputs: the manifest's artifacts (fetched if missing), or a local copy named by
-/// the variable. Only inputs outside the manifest may be absent, and then are skipped.
-fn env_path(var: &str) -> Option<PathBuf> {
-    match var {
-        "BATON_TEST_QWEN_GGUF" => Some(common::qwen_small()),
-        "BATON_TEST_QWEN_GGUF_2" => Some(common::qwen_large()),
-        "BATON_TEST_OTHER_GGUF" => Some(common::smollm()),
-        "BATON_TEST_QWEN_TOKENIZER_JSON" => Some(common::qwen_tokenizer_json()),
-        _ => match std::env::var_os(var) {
-            Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-            _ => {
-                eprintln!("note: {var} is not set; skipping");
-                None
-            }
-        },
-    }
-}
+use common::env_path;
 
 fn gguf_tokenizer(path: &PathBuf) -> TextTokenizer {
     let mut f = std::fs::File::open(path).expect("open gguf");

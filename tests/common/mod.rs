@@ -33,3 +33,22 @@ pub fn smollm() -> PathBuf {
 pub fn qwen_tokenizer_json() -> PathBuf {
     artifact("BATON_TEST_QWEN_TOKENIZER_JSON", "qwen-tokenizer-json")
 }
+
+/// Real inputs by variable name: the manifest's artifacts (fetched if missing), or a local
+/// copy named by the variable. Only inputs outside the manifest may be absent, and then
+/// the caller skips.
+pub fn env_path(var: &str) -> Option<PathBuf> {
+    match var {
+        "BATON_TEST_QWEN_GGUF" => Some(qwen_small()),
+        "BATON_TEST_QWEN_GGUF_2" => Some(qwen_large()),
+        "BATON_TEST_OTHER_GGUF" => Some(smollm()),
+        "BATON_TEST_QWEN_TOKENIZER_JSON" => Some(qwen_tokenizer_json()),
+        _ => match std::env::var_os(var) {
+            Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+            _ => {
+                eprintln!("note: {var} is not set; skipping");
+                None
+            }
+        },
+    }
+}
