@@ -68,6 +68,16 @@ pub struct EvalArgs {
     /// receiving them mapped; 0 maps everything.
     #[arg(long, default_value_t = 0)]
     pub anchor: usize,
+    /// Task retention on these benchmarks, comma-separated, each `name` or `name:items`
+    /// (hellaswag, arc_challenge, arc_easy, winogrande, piqa, gsm8k; `all` for every one).
+    #[arg(long, value_delimiter = ',')]
+    pub tasks: Vec<String>,
+    /// Items per task where `--tasks` gives no count.
+    #[arg(long, default_value_t = 100)]
+    pub task_limit: usize,
+    /// Skip the held-out text evaluation (tasks only).
+    #[arg(long)]
+    pub no_text: bool,
     #[arg(long)]
     pub json: bool,
 }

@@ -459,9 +459,40 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
 fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
     use baton::mapper::artifact::{self, ModelRef};
     use baton::mapper::corpus::{self, Split};
+    use baton::mapper::eval_tasks::{eval_task, TaskEvalOptions};
     use baton::mapper::eval_text::{eval_text, TextEval, TextEvalOptions};
+    use baton::mapper::tasks;
     use baton::mapper::CacheMapper;
+    // Task files are checked before any model loads: a typo costs nothing.
+    let mut task_list = Vec::new();
+    for spec in &a.tasks {
+        let (name, limit) = match spec.split_once(':') {
+            Some((n, l)) => (
+                n.trim(),
+                l.trim().parse::<usize>().with_context(|| {
+                    format!("`{spec}`: the item count after `:` must be a number")
+                })?,
+            ),
+            None => (spec.trim(), a.task_limit),
+        };
+        if name == "all" {
+            task_list.extend(tasks::TASKS.iter().map(|d| (d, limit)));
+        } else {
+            task_list.push((tasks::task_def(name)?, limit));
+        }
+    }
     let progress = BarProgress::new();
+    let task_root = if task_list.is_empty() {
+        None
+    } else {
+        Some(fetch::ensure_by_name("eval-tasks", &progress)?.path)
+    };
+    let mut task_items = Vec::new();
+    if let Some(root) = &task_root {
+        for (def, limit) in &task_list {
+            task_items.push((*def, tasks::load_items(root, def, *limit)?));
+        }
+    }
     let first = Model::open(&a.source, dev, &progress)?;
     let second = Model::open(&a.target, dev, &progress)?;
     drop(progress);
@@ -472,7 +503,9 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         ..TextEvalOptions::default()
     };
     let len = a.prefix + a.continuation;
-    let windows = if a.texts.is_empty() {
+    let windows = if a.no_text {
+        Vec::new()
+    } else if a.texts.is_empty() {
         let docs = corpus::read_documents(&corpus::default_files()?)?;
         corpus::windows(&docs, &first.tokenizer, Split::Eval, len, a.limit)?
     } else {
@@ -486,8 +519,11 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         w.truncate(a.limit);
         w
     };
-    if windows.is_empty() {
+    if !a.no_text && windows.is_empty() {
         bail!("the evaluation text holds no window of {len} tokens: give longer --texts or a shorter --prefix/--continuation");
+    }
+    if a.no_text && task_items.is_empty() {
+        bail!("--no-text with no --tasks leaves nothing to evaluate: name tasks, e.g. --tasks hellaswag,gsm8k");
     }
     let pairs: Vec<(&Model, &Model)> = match a.direction {
         DirectionArg::Both => vec![(&first, &second), (&second, &first)],
@@ -512,36 +548,83 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         let art = artifact::load(&path)?;
         art.check(&sr, &tr)?;
         let mapper = CacheMapper::from_layer_maps(s, t, &art.keys, &art.values)?;
-        eprintln!(
-            "evaluating {} -> {} on {} windows ({} + {} tokens)",
-            s.identity.name,
-            t.identity.name,
-            windows.len(),
-            a.prefix,
-            a.continuation
-        );
-        let r = eval_text(s, t, &mapper, &windows, &opts)?;
-        let m = TextEval::mean;
-        println!(
-            "{} -> {} (k={}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | top-1 {:.3} (no prefix {:.3}) KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} | map {:.1} ms vs re-prefill {:.0} ms",
-            s.identity.name, t.identity.name, art.meta.k,
-            m(&r.r2_k), m(&r.r2_v), m(&r.cosine_prefix), m(&r.cosine_continuation),
-            r.scores.agreement.top1, r.scores.agreement_no_prefix.top1, r.scores.agreement.kl,
-            r.scores.ppl_mapped, r.scores.ppl_true, r.scores.ppl_no_prefix,
-            r.map_seconds * 1e3, r.reprefill_seconds * 1e3
-        );
+        let direction = format!("{} -> {}", s.identity.name, t.identity.name);
+        let text = if windows.is_empty() {
+            None
+        } else {
+            eprintln!(
+                "evaluating {direction} on {} windows ({} + {} tokens)",
+                windows.len(),
+                a.prefix,
+                a.continuation
+            );
+            let r = eval_text(s, t, &mapper, &windows, &opts)?;
+            let m = TextEval::mean;
+            println!(
+                "{direction} (k={}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | key-error concentration {:.2} | top-1 {:.3} (no prefix {:.3}) KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} | map {:.1} ms vs re-prefill {:.0} ms",
+                art.meta.k,
+                m(&r.r2_k), m(&r.r2_v), m(&r.cosine_prefix), m(&r.cosine_continuation),
+                m(&r.key_error_concentration),
+                r.scores.agreement.top1, r.scores.agreement_no_prefix.top1, r.scores.agreement.kl,
+                r.scores.ppl_mapped, r.scores.ppl_true, r.scores.ppl_no_prefix,
+                r.map_seconds * 1e3, r.reprefill_seconds * 1e3
+            );
+            Some(r)
+        };
+        let mut task_results = Vec::new();
+        for (def, items) in &task_items {
+            let bar = indicatif::ProgressBar::new(items.len() as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg:>28} [{bar:30}] {pos}/{len} elapsed {elapsed} ETA {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+            bar.set_message(format!(
+                "{} {}",
+                def.name,
+                if s.config().n_layer < t.config().n_layer {
+                    "(to larger)"
+                } else {
+                    "(to smaller)"
+                }
+            ));
+            let r = eval_task(
+                s,
+                t,
+                &mapper,
+                def,
+                items,
+                &TaskEvalOptions::default(),
+                &mut |n| bar.set_position(n as u64),
+            )?;
+            bar.finish_and_clear();
+            println!(
+                "{direction} {:<14} n={:<4} reference {:.3} [{:.3}, {:.3}]  mapped {:.3} [{:.3}, {:.3}]  floor ({}) {:.3}  retention {:.3} [{:.3}, {:.3}]  floor-normalised {:.3} [{:.3}, {:.3}]  same answer {:.3}",
+                r.task, r.items,
+                r.accuracy_reference.value, r.accuracy_reference.ci95[0], r.accuracy_reference.ci95[1],
+                r.accuracy_mapped.value, r.accuracy_mapped.ci95[0], r.accuracy_mapped.ci95[1],
+                r.floor, r.accuracy_floor.value,
+                r.retention_raw.value, r.retention_raw.ci95[0], r.retention_raw.ci95[1],
+                r.retention_floor_normalised.value, r.retention_floor_normalised.ci95[0], r.retention_floor_normalised.ci95[1],
+                r.answer_agreement,
+            );
+            task_results.push(r);
+        }
         results.push(serde_json::json!({
-            "direction": format!("{} -> {}", s.identity.name, t.identity.name),
+            "direction": direction,
             "mapper": path,
             "k": art.meta.k,
-            "text": r,
+            "text": text,
+            "tasks": task_results,
         }));
     }
     if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &serde_json::json!({"format": "baton.eval", "version": 1, "results": results})
+                &serde_json::json!({"format": "baton.eval", "version": 2, "results": results})
             )?
         );
     }

@@ -306,3 +306,77 @@ fn a_cancelled_calibration_returns_cancelled() {
     );
     assert!(matches!(e, Err(CalibrateError::Cancelled)));
 }
+
+#[test]
+fn task_retention_of_a_model_mapped_to_itself_is_complete() {
+    use baton::mapper::eval_tasks::{eval_task, TaskEvalOptions};
+    use baton::mapper::tasks::{task_def, Choice, TaskItem};
+    use baton::mapper::CacheMapper;
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new("llama");
+    let w = tiny.weights(3);
+    write_model(&tiny, &dir.path().join("a"), &w);
+    write_model(&tiny, &dir.path().join("b"), &w);
+    let (a, b) = (
+        load(&dir.path().join("a"), "a"),
+        load(&dir.path().join("b"), "b"),
+    );
+    let f = run(&a, &b, vec![usize::MAX], &tiny);
+    let mapper = CacheMapper::from_layer_maps(&a, &b, &f.keys, &f.values).unwrap();
+    // A few-shot block shared by every context exercises the shared-prefix path.
+    let shots = tiny.text(30, 5);
+    let items: Vec<TaskItem> = (0..6u64)
+        .map(|i| TaskItem::MultipleChoice {
+            doc_id: i,
+            choices: (0..3u64)
+                .map(|c| Choice {
+                    context: format!("{shots} {}", tiny.text(8, 100 + i)),
+                    continuation: format!(" {}", tiny.text(3, 200 + 10 * i + c)),
+                })
+                .collect(),
+            gold: (i % 3) as usize,
+        })
+        .collect();
+    let def = task_def("arc_challenge").unwrap();
+    let r = eval_task(
+        &a,
+        &b,
+        &mapper,
+        def,
+        &items,
+        &TaskEvalOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(r.items, 6);
+    assert_eq!(r.answer_agreement, 1.0, "{:?}", r.outcomes);
+    assert_eq!(r.accuracy_reference.value, r.accuracy_mapped.value);
+
+    let gen: Vec<TaskItem> = (0..2u64)
+        .map(|i| TaskItem::Generate {
+            doc_id: i,
+            context: format!("{shots} {}", tiny.text(6, 300 + i)),
+            stop: vec!["\n\n".into()],
+            max_tokens: 6,
+            answer: "1".into(),
+        })
+        .collect();
+    let def = task_def("gsm8k").unwrap();
+    let r = eval_task(
+        &a,
+        &b,
+        &mapper,
+        def,
+        &gen,
+        &TaskEvalOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(
+        r.outcomes
+            .iter()
+            .all(|o| o.identical_generation == Some(true)),
+        "{:?}",
+        r.outcomes
+    );
+}

@@ -139,6 +139,8 @@ pub enum CalibrateError {
     Metric(#[from] crate::metrics::MetricError),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::text::TokenizerError),
     #[error("calibration cancelled; nothing was written")]
     Cancelled,
     #[error("{0}")]

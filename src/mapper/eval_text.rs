@@ -4,8 +4,8 @@
 
 use super::apply::CacheMapper;
 use super::calibrate::{probe_positions, CalibrateError};
-use super::features::layer_features;
-use crate::metrics::{self, ContinuationScores};
+use super::features::{layer_features, rows_to_heads};
+use crate::metrics::{self, ContinuationScores, QueryGram};
 use crate::model::{ForwardOptions, KvCache, Logits, Model};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -43,6 +43,9 @@ pub struct TextEval {
     pub cosine_prefix: Vec<f64>,
     /// Probes in the continuation, attending over mapped prefix + continuation.
     pub cosine_continuation: Vec<f64>,
+    /// Key-error concentration over the mapped prefix (1 = error spread evenly over
+    /// the directions queries read; above 1 = concentrated where attention looks).
+    pub key_error_concentration: Vec<f64>,
     pub scores: ContinuationScores,
     /// Seconds per window: mapping the prefix vs the target re-prefilling it.
     pub map_seconds: f64,
@@ -104,6 +107,17 @@ pub fn eval_text(
         .map(|q| q + p)
         .collect();
     let mut scores_acc = ContinuationScores::default();
+    let cfg = tgt.config();
+    let grams: Vec<QueryGram> = tgt
+        .decoder
+        .weights()
+        .layers
+        .iter()
+        .map(|w| {
+            let wq = w.q.dense_weight(cfg.hidden, tgt.decoder.device())?;
+            Ok(QueryGram::new(&wq, cfg.n_head, cfg.head_dim)?)
+        })
+        .collect::<Result<_, CalibrateError>>()?;
     for w in windows {
         if w.len() < p + c {
             return Err(CalibrateError::Options(format!(
@@ -160,9 +174,12 @@ pub fn eval_text(
         let mut r2k = Vec::with_capacity(l_t);
         let mut r2v = Vec::with_capacity(l_t);
         let mut cos_p = Vec::with_capacity(l_t);
-        for l in 0..l_t {
+        let mut conc = Vec::with_capacity(l_t);
+        for (l, gram) in grams.iter().enumerate().take(l_t) {
             let ft = layer_features(&true_cache, tgt.decoder.rope(), l, 0, p, 1)?;
             let fm = layer_features(&mapped, tgt.decoder.rope(), l, 0, p, 1)?;
+            let err = rows_to_heads(&(&ft.k - &fm.k)?, cfg.n_kv_head)?;
+            conc.push(gram.concentration(&err)?);
             let r = metrics::r2_per_layer(&[ft.k, ft.v], &[fm.k, fm.v])?;
             r2k.push(r[0]);
             r2v.push(r[1]);
@@ -179,6 +196,7 @@ pub fn eval_text(
         add(&mut out.r2_k, &r2k);
         add(&mut out.r2_v, &r2v);
         add(&mut out.cosine_prefix, &cos_p);
+        add(&mut out.key_error_concentration, &conc);
 
         let (true_logits, cont_queries) =
             all_logits(tgt, cont, &mut true_cache, cont_probes.clone())?;
@@ -217,6 +235,7 @@ pub fn eval_text(
         &mut out.r2_v,
         &mut out.cosine_prefix,
         &mut out.cosine_continuation,
+        &mut out.key_error_concentration,
     ] {
         v.iter_mut().for_each(|x| *x /= n);
     }

@@ -20,7 +20,9 @@ pub mod apply;
 pub mod artifact;
 pub mod calibrate;
 pub mod corpus;
+pub mod eval_tasks;
 pub mod eval_text;
 pub mod features;
+pub mod tasks;
 
 pub use apply::{CacheMapper, TargetLayerMap};

@@ -12,42 +12,85 @@
 use super::{MetricError, Result};
 use candle_core::{DType, Tensor, D};
 
+/// Per query head of one layer: W_h W_hᵀ and its mean eigenvalue, computed once per
+/// layer so that many key errors can be scored against it.
+#[derive(Debug, Clone)]
+pub struct QueryGram {
+    /// [n_head, hd, hd]
+    gram: Tensor,
+    mean_weight: Vec<f64>,
+}
+
+impl QueryGram {
+    /// `wq`: [n_head·hd, hidden], the query projection without its bias.
+    pub fn new(wq: &Tensor, n_head: usize, hd: usize) -> Result<Self> {
+        let (rows, _hidden) = wq.dims2()?;
+        if rows != n_head * hd {
+            return Err(MetricError::Shape(format!(
+                "query projection {:?} for {n_head} heads of width {hd}",
+                wq.dims()
+            )));
+        }
+        let wq = wq.to_dtype(DType::F32)?;
+        let mut grams = Vec::with_capacity(n_head);
+        let mut mean_weight = Vec::with_capacity(n_head);
+        for h in 0..n_head {
+            let w = wq.narrow(0, h * hd, hd)?;
+            grams.push(w.matmul(&w.t()?)?);
+            // tr(W Wᵀ) is the squared Frobenius norm of W.
+            mean_weight.push(w.sqr()?.sum_all()?.to_scalar::<f32>()? as f64 / hd as f64);
+        }
+        Ok(Self {
+            gram: Tensor::stack(&grams, 0)?,
+            mean_weight,
+        })
+    }
+
+    pub fn n_head(&self) -> usize {
+        self.mean_weight.len()
+    }
+
+    /// `key_error`: [n_kv_head, n, hd] (true − mapped, RoPE removed). The mean of C over
+    /// tokens and query heads; tokens with no error are skipped (NaN if none has any).
+    pub fn concentration(&self, key_error: &Tensor) -> Result<f64> {
+        let (nkv, _n, hd) = key_error.dims3()?;
+        let n_head = self.n_head();
+        if !n_head.is_multiple_of(nkv) || self.gram.dim(1)? != hd {
+            return Err(MetricError::Shape(format!(
+                "key error {:?} against {n_head} query heads of width {}",
+                key_error.dims(),
+                self.gram.dim(1)?
+            )));
+        }
+        let group = n_head / nkv;
+        let e = key_error.to_dtype(DType::F32)?;
+        let mut total = 0f64;
+        let mut count = 0usize;
+        for h in 0..n_head {
+            let m = self.gram.get(h)?;
+            let eh = e.get(h / group)?; // [n, hd]
+            let weighted = (eh.matmul(&m)? * &eh)?.sum(D::Minus1)?.to_vec1::<f32>()?;
+            let energy = eh.sqr()?.sum(D::Minus1)?.to_vec1::<f32>()?;
+            for (wv, ev) in weighted.iter().zip(&energy) {
+                if *ev > 0.0 && self.mean_weight[h] > 0.0 {
+                    total += (*wv as f64 / *ev as f64) / self.mean_weight[h];
+                    count += 1;
+                }
+            }
+        }
+        Ok(if count > 0 {
+            total / count as f64
+        } else {
+            f64::NAN
+        })
+    }
+}
+
 /// `key_error`: [n_kv_head, n, hd] (true − mapped, RoPE removed); `wq`: [n_head·hd,
 /// hidden]. The mean of C over tokens and query heads; tokens with no error are skipped.
 pub fn key_error_concentration(key_error: &Tensor, wq: &Tensor, n_head: usize) -> Result<f64> {
-    let (nkv, _n, hd) = key_error.dims3()?;
-    let (rows, _hidden) = wq.dims2()?;
-    if rows != n_head * hd || !n_head.is_multiple_of(nkv) {
-        return Err(MetricError::Shape(format!(
-            "query projection {:?} for {n_head} heads of width {hd} over {nkv} KV heads",
-            wq.dims()
-        )));
-    }
-    let group = n_head / nkv;
-    let wq = wq.to_dtype(DType::F32)?;
-    let e = key_error.to_dtype(DType::F32)?;
-    let mut total = 0f64;
-    let mut count = 0usize;
-    for h in 0..n_head {
-        let w = wq.narrow(0, h * hd, hd)?;
-        let m = w.matmul(&w.t()?)?; // [hd, hd]
-                                    // tr(W Wᵀ) is the squared Frobenius norm of W.
-        let mean_weight = w.sqr()?.sum_all()?.to_scalar::<f32>()? as f64 / hd as f64;
-        let eh = e.get(h / group)?; // [n, hd]
-        let weighted = (eh.matmul(&m)? * &eh)?.sum(D::Minus1)?.to_vec1::<f32>()?;
-        let energy = eh.sqr()?.sum(D::Minus1)?.to_vec1::<f32>()?;
-        for (wv, ev) in weighted.iter().zip(&energy) {
-            if *ev > 0.0 && mean_weight > 0.0 {
-                total += (*wv as f64 / *ev as f64) / mean_weight;
-                count += 1;
-            }
-        }
-    }
-    Ok(if count > 0 {
-        total / count as f64
-    } else {
-        f64::NAN
-    })
+    let hd = key_error.dim(2)?;
+    QueryGram::new(wq, n_head, hd)?.concentration(key_error)
 }
 
 #[cfg(test)]

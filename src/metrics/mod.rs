@@ -3,11 +3,12 @@
 
 pub mod attention_cosine;
 pub mod concentration;
+pub mod interval;
 pub mod logits;
 pub mod regression;
 
 pub use attention_cosine::attention_output_cosine;
-pub use concentration::key_error_concentration;
+pub use concentration::{key_error_concentration, QueryGram};
 pub use logits::{continuation_scores, ContinuationScores, NextTokenAgreement};
 pub use regression::r2_per_layer;
 

@@ -156,6 +156,10 @@ impl KvCache {
 
     /// A deep copy: the two caches can then be extended independently.
     pub fn try_clone(&self) -> Result<Self> {
+        if self.len == 0 {
+            // Nothing allocated yet: there is nothing to export.
+            return Ok(Self::new(self.shape, self.dtype, &self.device));
+        }
         let layers = self.export()?;
         Self::import(self.shape, layers, self.dtype, &self.device)
     }
@@ -257,6 +261,18 @@ mod tests {
         a.truncate(1);
         assert_eq!(a.len(), 1);
         assert!(a.layer_range(0, 0, 2).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn an_empty_cache_clones_and_a_truncated_one_clones_its_prefix() -> Result<()> {
+        let empty = KvCache::new(shape(), DType::F32, &Device::Cpu);
+        let mut c = empty.try_clone()?;
+        assert!(c.is_empty());
+        c.extend_with(&chunk(2, 1.0)?)?;
+        assert_eq!(c.len(), 2);
+        c.truncate(0);
+        assert!(c.try_clone()?.is_empty());
         Ok(())
     }
 

@@ -84,6 +84,20 @@ impl Linear {
         Ok(Self::new(w, b))
     }
 
+    /// The weight as a dense f32 matrix [out, in]. The packed kernels keep no other copy,
+    /// so it is recovered by running the identity through the layer: a one-hot row
+    /// quantizes without loss, which makes this the dequantized weight up to the f32
+    /// rounding of the activation scale. For instruments, not for the forward pass.
+    pub fn dense_weight(&self, in_features: usize, device: &Device) -> Result<Tensor> {
+        let eye = Tensor::eye(in_features, DType::F32, device)?;
+        let y = self.forward(&eye)?.to_dtype(DType::F32)?;
+        let y = match &self.b {
+            Some(b) => y.broadcast_sub(&b.to_dtype(DType::F32)?)?,
+            None => y,
+        };
+        Ok(y.t()?.contiguous()?)
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match &self.w {
             LinearWeight::Candle(w) => {
@@ -2231,6 +2245,34 @@ mod tests {
             }
             let sw1 = run(&xs[5 * k..6 * k], 1, &w, Some(&up), Epilogue::SwiGlu, None);
             assert_eq!(sw1, sw[5 * n..6 * n]);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod dense_weight_tests {
+    use super::Linear;
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{DType, Device, Tensor};
+
+    #[test]
+    fn dense_weight_recovers_the_dequantized_matrix_without_the_bias() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 1.0, (64, 256), &dev)?;
+        let b = Tensor::randn(0f32, 1.0, 64, &dev)?;
+        for dt in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+            let q = QTensor::quantize(&w, dt)?;
+            let deq = q.dequantize(&dev)?;
+            let l = Linear::from_qtensor(q, Some(b.clone()), DType::F32, &dev)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            let d = l
+                .dense_weight(256, &dev)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            assert_eq!(d.dims(), &[64, 256]);
+            let err = (d - &deq)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            // Within the f32 rounding of one activation scale, far below a quant step.
+            assert!(err < 1e-4, "{dt:?}: {err}");
         }
         Ok(())
     }

@@ -1,0 +1,461 @@
+//! Task retention: does the target still answer benchmark questions when its cache of
+//! the question came from the source model through the mapper?
+//!
+//! For every context the source prefills all but the last token, the mapper turns that
+//! cache into the target's, and the target itself computes the last context token and
+//! then scores each answer (multiple choice) or generates greedily (GSM8K). That is the
+//! handoff as the workbench does it: the target always computes the token it predicts
+//! from. The same items run on the target's own prefill (the reference) and, for
+//! multiple choice, with no context at all (the floor: what the answers alone give).
+//!
+//! Few-shot contexts share their examples; the shared token prefix is prefilled and
+//! mapped once and each item only extends it (mapping is per position, so the mapped
+//! prefix is the same either way).
+
+use super::apply::CacheMapper;
+use super::calibrate::CalibrateError;
+use super::tasks::{extract_number, normalize_number, Choice, TaskDef, TaskItem, TaskKind};
+use crate::metrics::interval::{
+    floor_normalised_retention, paired_bootstrap, raw_retention, wilson, Estimate, PairedOutcome,
+};
+use crate::model::decoder::log_softmax;
+use crate::model::sampler::argmax;
+use crate::model::{ForwardOptions, KvCache, Logits, Model};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct TaskEvalOptions {
+    pub bootstrap_resamples: usize,
+    pub seed: u64,
+}
+
+impl Default for TaskEvalOptions {
+    fn default() -> Self {
+        Self {
+            bootstrap_resamples: 2000,
+            seed: 20_261_130,
+        }
+    }
+}
+
+/// What happened on one item.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ItemOutcome {
+    pub doc_id: u64,
+    pub reference_correct: bool,
+    pub mapped_correct: bool,
+    /// No-context answer; false for generation tasks (not run: the question is the
+    /// context).
+    pub floor_correct: bool,
+    /// Both paths chose the same option / produced the same final number.
+    pub same_answer: bool,
+    /// Both paths generated the same tokens (generation tasks only).
+    pub identical_generation: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskResult {
+    pub task: String,
+    pub kind: TaskKind,
+    pub shots: usize,
+    pub items: usize,
+    /// Target on its own prefill of the context.
+    pub accuracy_reference: Estimate,
+    /// Target on the mapped cache.
+    pub accuracy_mapped: Estimate,
+    /// The floor retention is normalised by: the target scoring the answers without
+    /// the context (multiple choice), or 0 (generation).
+    pub accuracy_floor: Estimate,
+    pub floor: String,
+    /// Random guessing, for orientation (multiple choice only).
+    pub chance: Option<f64>,
+    /// accuracy_mapped / accuracy_reference, paired-bootstrap 95% interval.
+    pub retention_raw: Estimate,
+    /// (mapped − floor) / (reference − floor), paired-bootstrap 95% interval.
+    pub retention_floor_normalised: Estimate,
+    /// Share of items where both paths gave the same answer.
+    pub answer_agreement: f64,
+    /// Mean seconds per item: mapping the (non-shared) context vs the target
+    /// prefilling it.
+    pub map_seconds: f64,
+    pub reprefill_seconds: f64,
+    pub outcomes: Vec<ItemOutcome>,
+}
+
+/// The caches every item starts from: true target, source, and mapped target over the
+/// token prefix the items share.
+struct Shared {
+    len: usize,
+    target: KvCache,
+    source: KvCache,
+    mapped: KvCache,
+}
+
+fn no_logits() -> ForwardOptions {
+    ForwardOptions {
+        logits: Logits::None,
+        probe_positions: vec![],
+    }
+}
+
+struct Prepared {
+    reference: KvCache,
+    mapped: KvCache,
+    map_seconds: f64,
+    reprefill_seconds: f64,
+}
+
+fn prepare(
+    src: &Model,
+    tgt: &Model,
+    mapper: &CacheMapper,
+    shared: &Shared,
+    prefix: &[u32],
+) -> Result<Prepared, CalibrateError> {
+    let suffix = &prefix[shared.len..];
+    let mut reference = shared.target.try_clone()?;
+    let mut source = shared.source.try_clone()?;
+    let mut mapped = shared.mapped.try_clone()?;
+    let t0 = Instant::now();
+    if !suffix.is_empty() {
+        tgt.decoder.forward(suffix, &mut reference, &no_logits())?;
+    }
+    let reprefill_seconds = t0.elapsed().as_secs_f64();
+    if !suffix.is_empty() {
+        src.decoder.forward(suffix, &mut source, &no_logits())?;
+    }
+    let t1 = Instant::now();
+    if !suffix.is_empty() {
+        let layers = mapper.map_range(
+            &source,
+            src.decoder.rope(),
+            tgt.decoder.rope(),
+            shared.len,
+            prefix.len(),
+        )?;
+        mapped.extend_with(&layers)?;
+    }
+    Ok(Prepared {
+        reference,
+        mapped,
+        map_seconds: t1.elapsed().as_secs_f64(),
+        reprefill_seconds,
+    })
+}
+
+fn build_shared(
+    src: &Model,
+    tgt: &Model,
+    mapper: &CacheMapper,
+    prefixes: &[&[u32]],
+) -> Result<Shared, CalibrateError> {
+    let len = common_prefix_len(prefixes);
+    let ids = prefixes.first().map(|p| &p[..len]).unwrap_or(&[]);
+    let mut target = tgt.decoder.new_cache();
+    let mut source = src.decoder.new_cache();
+    let mut mapped = tgt.decoder.new_cache();
+    if len > 0 {
+        tgt.decoder.forward(ids, &mut target, &no_logits())?;
+        src.decoder.forward(ids, &mut source, &no_logits())?;
+        mapped = mapper.map_cache(&source, src.decoder.rope(), tgt.decoder.rope())?;
+    }
+    Ok(Shared {
+        len,
+        target,
+        source,
+        mapped,
+    })
+}
+
+/// Longest token prefix all sequences share.
+pub fn common_prefix_len(seqs: &[&[u32]]) -> usize {
+    let Some(first) = seqs.first() else {
+        return 0;
+    };
+    let mut len = first.len();
+    for s in &seqs[1..] {
+        len = len.min(
+            first
+                .iter()
+                .zip(s.iter())
+                .take_while(|(a, b)| a == b)
+                .count(),
+        );
+    }
+    len
+}
+
+/// Sum of log-probabilities of `cont` after the cache and `last` (the final context
+/// token, computed by the target itself).
+fn continuation_logprob(
+    tgt: &Model,
+    cache: &KvCache,
+    last: u32,
+    cont: &[u32],
+) -> Result<f64, CalibrateError> {
+    let mut c = cache.try_clone()?;
+    let mut ids = Vec::with_capacity(cont.len() + 1);
+    ids.push(last);
+    ids.extend_from_slice(cont);
+    let out = tgt.decoder.forward(
+        &ids,
+        &mut c,
+        &ForwardOptions {
+            logits: Logits::All,
+            probe_positions: vec![],
+        },
+    )?;
+    let logits = out
+        .logits
+        .ok_or_else(|| CalibrateError::Options("no logits for the continuation".into()))?;
+    let lp = log_softmax(&logits)?;
+    let mut total = 0f64;
+    for (row, &tok) in cont.iter().enumerate() {
+        total += lp.get(row)?.get(tok as usize)?.to_scalar::<f32>()? as f64;
+    }
+    Ok(total)
+}
+
+/// The option with the highest log-likelihood per character of its text.
+fn pick(scores: &[f64], choices: &[Choice]) -> usize {
+    let mut best = (0usize, f64::NEG_INFINITY);
+    for (i, (s, c)) in scores.iter().zip(choices).enumerate() {
+        let v = s / c.continuation.chars().count().max(1) as f64;
+        if v > best.1 {
+            best = (i, v);
+        }
+    }
+    best.0
+}
+
+fn generate_until(
+    tgt: &Model,
+    mut cache: KvCache,
+    last: u32,
+    stop: &[String],
+    max_tokens: usize,
+) -> Result<(Vec<u32>, String), CalibrateError> {
+    let eos = tgt.tokenizer.eos_ids().to_vec();
+    let mut ids = Vec::new();
+    let mut next = last;
+    let mut text = String::new();
+    for _ in 0..max_tokens {
+        let logits = tgt.decoder.next_logits(&[next], &mut cache)?;
+        let v = logits.flatten_all()?.to_vec1::<f32>()?;
+        let tok = argmax(&v);
+        if eos.contains(&tok) {
+            break;
+        }
+        ids.push(tok);
+        text = tgt.tokenizer.decode(&ids)?;
+        if let Some(cut) = stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+            text.truncate(cut);
+            break;
+        }
+        next = tok;
+    }
+    Ok((ids, text))
+}
+
+/// Run one task on `items` in one direction. `on_item` is called after each item.
+pub fn eval_task(
+    src: &Model,
+    tgt: &Model,
+    mapper: &CacheMapper,
+    def: &TaskDef,
+    items: &[TaskItem],
+    opts: &TaskEvalOptions,
+    on_item: &mut dyn FnMut(usize),
+) -> Result<TaskResult, CalibrateError> {
+    let tok = &tgt.tokenizer;
+    // Token ids of every distinct context, all but the last token (the target computes
+    // that one).
+    let mut contexts: HashMap<String, Vec<u32>> = HashMap::new();
+    for item in items {
+        let ctxs: Vec<&str> = match item {
+            TaskItem::MultipleChoice { choices, .. } => {
+                choices.iter().map(|c| c.context.as_str()).collect()
+            }
+            TaskItem::Generate { context, .. } => vec![context.as_str()],
+        };
+        for c in ctxs {
+            if !contexts.contains_key(c) {
+                let ids = tok.encode_raw(c)?;
+                if ids.is_empty() {
+                    return Err(CalibrateError::Options(format!(
+                        "{}: document {} has an empty context",
+                        def.name,
+                        item.doc_id()
+                    )));
+                }
+                contexts.insert(c.to_string(), ids);
+            }
+        }
+    }
+    let prefixes: Vec<&[u32]> = contexts.values().map(|v| &v[..v.len() - 1]).collect();
+    let shared = build_shared(src, tgt, mapper, &prefixes)?;
+    tracing::info!(
+        task = def.name,
+        items = items.len(),
+        shared_prefix = shared.len,
+        "task evaluation"
+    );
+    let empty = tgt.decoder.new_cache();
+    let mut outcomes = Vec::with_capacity(items.len());
+    let (mut map_s, mut pre_s) = (0f64, 0f64);
+    for (n, item) in items.iter().enumerate() {
+        let outcome = match item {
+            TaskItem::MultipleChoice {
+                doc_id,
+                choices,
+                gold,
+            } => {
+                let mut prepared: HashMap<&str, Prepared> = HashMap::new();
+                let (mut sr, mut sm, mut sf) = (Vec::new(), Vec::new(), Vec::new());
+                for c in choices {
+                    let ids = &contexts[c.context.as_str()];
+                    let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
+                    if !prepared.contains_key(c.context.as_str()) {
+                        let p = prepare(src, tgt, mapper, &shared, prefix)?;
+                        map_s += p.map_seconds;
+                        pre_s += p.reprefill_seconds;
+                        prepared.insert(c.context.as_str(), p);
+                    }
+                    let p = &prepared[c.context.as_str()];
+                    let cont = tok.encode_raw(&c.continuation)?;
+                    sr.push(continuation_logprob(tgt, &p.reference, last, &cont)?);
+                    sm.push(continuation_logprob(tgt, &p.mapped, last, &cont)?);
+                    sf.push(continuation_logprob(tgt, &empty, last, &cont)?);
+                }
+                let (r, m, f) = (pick(&sr, choices), pick(&sm, choices), pick(&sf, choices));
+                ItemOutcome {
+                    doc_id: *doc_id,
+                    reference_correct: r == *gold,
+                    mapped_correct: m == *gold,
+                    floor_correct: f == *gold,
+                    same_answer: r == m,
+                    identical_generation: None,
+                }
+            }
+            TaskItem::Generate {
+                doc_id,
+                context,
+                stop,
+                max_tokens,
+                answer,
+            } => {
+                let ids = &contexts[context.as_str()];
+                let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
+                let p = prepare(src, tgt, mapper, &shared, prefix)?;
+                map_s += p.map_seconds;
+                pre_s += p.reprefill_seconds;
+                let (ids_r, text_r) = generate_until(tgt, p.reference, last, stop, *max_tokens)?;
+                let (ids_m, text_m) = generate_until(tgt, p.mapped, last, stop, *max_tokens)?;
+                let (ar, am) = (extract_number(&text_r), extract_number(&text_m));
+                let gold = normalize_number(answer);
+                tracing::debug!(doc_id, reference = %text_r, mapped = %text_m, "generated");
+                ItemOutcome {
+                    doc_id: *doc_id,
+                    reference_correct: ar.as_deref() == Some(gold.as_str()),
+                    mapped_correct: am.as_deref() == Some(gold.as_str()),
+                    floor_correct: false,
+                    same_answer: ar == am,
+                    identical_generation: Some(ids_r == ids_m),
+                }
+            }
+        };
+        outcomes.push(outcome);
+        on_item(n + 1);
+    }
+    Ok(summarise(def, outcomes, map_s, pre_s, items, opts))
+}
+
+fn summarise(
+    def: &TaskDef,
+    outcomes: Vec<ItemOutcome>,
+    map_s: f64,
+    pre_s: f64,
+    items: &[TaskItem],
+    opts: &TaskEvalOptions,
+) -> TaskResult {
+    let n = outcomes.len();
+    let count = |f: &dyn Fn(&ItemOutcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
+    let paired: Vec<PairedOutcome> = outcomes
+        .iter()
+        .map(|o| (o.reference_correct, o.mapped_correct, o.floor_correct))
+        .collect();
+    let chance = match def.kind {
+        TaskKind::MultipleChoice => {
+            let mean_choices = items
+                .iter()
+                .map(|i| match i {
+                    TaskItem::MultipleChoice { choices, .. } => 1.0 / choices.len() as f64,
+                    TaskItem::Generate { .. } => 0.0,
+                })
+                .sum::<f64>()
+                / items.len().max(1) as f64;
+            Some(mean_choices)
+        }
+        TaskKind::GenerateNumber => None,
+    };
+    TaskResult {
+        task: def.name.to_string(),
+        kind: def.kind,
+        shots: def.shots,
+        items: n,
+        accuracy_reference: wilson(count(&|o| o.reference_correct), n),
+        accuracy_mapped: wilson(count(&|o| o.mapped_correct), n),
+        accuracy_floor: wilson(count(&|o| o.floor_correct), n),
+        floor: match def.kind {
+            TaskKind::MultipleChoice => "no context".into(),
+            TaskKind::GenerateNumber => "zero".into(),
+        },
+        chance,
+        retention_raw: paired_bootstrap(
+            &paired,
+            raw_retention,
+            opts.bootstrap_resamples,
+            opts.seed,
+        ),
+        retention_floor_normalised: paired_bootstrap(
+            &paired,
+            floor_normalised_retention,
+            opts.bootstrap_resamples,
+            opts.seed,
+        ),
+        answer_agreement: count(&|o| o.same_answer) as f64 / n.max(1) as f64,
+        map_seconds: map_s / n.max(1) as f64,
+        reprefill_seconds: pre_s / n.max(1) as f64,
+        outcomes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefix_is_the_shortest_agreement() {
+        let a = [1u32, 2, 3, 4];
+        let b = [1u32, 2, 3, 9, 9];
+        let c = [1u32, 2];
+        assert_eq!(common_prefix_len(&[&a, &b]), 3);
+        assert_eq!(common_prefix_len(&[&a, &b, &c]), 2);
+        assert_eq!(common_prefix_len(&[&a]), 4);
+        assert_eq!(common_prefix_len(&[]), 0);
+    }
+
+    #[test]
+    fn choices_are_compared_per_character() {
+        let ch = |s: &str| Choice {
+            context: String::new(),
+            continuation: s.into(),
+        };
+        // The longer answer has the lower total but the higher per-character score.
+        let choices = [ch(" ab"), ch(" abcdefgh")];
+        assert_eq!(pick(&[-3.0, -4.5], &choices), 1);
+        assert_eq!(pick(&[-1.0, -9.0], &choices), 0);
+    }
+}

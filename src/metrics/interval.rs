@@ -1,0 +1,144 @@
+//! Uncertainty for accuracies and retention ratios over a few hundred benchmark items:
+//! a Wilson interval for a single accuracy (well behaved near 0 and 1, unlike the normal
+//! approximation) and a paired bootstrap for ratios of two accuracies measured on the
+//! same items (the items are shared, so resampling them together keeps the correlation).
+
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// A value with its 95% interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    pub value: f64,
+    pub ci95: [f64; 2],
+}
+
+/// Accuracy `k / n` with a 95% Wilson score interval.
+pub fn wilson(k: usize, n: usize) -> Estimate {
+    if n == 0 {
+        return Estimate {
+            value: f64::NAN,
+            ci95: [f64::NAN, f64::NAN],
+        };
+    }
+    let z = 1.959_963_984_540_054f64;
+    let (nf, p) = (n as f64, k as f64 / n as f64);
+    let denom = 1.0 + z * z / nf;
+    let centre = (p + z * z / (2.0 * nf)) / denom;
+    let half = z * ((p * (1.0 - p) / nf + z * z / (4.0 * nf * nf)).sqrt()) / denom;
+    Estimate {
+        value: p,
+        ci95: [(centre - half).max(0.0), (centre + half).min(1.0)],
+    }
+}
+
+/// Per item: (reference correct, candidate correct, floor correct).
+pub type PairedOutcome = (bool, bool, bool);
+
+/// `statistic(ref_acc, cand_acc, floor_acc)` on the items and its 95% percentile
+/// bootstrap interval from `resamples` paired resamples (seeded: the report is
+/// reproducible). Resamples where the statistic is undefined are dropped.
+pub fn paired_bootstrap(
+    items: &[PairedOutcome],
+    statistic: impl Fn(f64, f64, f64) -> Option<f64>,
+    resamples: usize,
+    seed: u64,
+) -> Estimate {
+    let accs = |idx: &mut dyn Iterator<Item = usize>| {
+        let (mut r, mut c, mut f, mut n) = (0usize, 0usize, 0usize, 0usize);
+        for i in idx {
+            let (a, b, fl) = items[i];
+            r += a as usize;
+            c += b as usize;
+            f += fl as usize;
+            n += 1;
+        }
+        let n = n.max(1) as f64;
+        (r as f64 / n, c as f64 / n, f as f64 / n)
+    };
+    let (r, c, f) = accs(&mut (0..items.len()));
+    let value = statistic(r, c, f).unwrap_or(f64::NAN);
+    if items.is_empty() {
+        return Estimate {
+            value,
+            ci95: [f64::NAN, f64::NAN],
+        };
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut samples = Vec::with_capacity(resamples);
+    for _ in 0..resamples {
+        let n = items.len();
+        let mut it = (0..n).map(|_| rng.random_range(0..n));
+        let (r, c, f) = accs(&mut it);
+        if let Some(s) = statistic(r, c, f).filter(|s| s.is_finite()) {
+            samples.push(s);
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| -> f64 {
+        if samples.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((samples.len() - 1) as f64 * p).round() as usize;
+        samples[i]
+    };
+    Estimate {
+        value,
+        ci95: [q(0.025), q(0.975)],
+    }
+}
+
+/// Candidate accuracy over reference accuracy.
+pub fn raw_retention(reference: f64, candidate: f64, _floor: f64) -> Option<f64> {
+    (reference > 0.0).then(|| candidate / reference)
+}
+
+/// The share of the reference's gain over the floor that the candidate keeps.
+pub fn floor_normalised_retention(reference: f64, candidate: f64, floor: f64) -> Option<f64> {
+    let gain = reference - floor;
+    (gain.abs() > 1e-12).then(|| (candidate - floor) / gain)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wilson_matches_a_worked_example() {
+        // 81 of 263: the interval from the score formula is [0.2553, 0.3662].
+        let e = wilson(81, 263);
+        assert!((e.value - 0.30798).abs() < 1e-4);
+        assert!((e.ci95[0] - 0.2553).abs() < 1e-3, "{:?}", e);
+        assert!((e.ci95[1] - 0.3662).abs() < 1e-3, "{:?}", e);
+        let all = wilson(10, 10);
+        assert!((all.ci95[1] - 1.0).abs() < 1e-12);
+        assert!(all.ci95[0] > 0.6 && all.ci95[0] < 0.75);
+    }
+
+    #[test]
+    fn bootstrap_interval_contains_the_value_and_narrows_with_more_items() {
+        let make = |n: usize| -> Vec<PairedOutcome> {
+            (0..n)
+                .map(|i| (i % 4 != 0, i % 5 != 0, i % 2 == 0))
+                .collect()
+        };
+        let small = paired_bootstrap(&make(40), raw_retention, 2000, 7);
+        let large = paired_bootstrap(&make(400), raw_retention, 2000, 7);
+        for e in [small, large] {
+            assert!(e.ci95[0] <= e.value && e.value <= e.ci95[1], "{e:?}");
+        }
+        assert!(large.ci95[1] - large.ci95[0] < small.ci95[1] - small.ci95[0]);
+        // Identical outcomes retain everything, with no spread at all.
+        let same: Vec<PairedOutcome> = (0..50).map(|i| (i % 3 == 0, i % 3 == 0, false)).collect();
+        let e = paired_bootstrap(&same, raw_retention, 500, 1);
+        assert_eq!(e.value, 1.0);
+        assert_eq!(e.ci95, [1.0, 1.0]);
+    }
+
+    #[test]
+    fn floor_normalised_retention_is_zero_at_the_floor_and_one_at_the_reference() {
+        assert_eq!(floor_normalised_retention(0.6, 0.6, 0.25), Some(1.0));
+        assert_eq!(floor_normalised_retention(0.6, 0.25, 0.25), Some(0.0));
+        assert_eq!(floor_normalised_retention(0.25, 0.3, 0.25), None);
+    }
+}
