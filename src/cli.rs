@@ -53,8 +53,8 @@ pub struct EvalArgs {
     pub target: String,
     #[arg(long, value_enum, default_value = "both")]
     pub direction: DirectionArg,
-    /// Held-out text files (default: the evaluation part of the calibration corpus, which
-    /// calibration never reads).
+    /// Held-out text: files or directories, as for calibrate --corpus (default: the
+    /// evaluation part of the calibration corpus, which calibration never reads).
     #[arg(long, num_args = 1..)]
     pub texts: Vec<std::path::PathBuf>,
     /// Windows of prefix + continuation tokens.
@@ -78,6 +78,9 @@ pub struct EvalArgs {
     /// Skip the held-out text evaluation (tasks only).
     #[arg(long)]
     pub no_text: bool,
+    /// Read the mappers from here instead of the cache dir's mappers/.
+    #[arg(long)]
+    pub mapper_dir: Option<std::path::PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -98,8 +101,8 @@ pub struct CalibrateArgs {
     pub target: String,
     #[arg(long, value_enum, default_value = "both")]
     pub direction: DirectionArg,
-    /// Calibration text (.txt/.utf8, or .jsonl with a "text" field); default: the
-    /// exllamav2 calibration files.
+    /// Calibration text: files (plain text or source code, .html, or .jsonl with a
+    /// "text" field) or directories of them; default: the exllamav2 calibration files.
     #[arg(long, num_args = 1..)]
     pub corpus: Vec<std::path::PathBuf>,
     /// Windows used for fitting (sized for a 2-core CPU; --reference gives 500 × 1024).
@@ -125,6 +128,10 @@ pub struct CalibrateArgs {
     /// Fit on raw instead of standardised features.
     #[arg(long)]
     pub no_standardize: bool,
+    /// Write the artifacts here instead of the cache dir's mappers/ (e.g. a mapper fitted
+    /// on a special corpus, kept apart from the default one).
+    #[arg(long)]
+    pub mapper_dir: Option<std::path::PathBuf>,
     /// Print the calibration report as JSON.
     #[arg(long)]
     pub json: bool,

@@ -305,7 +305,7 @@ impl baton::mapper::calibrate::CalibrationProgress for CalibrationBars {
 }
 
 fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
-    use baton::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
+    use baton::mapper::artifact::{self, CorpusInfo, MapperMeta};
     use baton::mapper::calibrate::{self as cal, CalibrateOptions, Direction};
     use baton::mapper::corpus;
     let cancel = std::sync::Arc::new(AtomicBool::new(false));
@@ -343,8 +343,11 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
     let files = if a.corpus.is_empty() {
         corpus::default_files()?
     } else {
-        a.corpus.clone()
+        corpus::expand_inputs(&a.corpus)?
     };
+    if files.is_empty() {
+        bail!("--corpus names no readable text files: give .txt/.md/.py/.rs/.html/.jsonl files or directories holding them");
+    }
     let docs = corpus::read_documents(&files)?;
     let progress = BarProgress::new();
     let src = Model::open(&a.source, dev, &progress)?;
@@ -371,32 +374,22 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
         } else {
             (&tgt, &src)
         };
-        let meta = MapperMeta {
-            format: artifact::FORMAT.into(),
-            version: artifact::VERSION,
-            direction: format!("{} -> {}", s.identity.name, t.identity.name),
-            source: ModelRef::new(&s.identity, s.config()),
-            target: ModelRef::new(&t.identity, t.config()),
-            k: f.k,
-            lambda: f.lambda,
-            standardize: f.standardize,
-            key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
-            value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
-            corpus: CorpusInfo {
+        let meta = MapperMeta::for_fitted(
+            f,
+            (&s.identity, s.config()),
+            (&t.identity, t.config()),
+            CorpusInfo {
                 files: corpus::describe(&files),
                 fingerprint: corpus::fingerprint(&docs),
                 sequences: opts.sequences,
                 seq_len: opts.seq_len,
                 observations: f.report.observations,
             },
-            report: f.report.clone(),
-            created_unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            baton_version: env!("CARGO_PKG_VERSION").into(),
+        );
+        let path = match &a.mapper_dir {
+            Some(dir) => artifact::artifact_path_in(dir, &meta.source, &meta.target),
+            None => artifact::artifact_path(&root, &meta.source, &meta.target),
         };
-        let path = artifact::artifact_path(&root, &meta.source, &meta.target);
         artifact::save(f, &meta, &path)?;
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         eprintln!(
@@ -509,15 +502,10 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         let docs = corpus::read_documents(&corpus::default_files()?)?;
         corpus::windows(&docs, &first.tokenizer, Split::Eval, len, a.limit)?
     } else {
-        let docs = corpus::read_documents(&a.texts)?;
-        // Named files are held out by the user: all of each file is used.
-        let mut w = Vec::new();
-        for d in &docs {
-            let ids = first.tokenizer.encode_raw(&d.text)?;
-            w.extend(ids.chunks_exact(len).map(|c| c.to_vec()));
-        }
-        w.truncate(a.limit);
-        w
+        let docs = corpus::read_documents(&corpus::expand_inputs(&a.texts)?)?;
+        // Named files are held out by the user: all of each file is used, windows taken
+        // from each file in turn.
+        corpus::windows(&docs, &first.tokenizer, Split::Whole, len, a.limit)?
     };
     if !a.no_text && windows.is_empty() {
         bail!("the evaluation text holds no window of {len} tokens: give longer --texts or a shorter --prefix/--continuation");
@@ -537,7 +525,10 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
             ModelRef::new(&s.identity, s.config()),
             ModelRef::new(&t.identity, t.config()),
         );
-        let path = artifact::artifact_path(&root, &sr, &tr);
+        let path = match &a.mapper_dir {
+            Some(dir) => artifact::artifact_path_in(dir, &sr, &tr),
+            None => artifact::artifact_path(&root, &sr, &tr),
+        };
         if !path.is_file() {
             return Err(artifact::ArtifactError::Missing {
                 source_name: s.identity.name.clone(),

@@ -96,6 +96,36 @@ pub struct MapperMeta {
     pub baton_version: String,
 }
 
+impl MapperMeta {
+    /// The metadata of a freshly fitted mapper between `source` and `target`.
+    pub fn for_fitted(
+        f: &Fitted,
+        source: (&ModelIdentity, &ModelConfig),
+        target: (&ModelIdentity, &ModelConfig),
+        corpus: CorpusInfo,
+    ) -> Self {
+        Self {
+            format: FORMAT.into(),
+            version: VERSION,
+            direction: format!("{} -> {}", source.0.name, target.0.name),
+            source: ModelRef::new(source.0, source.1),
+            target: ModelRef::new(target.0, target.1),
+            k: f.k,
+            lambda: f.lambda,
+            standardize: f.standardize,
+            key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
+            value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
+            corpus,
+            report: f.report.clone(),
+            created_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            baton_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
 /// A loaded artifact: metadata plus the maps, in the ridge module's plain form.
 pub struct MapperArtifact {
     pub path: PathBuf,
@@ -111,8 +141,14 @@ pub fn mappers_dir(root: &Path) -> PathBuf {
 
 /// Where the artifact for `source → target` lives, keyed by both checksums.
 pub fn artifact_path(root: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
+    artifact_path_in(&mappers_dir(root), source, target)
+}
+
+/// The same file name inside another directory (mappers fitted on a special corpus kept
+/// apart from the defaults).
+pub fn artifact_path_in(dir: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
     let short = |s: &str| s.chars().take(12).collect::<String>();
-    mappers_dir(root).join(format!(
+    dir.join(format!(
         "{}__to__{}.{}-{}.safetensors",
         sanitize(&source.name),
         sanitize(&target.name),

@@ -22,7 +22,7 @@ pub enum CorpusError {
         line: usize,
         reason: String,
     },
-    #[error("unsupported corpus file {0}: use .txt, .utf8 or .jsonl")]
+    #[error("unsupported corpus file {0}: use plain text (.txt .utf8 .md .py .rs and other source files), .html, or .jsonl with a \"text\" field")]
     Extension(PathBuf),
     #[error("the corpus yields only {got} windows of {len} tokens, {want} were asked for: add text (--corpus) or ask for fewer sequences")]
     TooSmall { got: usize, want: usize, len: usize },
@@ -38,6 +38,8 @@ pub enum Split {
     Fit,
     Select,
     Eval,
+    /// All of each document: text the user names as held out.
+    Whole,
 }
 
 impl Split {
@@ -47,6 +49,7 @@ impl Split {
             Split::Fit => (0.0, 0.7),
             Split::Select => (0.7, 0.8),
             Split::Eval => (0.8, 1.0),
+            Split::Whole => (0.0, 1.0),
         }
     }
 }
@@ -72,7 +75,100 @@ pub fn default_files() -> Result<Vec<PathBuf>, CorpusError> {
     Ok(files)
 }
 
-/// Read .txt/.utf8 files whole and .jsonl files one `text` field per line.
+/// Extensions read as plain text: prose and source code.
+const PLAIN: &[&str] = &[
+    "txt", "utf8", "text", "md", "rst", "py", "rs", "c", "h", "cc", "cpp", "js", "ts", "go",
+    "java", "toml", "sh",
+];
+
+fn supported(path: &std::path::Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| PLAIN.contains(&e) || matches!(e, "jsonl" | "html" | "htm"))
+}
+
+/// Files as given, and directories walked recursively for supported files, each
+/// directory's files in sorted order (so a corpus and its fingerprint are reproducible).
+pub fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, CorpusError> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut stack = vec![p.clone()];
+            let mut found = Vec::new();
+            while let Some(dir) = stack.pop() {
+                let rd = std::fs::read_dir(&dir).map_err(|e| CorpusError::Io {
+                    path: dir.clone(),
+                    source: e,
+                })?;
+                for e in rd.flatten() {
+                    let path = e.path();
+                    if path.is_dir() {
+                        stack.push(path);
+                    } else if supported(&path) {
+                        found.push(path);
+                    }
+                }
+            }
+            found.sort();
+            out.extend(found);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// The readable text of an HTML page: scripts, styles and tags dropped, common entities
+/// decoded, runs of blank lines collapsed.
+pub fn html_to_text(html: &str) -> String {
+    let mut out = String::with_capacity(html.len() / 2);
+    let lower = html.to_ascii_lowercase();
+    let mut i = 0;
+    let bytes = html.as_bytes();
+    while i < bytes.len() {
+        if bytes[i] == b'<' {
+            let skip_to = |close: &str| lower[i..].find(close).map(|j| i + j + close.len());
+            let end = if lower[i..].starts_with("<script") {
+                skip_to("</script>")
+            } else if lower[i..].starts_with("<style") {
+                skip_to("</style>")
+            } else {
+                lower[i..].find('>').map(|j| i + j + 1)
+            };
+            i = end.unwrap_or(bytes.len());
+            continue;
+        }
+        let next = lower[i..].find('<').map(|j| i + j).unwrap_or(bytes.len());
+        out.push_str(&html[i..next]);
+        i = next;
+    }
+    let decoded = out
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&#x27;", "'")
+        .replace("&nbsp;", " ")
+        .replace("&amp;", "&");
+    let mut text = String::with_capacity(decoded.len());
+    let mut blank = 0;
+    for line in decoded.lines() {
+        if line.trim().is_empty() {
+            blank += 1;
+            if blank > 1 {
+                continue;
+            }
+        } else {
+            blank = 0;
+        }
+        text.push_str(line.trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+/// Read plain-text and source files whole, HTML as its text, and .jsonl files one
+/// `text` field per line.
 pub fn read_documents(files: &[PathBuf]) -> Result<Vec<Document>, CorpusError> {
     let mut docs = Vec::new();
     for path in files {
@@ -85,7 +181,11 @@ pub fn read_documents(files: &[PathBuf]) -> Result<Vec<Document>, CorpusError> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         match path.extension().and_then(|e| e.to_str()) {
-            Some("txt") | Some("utf8") | Some("text") => docs.push(Document { name, text }),
+            Some(e) if PLAIN.contains(&e) => docs.push(Document { name, text }),
+            Some("html") | Some("htm") => docs.push(Document {
+                name,
+                text: html_to_text(&text),
+            }),
             Some("jsonl") => {
                 for (i, line) in text
                     .lines()
@@ -189,15 +289,23 @@ pub fn windows(
 
 /// The name shown for a corpus made of `files`.
 pub fn describe(files: &[PathBuf]) -> String {
-    files
+    const SHOWN: usize = 8;
+    let more = files.len().saturating_sub(SHOWN);
+    let listed = files
         .iter()
+        .take(SHOWN)
         .map(|p| {
             p.file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| p.display().to_string())
         })
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(", ");
+    if more > 0 {
+        format!("{listed} and {more} more ({} files)", files.len())
+    } else {
+        listed
+    }
 }
 
 #[cfg(test)]
@@ -214,6 +322,35 @@ mod tests {
         let c = char_slice(&text, 0.8, 1.0);
         assert_eq!(a.len() + b.len() + c.len(), text.len());
         assert_eq!(format!("{a}{b}{c}"), text);
+    }
+
+    #[test]
+    fn html_keeps_text_and_code_and_drops_markup() {
+        let html = "<html><head><style>p{color:red}</style><script>var x = 1 < 2;</script></head>\n<body><h1>Ownership</h1>\n\n\n\n<pre><code>let s = String::from(&quot;hi&quot;);\nif a &lt; b &amp;&amp; c {}</code></pre></body></html>";
+        let t = html_to_text(html);
+        assert!(t.contains("Ownership"), "{t}");
+        assert!(t.contains("let s = String::from(\"hi\");"), "{t}");
+        assert!(t.contains("if a < b && c {}"), "{t}");
+        assert!(!t.contains("color:red") && !t.contains("var x"), "{t}");
+        assert!(!t.contains("\n\n\n"), "blank runs collapse: {t:?}");
+    }
+
+    #[test]
+    fn directories_expand_to_their_supported_files_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("pkg/sub")).unwrap();
+        for f in ["pkg/b.py", "pkg/a.py", "pkg/sub/c.rs", "pkg/image.png", "pkg/d.html"] {
+            std::fs::write(dir.path().join(f), "x = 1\n").unwrap();
+        }
+        let files = expand_inputs(&[dir.path().join("pkg")]).unwrap();
+        let names: Vec<String> = files
+            .iter()
+            .map(|p| p.strip_prefix(dir.path()).unwrap().display().to_string())
+            .collect();
+        assert_eq!(names, ["pkg/a.py", "pkg/b.py", "pkg/d.html", "pkg/sub/c.rs"]);
+        let docs = read_documents(&files).unwrap();
+        assert_eq!(docs.len(), 4);
+        assert!(read_documents(&[dir.path().join("pkg/image.png")]).is_err());
     }
 
     #[test]
