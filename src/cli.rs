@@ -43,6 +43,9 @@ pub enum Command {
     /// Measure a calibrated mapper on held-out text: R², attention cosine, next-token
     /// agreement, KL and perplexities against the target's own prefill.
     Eval(EvalArgs),
+    /// Summarise a recorded session file: switch latencies and speed-ups, attention
+    /// cosine, token agreement, gate decisions; optionally plot the drift across turns.
+    Report(ReportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -199,4 +202,16 @@ pub struct BenchModelArgs {
     pub repeats: usize,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A session file (.jsonl) written by baton.
+    pub session: std::path::PathBuf,
+    /// Print the report as JSON (format `baton-report`) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Also draw the drift across turns to this file (.svg, or .png).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
 }

@@ -7,4 +7,6 @@ pub mod logging;
 pub mod mapper;
 pub mod metrics;
 pub mod model;
+pub mod protocol;
+pub mod session;
 pub mod text;

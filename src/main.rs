@@ -11,7 +11,7 @@ use candle_core::Device;
 use clap::Parser;
 use cli::{
     BenchModelArgs, CalibrateArgs, Cli, Command, DirectionArg, EvalArgs, FetchArgs, GenerateArgs,
-    InfoArgs, MappersArgs,
+    InfoArgs, MappersArgs, ReportArgs,
 };
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
@@ -54,6 +54,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Calibrate(a)) => calibrate_cmd(a, &dev),
         Some(Command::Mappers(a)) => mappers_cmd(a),
         Some(Command::Eval(a)) => eval_cmd(a, &dev),
+        Some(Command::Report(a)) => report_cmd(a),
     }
 }
 
@@ -618,6 +619,26 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
                 &serde_json::json!({"format": "baton.eval", "version": 2, "results": results})
             )?
         );
+    }
+    Ok(())
+}
+
+fn report_cmd(a: ReportArgs) -> Result<()> {
+    use baton::session::{plot, read_session, Report};
+    let session = read_session(&a.session)?;
+    let report = Report::from_session(&session);
+    if a.json {
+        // The tables carry the reading warnings themselves; JSON keeps stdout parseable.
+        for w in &session.warnings {
+            eprintln!("warning: {w}");
+        }
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    if let Some(path) = &a.plot {
+        plot::write_plot(&report, path)?;
+        eprintln!("plot written to {}", path.display());
     }
     Ok(())
 }

@@ -1,0 +1,76 @@
+//! The first line of a session file and the envelope of every line after it.
+
+use super::clock::UtcTime;
+use crate::protocol::{Event, MapperInfo, ModelInfo};
+use serde::{Deserialize, Serialize};
+
+/// The `format` value that marks a baton session file.
+pub const FORMAT: &str = "baton-session";
+/// The layout version this baton writes and reads; a reader refuses any other.
+pub const VERSION: u32 = 1;
+
+/// Line 1 of a session file: which build, models, mappers and settings produced it, so a
+/// report or a replay can tell whether it is looking at comparable runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionHeader {
+    pub format: String,
+    pub version: u32,
+    /// When the session started, RFC 3339 in UTC.
+    pub created: String,
+    pub baton_version: String,
+    pub models: Vec<ModelInfo>,
+    pub mappers: Vec<MapperInfo>,
+    pub device: String,
+    /// Whatever the caller ran with (sampling, gate threshold, ...), kept as given.
+    #[serde(default)]
+    pub settings: serde_json::Value,
+}
+
+impl SessionHeader {
+    /// A header for a session starting now, in this baton's format.
+    pub fn new(
+        models: Vec<ModelInfo>,
+        mappers: Vec<MapperInfo>,
+        device: impl Into<String>,
+        settings: serde_json::Value,
+    ) -> Self {
+        Self {
+            format: FORMAT.into(),
+            version: VERSION,
+            created: UtcTime::now().rfc3339(),
+            baton_version: env!("CARGO_PKG_VERSION").into(),
+            models,
+            mappers,
+            device: device.into(),
+            settings,
+        }
+    }
+
+    /// The header for the session an engine's `Ready` event opens; `None` for any
+    /// other event.
+    pub fn from_ready(event: &Event, settings: serde_json::Value) -> Option<Self> {
+        match event {
+            Event::Ready {
+                models,
+                mappers,
+                device,
+                ..
+            } => Some(Self::new(
+                models.clone(),
+                mappers.clone(),
+                device.clone(),
+                settings,
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// One event as a session file holds it: `seq` counts recorded events from 0 and `t_ms`
+/// is the time since the session file was created.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedEvent {
+    pub seq: u64,
+    pub t_ms: f64,
+    pub event: Event,
+}

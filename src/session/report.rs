@@ -1,0 +1,405 @@
+//! What a session amounts to: per-turn and per-switch rows of latency and fidelity, and a
+//! summary over them.
+//!
+//! `baton report --json` prints a [`Report`] as it serializes here. Its layout is stable
+//! (format `baton-report`, version 1): fields may be added, none renamed or removed
+//! without a version change. Times are milliseconds, speed-ups are re-prefill time over
+//! map time, and `null` means not measured.
+
+use super::reader::Session;
+use crate::protocol::{CacheOrigin, Event, GateDecision, PathKind, StopKind};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub const REPORT_FORMAT: &str = "baton-report";
+pub const REPORT_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub format: String,
+    pub version: u32,
+    pub session: SessionInfo,
+    pub turns: Vec<TurnRow>,
+    pub switches: Vec<SwitchRow>,
+    pub summary: Summary,
+    pub bookmarks: Vec<BookmarkRow>,
+    pub errors: Vec<ErrorRow>,
+}
+
+/// Which run the report describes, from the session header.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub created: String,
+    pub baton_version: String,
+    pub device: String,
+    pub models: Vec<String>,
+    pub mappers: Vec<String>,
+    pub events: usize,
+    /// What reading the file skipped or recovered.
+    pub warnings: Vec<String>,
+}
+
+/// One turn: each path's generation, and how the two compared when both ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRow {
+    pub turn: u32,
+    pub mapped: Option<PathRow>,
+    pub reference: Option<PathRow>,
+    pub identical: Option<bool>,
+    pub first_difference: Option<usize>,
+    pub agreement: Option<f64>,
+}
+
+/// One path's generation in a turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathRow {
+    pub model: String,
+    /// How the cache was produced, when the session says (from `turn_started`).
+    pub cache: Option<CacheOrigin>,
+    pub tokens: usize,
+    pub prompt_tokens: usize,
+    pub prefill_ms: f64,
+    pub first_token_ms: f64,
+    pub decode_tokens_per_s: f64,
+    pub total_ms: f64,
+    pub stop: StopKind,
+}
+
+/// One switch: what it cost against a re-prefill, and how faithful the mapped cache was.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SwitchRow {
+    pub index: u32,
+    pub turn: u32,
+    pub from: String,
+    pub to: String,
+    pub context_tokens: usize,
+    pub suffix_tokens: usize,
+    pub map_full_ms: f64,
+    pub map_suffix_ms: Option<f64>,
+    pub reprefill_full_ms: Option<f64>,
+    pub reprefill_suffix_ms: Option<f64>,
+    pub end_to_end_ms: f64,
+    pub speedup_full: Option<f64>,
+    pub speedup_suffix: Option<f64>,
+    pub cosine_mean: Option<f64>,
+    pub cosine_min: Option<f64>,
+    pub top1_agreement: Option<f64>,
+    pub kl: Option<f64>,
+    pub gate: Option<GateDecision>,
+}
+
+/// The session at a glance. Means are over the rows that have the value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub turns: usize,
+    pub switches: usize,
+    /// Turns where the mapped and the reference path were compared.
+    pub compared_turns: usize,
+    pub identical_turns: usize,
+    pub mean_agreement: Option<f64>,
+    pub mean_speedup_full: Option<f64>,
+    pub mean_speedup_suffix: Option<f64>,
+    /// Mean over switches of each switch's mean layer cosine.
+    pub cosine_mean: Option<f64>,
+    /// The worst layer cosine of any switch.
+    pub cosine_min: Option<f64>,
+    /// Switches where the gate let the mapped cache through, and where it re-prefilled.
+    pub gate_mapped: usize,
+    pub gate_reprefilled: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BookmarkRow {
+    pub turn: u32,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorRow {
+    pub message: String,
+    pub fatal: bool,
+}
+
+impl Report {
+    pub fn from_session(session: &Session) -> Self {
+        let mut turns: BTreeMap<u32, TurnRow> = BTreeMap::new();
+        let mut caches: BTreeMap<(u32, PathKind), CacheOrigin> = BTreeMap::new();
+        let mut switches = Vec::new();
+        let mut bookmarks = Vec::new();
+        let mut errors = Vec::new();
+        for event in session.events() {
+            if let Some(turn) = event.turn().filter(|_| opens_turn(event)) {
+                turns.entry(turn).or_insert_with(|| TurnRow::new(turn));
+            }
+            match event {
+                Event::TurnStarted {
+                    turn, path, cache, ..
+                } => {
+                    caches.insert((*turn, *path), *cache);
+                }
+                Event::Generation {
+                    turn,
+                    path,
+                    model,
+                    token_ids,
+                    prompt_tokens,
+                    timings,
+                    stop,
+                    ..
+                } => {
+                    let row = PathRow {
+                        model: model.clone(),
+                        cache: caches.get(&(*turn, *path)).copied(),
+                        tokens: token_ids.len(),
+                        prompt_tokens: *prompt_tokens,
+                        prefill_ms: timings.prefill_ms,
+                        first_token_ms: timings.first_token_ms,
+                        decode_tokens_per_s: timings.decode_tokens_per_s,
+                        total_ms: timings.total_ms,
+                        stop: *stop,
+                    };
+                    let t = turns.entry(*turn).or_insert_with(|| TurnRow::new(*turn));
+                    match path {
+                        PathKind::Mapped => t.mapped = Some(row),
+                        PathKind::Reference => t.reference = Some(row),
+                    }
+                }
+                Event::TurnComparison {
+                    turn,
+                    identical,
+                    first_difference,
+                    agreement,
+                } => {
+                    let t = turns.entry(*turn).or_insert_with(|| TurnRow::new(*turn));
+                    t.identical = Some(*identical);
+                    t.first_difference = *first_difference;
+                    t.agreement = Some(*agreement).filter(|a| a.is_finite());
+                }
+                Event::Switch {
+                    index,
+                    turn,
+                    from,
+                    to,
+                    context_tokens,
+                    suffix_tokens,
+                    timings,
+                    metrics,
+                    gate,
+                } => switches.push(SwitchRow {
+                    index: *index,
+                    turn: *turn,
+                    from: from.clone(),
+                    to: to.clone(),
+                    context_tokens: *context_tokens,
+                    suffix_tokens: *suffix_tokens,
+                    map_full_ms: timings.map_full_ms,
+                    map_suffix_ms: timings.map_suffix_ms,
+                    reprefill_full_ms: timings.reprefill_full_ms,
+                    reprefill_suffix_ms: timings.reprefill_suffix_ms,
+                    end_to_end_ms: timings.end_to_end_ms,
+                    speedup_full: timings.speedup_full(),
+                    speedup_suffix: timings.speedup_suffix(),
+                    cosine_mean: metrics.as_ref().and_then(|m| m.cosine_mean()),
+                    cosine_min: metrics.as_ref().and_then(|m| m.cosine_min()),
+                    top1_agreement: metrics.as_ref().and_then(|m| m.top1_agreement),
+                    kl: metrics.as_ref().and_then(|m| m.kl),
+                    gate: *gate,
+                }),
+                Event::Bookmark { turn, note } => bookmarks.push(BookmarkRow {
+                    turn: *turn,
+                    note: note.clone(),
+                }),
+                Event::Error { message, fatal } => errors.push(ErrorRow {
+                    message: message.clone(),
+                    fatal: *fatal,
+                }),
+                _ => {}
+            }
+        }
+        let turns: Vec<TurnRow> = turns.into_values().collect();
+        let summary = Summary::of(&turns, &switches);
+        let h = &session.header;
+        Self {
+            format: REPORT_FORMAT.into(),
+            version: REPORT_VERSION,
+            session: SessionInfo {
+                created: h.created.clone(),
+                baton_version: h.baton_version.clone(),
+                device: h.device.clone(),
+                models: h.models.iter().map(|m| m.name.clone()).collect(),
+                mappers: h.mappers.iter().map(|m| m.id.clone()).collect(),
+                events: session.events.len(),
+                warnings: session.warnings.clone(),
+            },
+            turns,
+            switches,
+            summary,
+            bookmarks,
+            errors,
+        }
+    }
+}
+
+/// A turn exists once the user spoke or a model started on it; a bookmark or a switch
+/// naming a turn that never came does not make one.
+fn opens_turn(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::UserMessage { .. } | Event::TurnStarted { .. } | Event::Generation { .. }
+    )
+}
+
+impl TurnRow {
+    fn new(turn: u32) -> Self {
+        Self {
+            turn,
+            mapped: None,
+            reference: None,
+            identical: None,
+            first_difference: None,
+            agreement: None,
+        }
+    }
+}
+
+impl Summary {
+    fn of(turns: &[TurnRow], switches: &[SwitchRow]) -> Self {
+        let compared: Vec<&TurnRow> = turns.iter().filter(|t| t.identical.is_some()).collect();
+        let gate_used = |origin| {
+            switches
+                .iter()
+                .filter(|s| s.gate.is_some_and(|g| g.used == origin))
+                .count()
+        };
+        Self {
+            turns: turns.len(),
+            switches: switches.len(),
+            compared_turns: compared.len(),
+            identical_turns: compared
+                .iter()
+                .filter(|t| t.identical == Some(true))
+                .count(),
+            mean_agreement: mean(turns.iter().filter_map(|t| t.agreement)),
+            mean_speedup_full: mean(switches.iter().filter_map(|s| s.speedup_full)),
+            mean_speedup_suffix: mean(switches.iter().filter_map(|s| s.speedup_suffix)),
+            cosine_mean: mean(switches.iter().filter_map(|s| s.cosine_mean)),
+            cosine_min: switches
+                .iter()
+                .filter_map(|s| s.cosine_min)
+                .reduce(f64::min),
+            gate_mapped: gate_used(CacheOrigin::Mapped),
+            gate_reprefilled: gate_used(CacheOrigin::Reprefilled),
+        }
+    }
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values
+        .filter(|v| v.is_finite())
+        .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    (n > 0).then(|| sum / n as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::fixtures;
+
+    fn close(a: Option<f64>, b: f64) -> bool {
+        a.is_some_and(|a| (a - b).abs() < 1e-12)
+    }
+
+    #[test]
+    fn switch_rows_carry_latencies_speedups_and_fidelity() {
+        let r = Report::from_session(&fixtures::session());
+        assert_eq!(r.switches.len(), 2);
+        let s0 = &r.switches[0];
+        assert_eq!(
+            (s0.index, s0.turn, s0.from.as_str(), s0.to.as_str()),
+            (0, 2, "a", "b")
+        );
+        assert_eq!(s0.map_full_ms, 2.0);
+        assert_eq!(s0.reprefill_full_ms, Some(40.0));
+        assert!(close(s0.speedup_full, 20.0));
+        assert!(close(s0.speedup_suffix, 10.0));
+        assert!(close(s0.cosine_mean, 0.8));
+        assert!(close(s0.cosine_min, 0.7));
+        assert_eq!(s0.top1_agreement, Some(0.8));
+        assert_eq!(s0.kl, Some(0.1));
+        let s1 = &r.switches[1];
+        assert!(close(s1.speedup_full, 5.0));
+        assert_eq!(s1.speedup_suffix, None);
+        assert_eq!(s1.kl, None);
+        assert_eq!(s1.gate.map(|g| g.used), Some(CacheOrigin::Reprefilled));
+    }
+
+    #[test]
+    fn turn_rows_pair_both_paths_with_their_comparison() {
+        let r = Report::from_session(&fixtures::session());
+        let turns: Vec<u32> = r.turns.iter().map(|t| t.turn).collect();
+        assert_eq!(turns, [1, 2, 3, 4]);
+        let t1 = &r.turns[0];
+        assert_eq!(
+            t1.mapped.as_ref().map(|p| p.cache),
+            Some(Some(CacheOrigin::True))
+        );
+        assert!(t1.reference.is_none() && t1.identical.is_none());
+        let t2 = &r.turns[1];
+        assert_eq!(
+            t2.reference.as_ref().and_then(|p| p.cache),
+            Some(CacheOrigin::Reprefilled)
+        );
+        assert_eq!(t2.identical, Some(true));
+        let t3 = &r.turns[2];
+        assert_eq!(t3.mapped.as_ref().map(|p| p.tokens), Some(4));
+        assert_eq!(t3.mapped.as_ref().and_then(|p| p.cache), None);
+        assert_eq!((t3.identical, t3.first_difference), (Some(false), Some(1)));
+        assert_eq!(t3.agreement, Some(0.5));
+    }
+
+    #[test]
+    fn the_summary_aggregates_over_rows() {
+        let r = Report::from_session(&fixtures::session());
+        let s = &r.summary;
+        assert_eq!((s.turns, s.switches), (4, 2));
+        assert_eq!((s.compared_turns, s.identical_turns), (2, 1));
+        assert!(close(s.mean_agreement, 0.75));
+        assert!(close(s.mean_speedup_full, 12.5));
+        assert!(close(s.mean_speedup_suffix, 10.0));
+        assert!(close(s.cosine_mean, 0.725));
+        assert!(close(s.cosine_min, 0.5));
+        assert_eq!((s.gate_mapped, s.gate_reprefilled), (1, 1));
+        assert_eq!(
+            r.bookmarks,
+            [BookmarkRow {
+                turn: 3,
+                note: "drift".into()
+            }]
+        );
+        assert_eq!(r.errors.len(), 1);
+        assert_eq!(r.session.models, ["a", "b"]);
+        assert_eq!(r.session.events, fixtures::events().len());
+    }
+
+    #[test]
+    fn the_json_layout_is_stable() {
+        let r = Report::from_session(&fixtures::session());
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["format"], "baton-report");
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["switches"][0]["speedup_full"], 20.0);
+        assert_eq!(v["switches"][1]["gate"]["used"], "reprefilled");
+        assert_eq!(v["turns"][1]["reference"]["cache"], "reprefilled");
+        assert_eq!(v["summary"]["identical_turns"], 1);
+        let back: Report = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn an_empty_session_reports_nothing_measured() {
+        let r = Report::from_session(&fixtures::session_of(vec![]));
+        assert!(r.turns.is_empty() && r.switches.is_empty());
+        assert_eq!(r.summary.mean_speedup_full, None);
+        assert_eq!(r.summary.cosine_min, None);
+    }
+}

@@ -1,0 +1,109 @@
+//! Appending events to a session file as they happen.
+
+use super::clock::UtcTime;
+use super::error::SessionError;
+use super::header::{RecordedEvent, SessionHeader};
+use crate::protocol::Event;
+use serde::Serialize;
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// An open session file. Every line reaches the disk before `append` returns, so a crash
+/// or a power cut loses at most the line being written, and the reader recovers the rest.
+#[derive(Debug)]
+pub struct SessionWriter {
+    file: File,
+    path: PathBuf,
+    seq: u64,
+    started: Instant,
+}
+
+impl SessionWriter {
+    /// Creates the file (and its folders) and writes the header. An existing file is
+    /// refused, never truncated: it is a record of some earlier session.
+    pub fn create(path: impl AsRef<Path>, header: &SessionHeader) -> Result<Self, SessionError> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| SessionError::Create {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|source| match source.kind() {
+                ErrorKind::AlreadyExists => SessionError::Exists { path: path.clone() },
+                _ => SessionError::Create {
+                    path: path.clone(),
+                    source,
+                },
+            })?;
+        let mut writer = Self {
+            file,
+            path,
+            seq: 0,
+            started: Instant::now(),
+        };
+        writer.write_line(header)?;
+        Ok(writer)
+    }
+
+    /// Records one event; returns whether it was written (streamed tokens and loading
+    /// progress are not, see [`Event::is_recorded`]).
+    pub fn append(&mut self, event: &Event) -> Result<bool, SessionError> {
+        if !event.is_recorded() {
+            return Ok(false);
+        }
+        let line = RecordedEvent {
+            seq: self.seq,
+            t_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            event: event.clone(),
+        };
+        self.write_line(&line)?;
+        self.seq += 1;
+        Ok(true)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How many events have been recorded so far.
+    pub fn recorded(&self) -> u64 {
+        self.seq
+    }
+
+    fn write_line<T: Serialize>(&mut self, value: &T) -> Result<(), SessionError> {
+        let mut line = serde_json::to_vec(value)?;
+        line.push(b'\n');
+        // One write per line keeps a torn write to the last line, where the reader
+        // expects it.
+        let wrote = self
+            .file
+            .write_all(&line)
+            .and_then(|()| self.file.flush())
+            .and_then(|()| self.file.sync_data());
+        wrote.map_err(|source| SessionError::Write {
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
+/// Where a new session goes by default: `dir/sessions/<UTC start time>.jsonl`, with a
+/// counter appended when a session started in the same second already has that name.
+pub fn default_session_path(dir: impl AsRef<Path>) -> PathBuf {
+    let sessions = dir.as_ref().join("sessions");
+    let stamp = UtcTime::now().file_stamp();
+    let mut path = sessions.join(format!("{stamp}.jsonl"));
+    let mut n = 1;
+    while path.exists() {
+        n += 1;
+        path = sessions.join(format!("{stamp}-{n}.jsonl"));
+    }
+    path
+}

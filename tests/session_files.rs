@@ -1,0 +1,390 @@
+//! Session files on disk: written by SessionWriter, read back, recovered after a crash,
+//! refused when they are not ours to read, and summarised by `baton report`.
+
+use baton::protocol::*;
+use baton::session::{
+    default_session_path, read_session, SessionError, SessionHeader, SessionWriter,
+};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn model(name: &str) -> ModelInfo {
+    ModelInfo {
+        name: name.into(),
+        path: format!("models/{name}.gguf"),
+        sha256: name.repeat(64).chars().take(64).collect(),
+        arch: "qwen2".into(),
+        n_layer: 2,
+        n_kv_head: 2,
+        head_dim: 64,
+    }
+}
+
+fn header() -> SessionHeader {
+    SessionHeader::new(
+        vec![model("a"), model("b")],
+        vec![MapperInfo {
+            id: "a--b.safetensors".into(),
+            source: "a".into(),
+            target: "b".into(),
+            sha256: "c".repeat(64),
+            k: 2,
+        }],
+        "cpu",
+        serde_json::json!({"temperature": 0.0, "max_tokens": 64}),
+    )
+}
+
+fn generation(turn: u32, path: PathKind, model: &str, ids: &[u32]) -> Event {
+    Event::Generation {
+        turn,
+        path,
+        model: model.into(),
+        text: "x".repeat(ids.len()),
+        token_ids: ids.to_vec(),
+        prompt_tokens: 12,
+        timings: GenerationTimings {
+            prefill_ms: 8.0,
+            first_token_ms: 9.5,
+            decode_tokens_per_s: 40.0,
+            total_ms: 120.0,
+        },
+        stop: StopKind::Eos,
+    }
+}
+
+/// A conversation with one switch from `a` to `b` and two compared turns, with the
+/// streamed tokens and loading progress an engine emits along the way.
+fn emitted() -> Vec<Event> {
+    use PathKind::{Mapped, Reference};
+    let token = |turn, path, id| Event::Token {
+        turn,
+        path,
+        text: format!("t{id}"),
+        id,
+    };
+    vec![
+        Event::Loading {
+            stage: "loading b".into(),
+            done: 1,
+            total: 2,
+            eta_seconds: Some(0.5),
+        },
+        Event::Ready {
+            models: vec![model("a"), model("b")],
+            active: 0,
+            mappers: header().mappers,
+            device: "cpu".into(),
+        },
+        Event::UserMessage {
+            turn: 1,
+            text: "write a sort".into(),
+        },
+        Event::TurnStarted {
+            turn: 1,
+            path: Mapped,
+            model: "a".into(),
+            cache: CacheOrigin::True,
+        },
+        token(1, Mapped, 11),
+        token(1, Mapped, 12),
+        generation(1, Mapped, "a", &[11, 12]),
+        Event::Done { turn: 1 },
+        Event::Switch {
+            index: 0,
+            turn: 2,
+            from: "a".into(),
+            to: "b".into(),
+            context_tokens: 14,
+            suffix_tokens: 14,
+            timings: SwitchTimings {
+                source_prefill_ms: Some(25.0),
+                map_full_ms: 2.0,
+                map_suffix_ms: Some(2.0),
+                reprefill_full_ms: Some(50.0),
+                reprefill_suffix_ms: Some(50.0),
+                end_to_end_ms: 3.0,
+            },
+            metrics: Some(SwitchMetrics {
+                attention_cosine: vec![0.97, 0.91],
+                r2_k: vec![0.9, 0.85],
+                r2_v: vec![0.8, 0.75],
+                key_error_concentration: vec![0.2, 0.3],
+                top1_agreement: Some(0.9),
+                kl: Some(0.05),
+            }),
+            gate: None,
+        },
+        Event::UserMessage {
+            turn: 2,
+            text: "now in place".into(),
+        },
+        token(2, Mapped, 21),
+        token(2, Reference, 21),
+        generation(2, Mapped, "b", &[21, 22, 23]),
+        generation(2, Reference, "b", &[21, 22, 24]),
+        Event::TurnComparison {
+            turn: 2,
+            identical: false,
+            first_difference: Some(2),
+            agreement: 2.0 / 3.0,
+        },
+        Event::Bookmark {
+            turn: 2,
+            note: "first divergence".into(),
+        },
+        Event::Done { turn: 2 },
+        Event::ShutDown,
+    ]
+}
+
+fn recorded() -> Vec<Event> {
+    emitted().into_iter().filter(Event::is_recorded).collect()
+}
+
+fn write_session(path: &Path) {
+    let mut w = SessionWriter::create(path, &header()).unwrap();
+    for e in emitted() {
+        w.append(&e).unwrap();
+    }
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_written_session_reads_back_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/folders/s.jsonl");
+    let h = header();
+    let mut w = SessionWriter::create(&path, &h).unwrap();
+    for e in emitted() {
+        assert_eq!(w.append(&e).unwrap(), e.is_recorded());
+    }
+    assert_eq!(w.recorded() as usize, recorded().len());
+    drop(w);
+
+    let s = read_session(&path).unwrap();
+    assert_eq!(s.header, h);
+    assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    let events: Vec<Event> = s.events().cloned().collect();
+    assert_eq!(events, recorded());
+    let seqs: Vec<u64> = s.events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (0..events.len() as u64).collect::<Vec<_>>());
+    assert!(s.events.windows(2).all(|p| p[0].t_ms <= p[1].t_ms));
+}
+
+#[test]
+fn the_file_is_one_header_line_then_one_line_per_recorded_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.jsonl");
+    write_session(&path);
+    let lines = lines(&path);
+    assert_eq!(lines.len(), 1 + recorded().len());
+    let header: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(header["format"], "baton-session");
+    assert_eq!(header["version"], 1);
+    assert_eq!(header["baton_version"], env!("CARGO_PKG_VERSION"));
+    let created = header["created"].as_str().unwrap();
+    assert!(created.len() == 20 && created.ends_with('Z'), "{created}");
+    let first: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+    assert_eq!(first["seq"], 0);
+    assert!(first["t_ms"].is_f64());
+    assert_eq!(first["event"]["type"], "ready");
+    for line in &lines[1..] {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let kind = v["event"]["type"].as_str().unwrap();
+        assert!(kind != "token" && kind != "loading", "{line}");
+    }
+}
+
+#[test]
+fn a_file_cut_mid_line_loads_up_to_its_last_complete_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.jsonl");
+    write_session(&path);
+    let bytes = std::fs::read(&path).unwrap();
+    // Cut the last line in half, as a crash during its write would.
+    let last_start = bytes[..bytes.len() - 1]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .unwrap()
+        + 1;
+    let cut = last_start + (bytes.len() - last_start) / 2;
+    std::fs::write(&path, &bytes[..cut]).unwrap();
+
+    let s = read_session(&path).unwrap();
+    let expected = recorded();
+    let events: Vec<Event> = s.events().cloned().collect();
+    assert_eq!(events, expected[..expected.len() - 1]);
+    assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
+    let line = 1 + expected.len();
+    assert!(
+        s.warnings[0].contains(&format!("line {line} is cut off")),
+        "{}",
+        s.warnings[0]
+    );
+}
+
+#[test]
+fn a_newer_version_is_refused_with_a_hint_to_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.jsonl");
+    write_session(&path);
+    let mut lines = lines(&path);
+    let mut header: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    header["version"] = 2.into();
+    lines[0] = header.to_string();
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+
+    let err = read_session(&path).unwrap_err();
+    assert!(matches!(
+        err,
+        SessionError::UnsupportedVersion { found: 2, .. }
+    ));
+    let msg = err.to_string();
+    assert!(msg.contains("version 2"), "{msg}");
+    assert!(msg.contains("reads version 1 only"), "{msg}");
+    assert!(msg.contains("upgrade baton"), "{msg}");
+    assert!(msg.contains("s.jsonl"), "{msg}");
+}
+
+#[test]
+fn an_existing_file_is_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.jsonl");
+    write_session(&path);
+    let before = std::fs::read(&path).unwrap();
+    let err = SessionWriter::create(&path, &header()).unwrap_err();
+    assert!(matches!(err, SessionError::Exists { .. }));
+    let msg = err.to_string();
+    assert!(msg.contains("s.jsonl already exists"), "{msg}");
+    assert!(msg.contains("pick another file name"), "{msg}");
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
+#[test]
+fn an_empty_file_or_a_foreign_one_is_not_a_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let msg = read_session(&empty).unwrap_err().to_string();
+    assert!(msg.contains("is empty"), "{msg}");
+
+    let foreign = dir.path().join("foreign.jsonl");
+    std::fs::write(&foreign, "{\"hello\": 1}\n").unwrap();
+    let msg = read_session(&foreign).unwrap_err().to_string();
+    assert!(msg.contains("not a baton session header"), "{msg}");
+
+    let missing = dir.path().join("missing.jsonl");
+    let msg = read_session(&missing).unwrap_err().to_string();
+    assert!(msg.contains("cannot read the session file"), "{msg}");
+}
+
+#[test]
+fn default_paths_are_timestamped_under_sessions_and_never_collide() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = default_session_path(dir.path());
+    assert_eq!(first.parent().unwrap(), dir.path().join("sessions"));
+    let name = first.file_name().unwrap().to_str().unwrap();
+    // 2026-11-30T14-05-00Z.jsonl
+    assert_eq!(name.len(), "2026-11-30T14-05-00Z.jsonl".len(), "{name}");
+    assert!(name.ends_with("Z.jsonl") && !name.contains(':'), "{name}");
+    SessionWriter::create(&first, &header()).unwrap();
+    let second = default_session_path(dir.path());
+    assert_ne!(first, second);
+    SessionWriter::create(&second, &header()).unwrap();
+}
+
+fn baton(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn written(dir: &Path) -> PathBuf {
+    let path = dir.join("s.jsonl");
+    write_session(&path);
+    path
+}
+
+#[test]
+fn baton_report_prints_tables_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = written(dir.path());
+    let file = path.to_str().unwrap();
+
+    let out = baton(&["report", file]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("switches"), "{stdout}");
+    assert!(stdout.contains("a -> b"), "{stdout}");
+    assert!(stdout.contains("25.0x"), "{stdout}");
+    assert!(stdout.contains("no, at token 2"), "{stdout}");
+    assert!(stdout.contains("first divergence"), "{stdout}");
+
+    let out = baton(&["report", file, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["format"], "baton-report");
+    assert_eq!(v["switches"][0]["speedup_full"], 25.0);
+    assert_eq!(v["turns"].as_array().unwrap().len(), 2);
+    assert_eq!(v["summary"]["compared_turns"], 1);
+}
+
+#[test]
+fn baton_report_plots_to_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = written(dir.path());
+    let svg = dir.path().join("drift.svg");
+    let out = baton(&[
+        "report",
+        path.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("<svg") && text.contains("attention cosine mean"));
+}
+
+#[test]
+fn baton_report_warns_on_a_cut_file_and_fails_on_a_foreign_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = written(dir.path());
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.truncate(bytes.len() - 5);
+    std::fs::write(&path, &bytes).unwrap();
+    let out = baton(&["report", path.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cut off"));
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+
+    let foreign = dir.path().join("notes.txt");
+    std::fs::write(&foreign, "hello\n").unwrap();
+    let out = baton(&["report", foreign.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a baton session header"));
+}
