@@ -46,6 +46,61 @@ pub enum Command {
     /// Summarise a recorded session file: switch latencies and speed-ups, attention
     /// cosine, token agreement, gate decisions; optionally plot the drift across turns.
     Report(ReportArgs),
+    /// Run a scripted conversation (TOML: user messages and switches) without the
+    /// terminal UI, and record it as a session file.
+    Run(RunArgs),
+    /// Re-run a recorded session's messages and switches on the current models and
+    /// mappers, and report where the new run differs from the recording.
+    Replay(ReplayArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct PairArgs {
+    /// The model that starts the conversation.
+    #[arg(long, default_value = "qwen2.5-coder-0.5b")]
+    pub source: String,
+    /// The model it is handed to at the first switch.
+    #[arg(long, default_value = "qwen2.5-coder-1.5b")]
+    pub target: String,
+    /// Read the mappers from here instead of the cache dir's mappers/.
+    #[arg(long)]
+    pub mapper_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The script (see assets/demo.toml).
+    #[arg(long)]
+    pub script: std::path::PathBuf,
+    #[command(flatten)]
+    pub pair: PairArgs,
+    /// Session file to record to (default: sessions/<start time>.jsonl).
+    #[arg(long)]
+    pub record: Option<std::path::PathBuf>,
+    /// Re-prefill instead of mapping when the switch's fidelity estimate (mean
+    /// attention cosine) is below this.
+    #[arg(long)]
+    pub gate: Option<f64>,
+    /// Map the inactive model's cache after every turn, so a switch finds it ready.
+    #[arg(long)]
+    pub premap: bool,
+    /// Turn the re-prefilled reference path off.
+    #[arg(long)]
+    pub no_reference: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The recorded session file; its header names the models.
+    pub session: std::path::PathBuf,
+    /// Read the mappers from here instead of the cache dir's mappers/.
+    #[arg(long)]
+    pub mapper_dir: Option<std::path::PathBuf>,
+    /// Where to record the new run (default: sessions/<start time>.jsonl).
+    #[arg(long)]
+    pub record: Option<std::path::PathBuf>,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -11,7 +11,7 @@ use candle_core::Device;
 use clap::Parser;
 use cli::{
     BenchModelArgs, CalibrateArgs, Cli, Command, DirectionArg, EvalArgs, FetchArgs, GenerateArgs,
-    InfoArgs, MappersArgs, ReportArgs,
+    InfoArgs, MappersArgs, ReplayArgs, ReportArgs, RunArgs,
 };
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
@@ -55,6 +55,8 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Mappers(a)) => mappers_cmd(a),
         Some(Command::Eval(a)) => eval_cmd(a, &dev),
         Some(Command::Report(a)) => report_cmd(a),
+        Some(Command::Run(a)) => run_cmd(a, &dev),
+        Some(Command::Replay(a)) => replay_cmd(a, &dev),
     }
 }
 
@@ -640,5 +642,201 @@ fn report_cmd(a: ReportArgs) -> Result<()> {
         plot::write_plot(&report, path)?;
         eprintln!("plot written to {}", path.display());
     }
+    Ok(())
+}
+
+/// Headless output: answers, switches and comparisons as plain lines.
+fn print_event(e: &baton::protocol::Event) {
+    use baton::protocol::{Event, PathKind};
+    match e {
+        Event::Loading { stage, .. } if !stage.is_empty() => {
+            // Byte counts repeat the stage; one line per stage is enough.
+            thread_local!(static LAST: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) });
+            LAST.with(|l| {
+                if *l.borrow() != *stage {
+                    eprintln!("{stage}");
+                    *l.borrow_mut() = stage.clone();
+                }
+            });
+        }
+        Event::Ready { models, device, .. } => {
+            eprintln!(
+                "ready: {} and {} on {device}",
+                models[0].name, models[1].name
+            )
+        }
+        Event::UserMessage { turn, text } => println!("\n[turn {turn}] user: {text}"),
+        Event::Generation {
+            turn,
+            path,
+            model,
+            text,
+            timings,
+            ..
+        } => {
+            let label = match path {
+                PathKind::Mapped => "answer",
+                PathKind::Reference => "reference",
+            };
+            println!(
+                "[turn {turn}] {model} {label} ({:.0} ms to first token, {:.1} tok/s): {}",
+                timings.first_token_ms,
+                timings.decode_tokens_per_s,
+                text.trim()
+            );
+        }
+        Event::Switch {
+            index,
+            from,
+            to,
+            context_tokens,
+            timings,
+            metrics,
+            gate,
+            ..
+        } => {
+            let opt = |v: Option<f64>| v.map(|x| format!("{x:.1} ms")).unwrap_or("-".into());
+            println!(
+                "[switch {index}] {from} -> {to}, {context_tokens} tokens: map {:.1} ms (suffix {}) vs re-prefill {} (suffix {}){}{}",
+                timings.map_full_ms,
+                opt(timings.map_suffix_ms),
+                opt(timings.reprefill_full_ms),
+                opt(timings.reprefill_suffix_ms),
+                metrics
+                    .as_ref()
+                    .and_then(|m| Some(format!(", attention cosine mean {:.3} min {:.3}", m.cosine_mean()?, m.cosine_min()?)))
+                    .unwrap_or_default(),
+                gate.map(|g| format!(", gate {:.3} vs {:.3}: {:?}", g.estimate, g.threshold, g.used))
+                    .unwrap_or_default()
+            );
+        }
+        Event::SwitchFollowUp {
+            index,
+            top1_agreement,
+            kl,
+            end_to_end_ms,
+            ..
+        } => println!(
+            "[switch {index}] end to end {end_to_end_ms:.0} ms{}",
+            match (top1_agreement, kl) {
+                (Some(a), Some(k)) => format!(", next-turn top-1 agreement {a:.3}, KL {k:.3}"),
+                _ => String::new(),
+            }
+        ),
+        Event::TurnComparison {
+            turn,
+            identical,
+            first_difference,
+            agreement,
+        } => println!(
+            "[turn {turn}] mapped vs reference: {}",
+            if *identical {
+                "identical".to_string()
+            } else {
+                format!(
+                    "first difference at token {}, agreement {agreement:.3}",
+                    first_difference.unwrap_or(0)
+                )
+            }
+        ),
+        Event::Notice { message } => eprintln!("{message}"),
+        Event::Error { message, fatal } => {
+            eprintln!("{}: {message}", if *fatal { "error" } else { "warning" })
+        }
+        _ => {}
+    }
+}
+
+fn run_cmd(a: RunArgs, dev: &Device) -> Result<()> {
+    use baton::engine::{self, script, EngineConfig};
+    let script = script::Script::load(&a.script)?;
+    let mut cfg = EngineConfig::new([a.pair.source.clone(), a.pair.target.clone()], dev.clone());
+    script.settings.apply(&mut cfg.settings);
+    if a.no_reference {
+        cfg.settings.reference = false;
+    }
+    if a.gate.is_some() {
+        cfg.settings.gate = a.gate;
+    }
+    cfg.settings.premap |= a.premap;
+    cfg.mapper_dir = a.pair.mapper_dir.clone();
+    let record = a
+        .record
+        .clone()
+        .unwrap_or_else(|| baton::session::default_session_path("."));
+    cfg.record = Some(record.clone());
+    let handle = engine::spawn(cfg);
+    let mut on_event = |e: &baton::protocol::Event| print_event(e);
+    script::wait_ready(&handle.events, &mut on_event)?;
+    script::run_steps(
+        &script.steps,
+        &|c| handle.send(c),
+        &handle.events,
+        &mut on_event,
+    )?;
+    handle.shutdown();
+    eprintln!("session recorded to {}", record.display());
+    Ok(())
+}
+
+fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
+    use baton::engine::{self, script, EngineConfig, Settings};
+    use baton::session::{diff_sessions, read_session, DiffOptions};
+    let recorded = read_session(&a.session)?;
+    for w in &recorded.warnings {
+        eprintln!("warning: {w}");
+    }
+    let models = &recorded.header.models;
+    if models.len() != 2 {
+        bail!(
+            "{} names {} models, a replay needs two",
+            a.session.display(),
+            models.len()
+        );
+    }
+    // Manifest names resolve anywhere; a model opened from a path is found there again.
+    let manifest = baton::fetch::Manifest::builtin()?;
+    let spec = |m: &baton::protocol::ModelInfo| match manifest.entry(&m.name) {
+        Some(_) => m.name.clone(),
+        None => m.path.clone(),
+    };
+    let mut cfg = EngineConfig::new([spec(&models[0]), spec(&models[1])], dev.clone());
+    cfg.settings = serde_json::from_value::<Settings>(recorded.header.settings.clone())
+        .with_context(|| {
+            format!(
+                "{}: the header's settings are not this baton's",
+                a.session.display()
+            )
+        })?;
+    cfg.mapper_dir = a.mapper_dir.clone();
+    let record = a
+        .record
+        .clone()
+        .unwrap_or_else(|| baton::session::default_session_path("."));
+    cfg.record = Some(record.clone());
+    let events: Vec<baton::protocol::Event> = recorded.events().cloned().collect();
+    let steps = script::session_commands(&events);
+    let handle = engine::spawn(cfg);
+    let mut on_event = |e: &baton::protocol::Event| {
+        if let baton::protocol::Event::Error { message, .. } = e {
+            eprintln!("error: {message}");
+        }
+    };
+    script::wait_ready(&handle.events, &mut on_event)?;
+    eprintln!(
+        "replaying {} commands from {}",
+        steps.len(),
+        a.session.display()
+    );
+    script::run_steps(&steps, &|c| handle.send(c), &handle.events, &mut on_event)?;
+    handle.shutdown();
+    let replayed = read_session(&record)?;
+    let diff = diff_sessions(&recorded, &replayed, &DiffOptions::default());
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&diff)?);
+    } else {
+        print!("{diff}");
+    }
+    eprintln!("new run recorded to {}", record.display());
     Ok(())
 }

@@ -250,6 +250,27 @@ pub enum Event {
         #[serde(with = "float")]
         agreement: f64,
     },
+    /// What the first turn after a switch says about it: teacher-forced next-token
+    /// agreement and KL of the mapped cache against the reference cache on the user's
+    /// message, and the switch's end-to-end time (command received to the target's first
+    /// token: the handoff plus that turn's time to first token).
+    SwitchFollowUp {
+        index: u32,
+        turn: u32,
+        #[serde(default, with = "float::option")]
+        top1_agreement: Option<f64>,
+        #[serde(default, with = "float::option")]
+        kl: Option<f64>,
+        positions: usize,
+        #[serde(with = "float")]
+        first_token_ms: f64,
+        #[serde(with = "float")]
+        end_to_end_ms: f64,
+    },
+    /// Something the user should know that is not an error (a queued switch, a pre-map).
+    Notice {
+        message: String,
+    },
     Bookmark {
         turn: u32,
         note: String,
@@ -278,6 +299,8 @@ impl Event {
         "generation",
         "switch",
         "turn_comparison",
+        "switch_follow_up",
+        "notice",
         "bookmark",
         "error",
         "done",
@@ -299,11 +322,14 @@ impl Event {
             | Event::Generation { turn, .. }
             | Event::Switch { turn, .. }
             | Event::TurnComparison { turn, .. }
+            | Event::SwitchFollowUp { turn, .. }
             | Event::Bookmark { turn, .. }
             | Event::Done { turn } => Some(*turn),
-            Event::Loading { .. } | Event::Ready { .. } | Event::Error { .. } | Event::ShutDown => {
-                None
-            }
+            Event::Loading { .. }
+            | Event::Ready { .. }
+            | Event::Notice { .. }
+            | Event::Error { .. }
+            | Event::ShutDown => None,
         }
     }
 }

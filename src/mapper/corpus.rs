@@ -339,7 +339,13 @@ mod tests {
     fn directories_expand_to_their_supported_files_in_order() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("pkg/sub")).unwrap();
-        for f in ["pkg/b.py", "pkg/a.py", "pkg/sub/c.rs", "pkg/image.png", "pkg/d.html"] {
+        for f in [
+            "pkg/b.py",
+            "pkg/a.py",
+            "pkg/sub/c.rs",
+            "pkg/image.png",
+            "pkg/d.html",
+        ] {
             std::fs::write(dir.path().join(f), "x = 1\n").unwrap();
         }
         let files = expand_inputs(&[dir.path().join("pkg")]).unwrap();
@@ -347,7 +353,10 @@ mod tests {
             .iter()
             .map(|p| p.strip_prefix(dir.path()).unwrap().display().to_string())
             .collect();
-        assert_eq!(names, ["pkg/a.py", "pkg/b.py", "pkg/d.html", "pkg/sub/c.rs"]);
+        assert_eq!(
+            names,
+            ["pkg/a.py", "pkg/b.py", "pkg/d.html", "pkg/sub/c.rs"]
+        );
         let docs = read_documents(&files).unwrap();
         assert_eq!(docs.len(), 4);
         assert!(read_documents(&[dir.path().join("pkg/image.png")]).is_err());

@@ -205,6 +205,21 @@ impl Report {
                     kl: metrics.as_ref().and_then(|m| m.kl),
                     gate: *gate,
                 }),
+                // The first turn after a switch completes its row: agreement on the
+                // user's message and the time to the target's first token.
+                Event::SwitchFollowUp {
+                    index,
+                    top1_agreement,
+                    kl,
+                    end_to_end_ms,
+                    ..
+                } => {
+                    if let Some(row) = switches.iter_mut().rev().find(|r| r.index == *index) {
+                        row.top1_agreement = row.top1_agreement.or(*top1_agreement);
+                        row.kl = row.kl.or(*kl);
+                        row.end_to_end_ms = *end_to_end_ms;
+                    }
+                }
                 Event::Bookmark { turn, note } => bookmarks.push(BookmarkRow {
                     turn: *turn,
                     note: note.clone(),

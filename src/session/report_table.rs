@@ -70,7 +70,7 @@ impl Display for Report {
     }
 }
 
-const SWITCH_COLUMNS: [&str; 15] = [
+const SWITCH_COLUMNS: [&str; 16] = [
     "#",
     "turn",
     "from -> to",
@@ -82,6 +82,7 @@ const SWITCH_COLUMNS: [&str; 15] = [
     "re-prefill suffix ms",
     "speed-up",
     "suffix speed-up",
+    "end to end ms",
     "cos mean",
     "cos min",
     "top-1",
@@ -101,6 +102,7 @@ fn switch_cells(s: &SwitchRow) -> Vec<String> {
         num(s.reprefill_suffix_ms, 1),
         times(s.speedup_full),
         times(s.speedup_suffix),
+        num(Some(s.end_to_end_ms), 0),
         num(s.cosine_mean, 3),
         num(s.cosine_min, 3),
         num(s.top1_agreement, 3),

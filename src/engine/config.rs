@@ -1,0 +1,66 @@
+//! What the engine is started with.
+
+use crate::mapper::calibrate::CalibrateOptions;
+use crate::model::Sampling;
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Settings that shape a conversation; recorded in the session header so that a replay
+/// runs under the same ones.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    /// Run the re-prefilled reference path after each switch.
+    pub reference: bool,
+    /// Re-prefill instead of mapping when the fidelity estimate is below this.
+    pub gate: Option<f64>,
+    /// Map the inactive model's cache after every turn, so a switch finds it ready.
+    pub premap: bool,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    pub system_prompt: Option<String>,
+    /// Query positions per switch for the attention-output cosine.
+    pub probes: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            reference: true,
+            gate: None,
+            premap: false,
+            max_tokens: 256,
+            sampling: Sampling::greedy(),
+            system_prompt: None,
+            probes: 32,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The two models (manifest names, paths or hub references); the first starts active.
+    pub models: [String; 2],
+    pub device: Device,
+    /// Where mapper artifacts are found (None: the cache dir's mappers/).
+    pub mapper_dir: Option<PathBuf>,
+    /// When a direction has no artifact: calibrate one with these options (a quick first
+    /// run) instead of failing.
+    pub calibrate_missing: Option<CalibrateOptions>,
+    pub settings: Settings,
+    /// Record the session to this file.
+    pub record: Option<PathBuf>,
+}
+
+impl EngineConfig {
+    pub fn new(models: [String; 2], device: Device) -> Self {
+        Self {
+            models,
+            device,
+            mapper_dir: None,
+            calibrate_missing: None,
+            settings: Settings::default(),
+            record: None,
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Bringing the engine up: both models, both mapper directions (calibrated on the spot
+//! when asked and missing), progress reported as `Loading` events.
+
+use super::EngineError;
+use crate::fetch::{self, FetchProgress};
+use crate::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
+use crate::mapper::calibrate::{self, CalibrateOptions, CalibrationProgress, Direction};
+use crate::mapper::{corpus, CacheMapper};
+use crate::model::Model;
+use crate::protocol::{Event, MapperInfo};
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+/// Turns fetch and calibration progress into `Loading` events with an ETA.
+pub struct LoadingEvents<'a> {
+    events: &'a Sender<Event>,
+    state: RefCell<(String, u64, u64, Instant)>,
+}
+
+impl<'a> LoadingEvents<'a> {
+    pub fn new(events: &'a Sender<Event>) -> Self {
+        Self {
+            events,
+            state: RefCell::new((String::new(), 0, 0, Instant::now())),
+        }
+    }
+
+    fn send(&self) {
+        let s = self.state.borrow();
+        let elapsed = s.3.elapsed().as_secs_f64();
+        let eta = (s.1 > 0 && s.2 > s.1 && elapsed > 0.5)
+            .then(|| elapsed * (s.2 - s.1) as f64 / s.1 as f64);
+        let _ = self.events.send(Event::Loading {
+            stage: s.0.clone(),
+            done: s.1,
+            total: s.2,
+            eta_seconds: eta,
+        });
+    }
+
+    pub fn stage(&self, name: &str, total: u64) {
+        *self.state.borrow_mut() = (name.to_string(), 0, total, Instant::now());
+        self.send();
+    }
+}
+
+impl FetchProgress for LoadingEvents<'_> {
+    fn message(&self, msg: &str) {
+        tracing::info!("{msg}");
+        self.stage(msg, 0);
+    }
+    fn bytes(&self, done: u64, total: Option<u64>) {
+        {
+            let mut s = self.state.borrow_mut();
+            s.1 = done;
+            s.2 = total.unwrap_or(0);
+        }
+        self.send();
+    }
+}
+
+impl CalibrationProgress for LoadingEvents<'_> {
+    fn phase(&self, name: &str, total: u64) {
+        self.stage(&format!("calibrating: {name}"), total);
+    }
+    fn advance(&self, n: u64) {
+        self.state.borrow_mut().1 += n;
+        self.send();
+    }
+    fn note(&self, msg: &str) {
+        tracing::info!("{msg}");
+    }
+}
+
+pub struct LoadedMapper {
+    pub mapper: CacheMapper,
+    pub info: MapperInfo,
+    /// Mean held-out attention cosine from calibration: the gate's estimate when no
+    /// reference cache is at hand.
+    pub calibration_cosine: f64,
+}
+
+pub fn mapper_dir(configured: &Option<PathBuf>) -> PathBuf {
+    configured
+        .clone()
+        .unwrap_or_else(|| artifact::mappers_dir(&fetch::cache_root()))
+}
+
+fn path_for(dir: &Path, s: &Model, t: &Model) -> PathBuf {
+    artifact::artifact_path_in(
+        dir,
+        &ModelRef::new(&s.identity, s.config()),
+        &ModelRef::new(&t.identity, t.config()),
+    )
+}
+
+/// Calibrate the directions whose artifacts are missing, on the default corpus.
+pub fn calibrate_missing(
+    models: &[Model; 2],
+    dir: &Path,
+    opts: &CalibrateOptions,
+    progress: &LoadingEvents<'_>,
+    cancel: &AtomicBool,
+) -> Result<(), EngineError> {
+    let mut directions = Vec::new();
+    if !path_for(dir, &models[0], &models[1]).is_file() {
+        directions.push(Direction::Forward);
+    }
+    if !path_for(dir, &models[1], &models[0]).is_file() {
+        directions.push(Direction::Backward);
+    }
+    if directions.is_empty() {
+        return Ok(());
+    }
+    progress.stage("reading the calibration corpus", 0);
+    let files = corpus::default_files()?;
+    let docs = corpus::read_documents(&files)?;
+    let fitted = calibrate::calibrate(
+        &models[0],
+        &models[1],
+        &docs,
+        &directions,
+        opts,
+        progress,
+        cancel,
+    )?;
+    for f in &fitted {
+        let (s, t) = if f.source.sha256 == models[0].identity.sha256 {
+            (&models[0], &models[1])
+        } else {
+            (&models[1], &models[0])
+        };
+        let meta = MapperMeta::for_fitted(
+            f,
+            (&s.identity, s.config()),
+            (&t.identity, t.config()),
+            CorpusInfo {
+                files: corpus::describe(&files),
+                fingerprint: corpus::fingerprint(&docs),
+                sequences: opts.sequences,
+                seq_len: opts.seq_len,
+                observations: f.report.observations,
+            },
+        );
+        artifact::save(f, &meta, &path_for(dir, s, t))?;
+    }
+    Ok(())
+}
+
+/// The mapper from `s` to `t`, checked against both models.
+pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, EngineError> {
+    let path = path_for(dir, s, t);
+    if !path.is_file() {
+        return Err(artifact::ArtifactError::Missing {
+            source_name: s.identity.name.clone(),
+            target: t.identity.name.clone(),
+        }
+        .into());
+    }
+    let art = artifact::load(&path)?;
+    art.check(
+        &ModelRef::new(&s.identity, s.config()),
+        &ModelRef::new(&t.identity, t.config()),
+    )?;
+    let mapper = CacheMapper::from_layer_maps(s, t, &art.keys, &art.values)?;
+    let (sha, _) = fetch::checksum::sha256_file(&path, &fetch::SilentProgress)?;
+    let cos = &art.meta.report.cosine;
+    Ok(LoadedMapper {
+        mapper,
+        info: MapperInfo {
+            id: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            source: s.identity.name.clone(),
+            target: t.identity.name.clone(),
+            sha256: sha,
+            k: art.meta.k,
+        },
+        calibration_cosine: cos.iter().sum::<f64>() / cos.len().max(1) as f64,
+    })
+}

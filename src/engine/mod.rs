@@ -1,0 +1,181 @@
+//! The handoff engine: two models, their caches, both mapper directions and the switch,
+//! on a thread of its own. Callers (the workbench, the headless runner, tests) talk to
+//! it only through [`crate::protocol`]: commands in, events out. Loading failures come
+//! back as a fatal `Error` event, never as a panic on the caller's side.
+
+pub mod compare;
+pub mod config;
+pub mod conversation;
+mod core;
+pub mod load;
+pub mod script;
+pub mod switch;
+
+pub use config::{EngineConfig, Settings};
+pub use core::{Engine, Outbox, Slot};
+
+use crate::protocol::{Command, Event, ModelInfo};
+use crate::session::{SessionHeader, SessionWriter};
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    #[error(transparent)]
+    Template(#[from] crate::text::ChatTemplateError),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::text::TokenizerError),
+    #[error(transparent)]
+    Artifact(#[from] crate::mapper::artifact::ArtifactError),
+    #[error(transparent)]
+    Calibrate(#[from] crate::mapper::calibrate::CalibrateError),
+    #[error(transparent)]
+    Corpus(#[from] crate::mapper::corpus::CorpusError),
+    #[error(transparent)]
+    Metric(#[from] crate::metrics::MetricError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Fetch(#[from] crate::fetch::FetchError),
+    #[error(transparent)]
+    Session(#[from] crate::session::SessionError),
+    #[error("engine: {0}")]
+    Internal(String),
+}
+
+/// The caller's side of a running engine.
+pub struct EngineHandle {
+    pub commands: Sender<Command>,
+    pub events: Receiver<Event>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EngineHandle {
+    pub fn send(&self, c: Command) {
+        // A stopped engine has already said why (a fatal Error event).
+        let _ = self.commands.send(c);
+    }
+
+    /// Ask the engine to stop and wait for its thread.
+    pub fn shutdown(mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+    }
+}
+
+/// Start an engine; it loads both models and mappers, then sends `Ready` (or a fatal
+/// `Error`) and serves commands.
+pub fn spawn(config: EngineConfig) -> EngineHandle {
+    let (ctx, crx) = channel();
+    let (etx, erx) = channel();
+    let thread = std::thread::Builder::new()
+        .name("baton-engine".into())
+        .spawn(move || match start(config, etx.clone()) {
+            Ok(engine) => engine.run(crx),
+            Err(e) => {
+                tracing::error!("engine failed to start: {e}");
+                let _ = etx.send(Event::Error {
+                    message: e.to_string(),
+                    fatal: true,
+                });
+            }
+        })
+        .ok();
+    EngineHandle {
+        commands: ctx,
+        events: erx,
+        thread,
+    }
+}
+
+fn model_info(m: &crate::model::Model) -> ModelInfo {
+    let c = m.config();
+    ModelInfo {
+        name: m.identity.name.clone(),
+        path: m.identity.path.display().to_string(),
+        sha256: m.identity.sha256.clone(),
+        arch: format!("{:?}", c.arch).to_lowercase(),
+        n_layer: c.n_layer,
+        n_kv_head: c.n_kv_head,
+        head_dim: c.head_dim,
+    }
+}
+
+/// Load everything and build the engine (on the engine thread).
+pub fn start(config: EngineConfig, events: Sender<Event>) -> Result<Engine, EngineError> {
+    let progress = load::LoadingEvents::new(&events);
+    let mut models = Vec::with_capacity(2);
+    for spec in &config.models {
+        progress.stage(&format!("loading {spec}"), 0);
+        models.push(crate::model::Model::open(spec, &config.device, &progress)?);
+    }
+    let (Some(second), Some(first)) = (models.pop(), models.pop()) else {
+        return Err(EngineError::Internal("two models are needed".into()));
+    };
+    crate::text::ensure_same_tokenizer(&first.tokenizer, &second.tokenizer)?;
+    let models = [first, second];
+    let dir = load::mapper_dir(&config.mapper_dir);
+    if let Some(opts) = &config.calibrate_missing {
+        load::calibrate_missing(&models, &dir, opts, &progress, &AtomicBool::new(false))?;
+    }
+    progress.stage("loading mappers", 0);
+    let m01 = load::load_mapper(&dir, &models[0], &models[1])?;
+    let m10 = load::load_mapper(&dir, &models[1], &models[0])?;
+    progress.stage("preparing metrics", 0);
+    let [first, second] = models;
+    build(first, second, [m01, m10], config, events)
+}
+
+/// The engine from loaded parts; opens the session file when recording.
+pub fn build(
+    first: crate::model::Model,
+    second: crate::model::Model,
+    mappers: [load::LoadedMapper; 2],
+    config: EngineConfig,
+    events: Sender<Event>,
+) -> Result<Engine, EngineError> {
+    let infos = [model_info(&first), model_info(&second)];
+    let g0 = switch::query_grams(&first)?;
+    let g1 = switch::query_grams(&second)?;
+    let slots = [
+        Slot::new(first, g0, infos[0].clone()),
+        Slot::new(second, g1, infos[1].clone()),
+    ];
+    let device = format!("{:?}", config.device.location()).to_lowercase();
+    let mappers_info = vec![mappers[0].info.clone(), mappers[1].info.clone()];
+    let ready = Event::Ready {
+        models: infos.to_vec(),
+        active: 0,
+        mappers: mappers_info,
+        device: device.clone(),
+    };
+    let recorder = match &config.record {
+        Some(path) => {
+            let settings = serde_json::to_value(&config.settings)
+                .map_err(|e| EngineError::Internal(e.to_string()))?;
+            let header = SessionHeader::from_ready(&ready, settings)
+                .ok_or_else(|| EngineError::Internal("no header for the session".into()))?;
+            Some(SessionWriter::create(path, &header)?)
+        }
+        None => None,
+    };
+    let mut out = Outbox { events, recorder };
+    out.emit(ready);
+    Ok(Engine::new(slots, mappers, config.settings, device, out))
+}
+
+/// A receiver that yields nothing: for driving an [`Engine`] directly in tests.
+pub fn idle_commands() -> (Sender<Command>, Receiver<Command>) {
+    channel()
+}

@@ -1,0 +1,339 @@
+//! Scripted conversations: a TOML file of user messages and switches (and the settings
+//! to run them under) that drives the engine without a terminal UI.
+//!
+//! ```toml
+//! reference = true      # optional settings, see `ScriptSettings`
+//! max_tokens = 96
+//!
+//! [[step]]
+//! user = "Write a function that reverses a string."
+//!
+//! [[step]]
+//! switch = true
+//!
+//! [[step]]
+//! bookmark = "first answer after the switch"
+//! ```
+
+use super::Settings;
+use crate::protocol::{Command, Event};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::mpsc::Receiver;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    #[error("cannot read script {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("script {path} is not valid TOML for a baton script: {reason}")]
+    Parse { path: String, reason: String },
+    #[error("script step {index}: {reason}")]
+    Step { index: usize, reason: String },
+    #[error("the engine stopped: {0}")]
+    Engine(String),
+}
+
+/// Settings a script may set; anything left out keeps the engine's default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptSettings {
+    pub reference: Option<bool>,
+    pub gate: Option<f64>,
+    pub premap: Option<bool>,
+    pub max_tokens: Option<usize>,
+    pub system: Option<String>,
+}
+
+impl ScriptSettings {
+    pub fn apply(&self, s: &mut Settings) {
+        if let Some(v) = self.reference {
+            s.reference = v;
+        }
+        if let Some(v) = self.gate {
+            s.gate = Some(v);
+        }
+        if let Some(v) = self.premap {
+            s.premap = v;
+        }
+        if let Some(v) = self.max_tokens {
+            s.max_tokens = v;
+        }
+        if let Some(v) = &self.system {
+            s.system_prompt = Some(v.clone());
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    user: Option<String>,
+    switch: Option<bool>,
+    bookmark: Option<String>,
+    reference: Option<bool>,
+}
+
+/// The file's layout: settings at the top level beside the steps (serde's flatten would
+/// accept misspelled settings silently, so the fields are spelled out here).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScript {
+    reference: Option<bool>,
+    gate: Option<f64>,
+    premap: Option<bool>,
+    max_tokens: Option<usize>,
+    system: Option<String>,
+    #[serde(default)]
+    step: Vec<RawStep>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Script {
+    pub settings: ScriptSettings,
+    pub steps: Vec<Command>,
+}
+
+impl Script {
+    pub fn parse(text: &str, path: &str) -> Result<Self, ScriptError> {
+        let raw: RawScript = toml::from_str(text).map_err(|e| ScriptError::Parse {
+            path: path.to_string(),
+            reason: e.to_string(),
+        })?;
+        let mut steps = Vec::with_capacity(raw.step.len());
+        for (i, s) in raw.step.into_iter().enumerate() {
+            let index = i + 1;
+            let mut found = Vec::new();
+            if let Some(text) = s.user {
+                if text.trim().is_empty() {
+                    return Err(ScriptError::Step {
+                        index,
+                        reason: "`user` is empty: give the message text".into(),
+                    });
+                }
+                found.push(Command::Submit { text });
+            }
+            if let Some(sw) = s.switch {
+                if !sw {
+                    return Err(ScriptError::Step {
+                        index,
+                        reason: "`switch = false` does nothing: remove the step or write `switch = true`".into(),
+                    });
+                }
+                found.push(Command::Switch);
+            }
+            if let Some(note) = s.bookmark {
+                found.push(Command::Bookmark { note });
+            }
+            if let Some(enabled) = s.reference {
+                found.push(Command::SetReference { enabled });
+            }
+            if found.len() != 1 {
+                return Err(ScriptError::Step {
+                    index,
+                    reason: format!(
+                        "a step holds exactly one of `user`, `switch`, `bookmark`, `reference` (found {})",
+                        found.len()
+                    ),
+                });
+            }
+            steps.extend(found);
+        }
+        if steps.is_empty() {
+            return Err(ScriptError::Parse {
+                path: path.to_string(),
+                reason: "no [[step]] entries: add at least one `[[step]] user = \"...\"`".into(),
+            });
+        }
+        Ok(Self {
+            settings: ScriptSettings {
+                reference: raw.reference,
+                gate: raw.gate,
+                premap: raw.premap,
+                max_tokens: raw.max_tokens,
+                system: raw.system,
+            },
+            steps,
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ScriptError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ScriptError::Io {
+            path: path.display().to_string(),
+            source: e,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+}
+
+/// Whether `e` ends the wait for the command just sent.
+fn completes(cmd: &Command, e: &Event) -> bool {
+    match (cmd, e) {
+        (Command::Submit { .. }, Event::Done { .. }) => true,
+        (Command::Switch, Event::Switch { .. }) => true,
+        (Command::Switch, Event::Notice { message }) => message.contains("no conversation"),
+        (Command::Bookmark { .. }, Event::Bookmark { .. }) => true,
+        (Command::SetReference { .. }, Event::Notice { message }) => {
+            message.starts_with("reference path")
+        }
+        (_, Event::Error { .. }) => true,
+        _ => false,
+    }
+}
+
+/// Wait for the engine to be ready; every event seen is passed to `on_event`.
+pub fn wait_ready(
+    events: &Receiver<Event>,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<(), ScriptError> {
+    loop {
+        let e = events
+            .recv()
+            .map_err(|_| ScriptError::Engine("the engine thread ended".into()))?;
+        on_event(&e);
+        match e {
+            Event::Ready { .. } => return Ok(()),
+            Event::Error {
+                message,
+                fatal: true,
+            } => return Err(ScriptError::Engine(message)),
+            _ => {}
+        }
+    }
+}
+
+/// Send each step and wait for what completes it. A non-fatal error in a step is
+/// reported through `on_event` and the script goes on; a fatal one ends it.
+pub fn run_steps(
+    steps: &[Command],
+    send: &dyn Fn(Command),
+    events: &Receiver<Event>,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<(), ScriptError> {
+    for cmd in steps {
+        send(cmd.clone());
+        loop {
+            let e = events
+                .recv()
+                .map_err(|_| ScriptError::Engine("the engine thread ended".into()))?;
+            on_event(&e);
+            if let Event::Error {
+                message,
+                fatal: true,
+            } = &e
+            {
+                return Err(ScriptError::Engine(message.clone()));
+            }
+            if completes(cmd, &e) {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The commands that produced a recorded session, in order: its user messages,
+/// switches, bookmarks and reference toggles (for a replay on the current build).
+pub fn session_commands(events: &[Event]) -> Vec<Command> {
+    let mut out = Vec::new();
+    for e in events {
+        match e {
+            Event::UserMessage { text, .. } => out.push(Command::Submit { text: text.clone() }),
+            Event::Switch { .. } => out.push(Command::Switch),
+            Event::Notice { message } if message.contains("no conversation to hand over") => {
+                out.push(Command::Switch)
+            }
+            Event::Notice { message } if message.starts_with("reference path") => {
+                out.push(Command::SetReference {
+                    enabled: message.ends_with("on"),
+                })
+            }
+            Event::Bookmark { note, .. } => out.push(Command::Bookmark { note: note.clone() }),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_script_parses_into_settings_and_commands() {
+        let s = Script::parse(
+            "reference = false\nmax_tokens = 12\n[[step]]\nuser = \"hi\"\n[[step]]\nswitch = true\n[[step]]\nbookmark = \"b\"\n[[step]]\nreference = true\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(s.settings.reference, Some(false));
+        assert_eq!(s.settings.max_tokens, Some(12));
+        assert_eq!(
+            s.steps,
+            vec![
+                Command::Submit { text: "hi".into() },
+                Command::Switch,
+                Command::Bookmark { note: "b".into() },
+                Command::SetReference { enabled: true },
+            ]
+        );
+        let mut settings = Settings::default();
+        s.settings.apply(&mut settings);
+        assert!(!settings.reference);
+        assert_eq!(settings.max_tokens, 12);
+    }
+
+    #[test]
+    fn a_recorded_session_gives_back_its_commands() {
+        let events = vec![
+            Event::UserMessage {
+                turn: 1,
+                text: "a".into(),
+            },
+            Event::Done { turn: 1 },
+            Event::Notice {
+                message: "reference path off".into(),
+            },
+            Event::Notice {
+                message: "pre-mapped 3 tokens into b in 1.0 ms".into(),
+            },
+            Event::Bookmark {
+                turn: 1,
+                note: "n".into(),
+            },
+            Event::UserMessage {
+                turn: 2,
+                text: "b".into(),
+            },
+        ];
+        assert_eq!(
+            session_commands(&events),
+            vec![
+                Command::Submit { text: "a".into() },
+                Command::SetReference { enabled: false },
+                Command::Bookmark { note: "n".into() },
+                Command::Submit { text: "b".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_steps_name_the_step_and_the_fix() {
+        let e = Script::parse("[[step]]\nuser = \"a\"\nswitch = true\n", "t").unwrap_err();
+        assert!(
+            e.to_string().contains("step 1") && e.to_string().contains("exactly one"),
+            "{e}"
+        );
+        let e =
+            Script::parse("[[step]]\nuser = \"a\"\n[[step]]\nswitch = false\n", "t").unwrap_err();
+        assert!(e.to_string().contains("step 2"), "{e}");
+        let e = Script::parse("[[step]]\nsay = \"a\"\n", "t").unwrap_err();
+        assert!(e.to_string().contains("say"), "{e}");
+        let e = Script::parse("max_token = 3\n[[step]]\nuser = \"a\"\n", "t").unwrap_err();
+        assert!(e.to_string().contains("max_token"), "{e}");
+        let e = Script::parse("max_tokens = 3\n", "t").unwrap_err();
+        assert!(e.to_string().contains("no [[step]]"), "{e}");
+    }
+}
