@@ -491,6 +491,18 @@ mod tests {
                 first_difference: Some(3),
                 agreement: 0.5,
             },
+            Event::SwitchFollowUp {
+                index: 0,
+                turn: 2,
+                top1_agreement: Some(0.9),
+                kl: Some(0.2),
+                positions: 17,
+                first_token_ms: 120.0,
+                end_to_end_ms: 310.5,
+            },
+            Event::Notice {
+                message: "switch queued".into(),
+            },
             Event::Bookmark {
                 turn: 2,
                 note: "drift starts".into(),
