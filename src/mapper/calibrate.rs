@@ -381,6 +381,14 @@ pub fn calibrate(
                 SkippedK { k, reason }
             })
             .collect();
+        // With every candidate too wide for the data, one source layer per target layer
+        // is still well posed; better that than nothing after the expensive capture.
+        let ks = if ks.is_empty() {
+            progress.note("no k in the sweep fits the observations: using k=1");
+            vec![1]
+        } else {
+            ks
+        };
         let total = (ks.len() * opts.lambdas.len()) as u64;
         progress.phase(
             &format!("sweep {} -> {}", src.identity.name, tgt.identity.name),
