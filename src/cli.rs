@@ -52,6 +52,48 @@ pub enum Command {
     /// Re-run a recorded session's messages and switches on the current models and
     /// mappers, and report where the new run differs from the recording.
     Replay(ReplayArgs),
+    /// The terminal workbench (what `baton` with no arguments opens): chat, switch
+    /// models with Tab, and watch the handoff's cost and fidelity live.
+    Workbench(WorkbenchArgs),
+    /// Play the scripted demo conversation in the workbench, pausing at every switch.
+    Demo(WorkbenchArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct WorkbenchArgs {
+    #[command(flatten)]
+    pub pair: PairArgs,
+    /// Session file to record to (default: sessions/<start time>.jsonl).
+    #[arg(long)]
+    pub record: Option<std::path::PathBuf>,
+    /// Do not record the session.
+    #[arg(long, conflicts_with = "record")]
+    pub no_record: bool,
+    /// Longest answer, in tokens.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Re-prefill instead of mapping when the switch's fidelity estimate (mean
+    /// attention cosine) is below this.
+    #[arg(long)]
+    pub gate: Option<f64>,
+    /// Map the inactive model's cache after every turn, so a switch finds it ready.
+    #[arg(long)]
+    pub premap: bool,
+    /// Start with the re-prefilled reference path off (Ctrl-R toggles it).
+    #[arg(long)]
+    pub no_reference: bool,
+}
+
+impl WorkbenchArgs {
+    /// The options `baton` with no arguments runs with: every flag at its default.
+    pub fn defaults() -> Self {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            args: WorkbenchArgs,
+        }
+        Only::parse_from(["baton"]).args
+    }
 }
 
 #[derive(Debug, Args, Clone)]

@@ -46,7 +46,7 @@ fn device(spec: &str) -> Result<Device> {
 fn run(cli: Cli) -> Result<()> {
     let dev = device(&cli.device.device)?;
     match cli.command {
-        None => default_job(&dev),
+        None => workbench_cmd(cli::WorkbenchArgs::defaults(), &dev, false),
         Some(Command::Fetch(a)) => fetch_cmd(a),
         Some(Command::Info(a)) => info_cmd(a, &dev),
         Some(Command::Generate(a)) => generate_cmd(a, &dev),
@@ -57,30 +57,53 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Report(a)) => report_cmd(a),
         Some(Command::Run(a)) => run_cmd(a, &dev),
         Some(Command::Replay(a)) => replay_cmd(a, &dev),
+        Some(Command::Workbench(a)) => workbench_cmd(a, &dev, false),
+        Some(Command::Demo(a)) => workbench_cmd(a, &dev, true),
     }
 }
 
-/// What `baton` with no arguments does until the workbench lands: fetch the default pair
-/// and stream a chat answer from its source model.
-fn default_job(dev: &Device) -> Result<()> {
-    fetch_cmd(FetchArgs {
-        names: vec![],
-        pair: Some("default".into()),
-        all: false,
+/// The workbench on a pair (the default pair unless told otherwise). Models are fetched
+/// and missing mappers calibrated by the engine, with progress on screen; a first run
+/// gets a quick mapper and a note saying how to fit the full one.
+fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> {
+    use baton::engine::{script, EngineConfig};
+    use baton::mapper::calibrate::CalibrateOptions;
+    let mut cfg = EngineConfig::new([a.pair.source.clone(), a.pair.target.clone()], dev.clone());
+    cfg.mapper_dir = a.pair.mapper_dir.clone();
+    cfg.calibrate_missing = Some(CalibrateOptions::quick());
+    cfg.settings.max_tokens = a.max_tokens;
+    cfg.settings.gate = a.gate;
+    cfg.settings.premap = a.premap;
+    cfg.settings.reference = !a.no_reference;
+    let steps = if demo {
+        let s = script::Script::parse(DEMO_SCRIPT, "assets/demo.toml")?;
+        s.settings.apply(&mut cfg.settings);
+        Some(s.steps)
+    } else {
+        None
+    };
+    cfg.record = if a.no_record {
+        None
+    } else {
+        Some(
+            a.record
+                .clone()
+                .unwrap_or_else(|| baton::session::default_session_path(".")),
+        )
+    };
+    let record = cfg.record.clone();
+    baton::workbench::run(baton::workbench::WorkbenchOptions {
+        engine: cfg,
+        demo: steps,
     })?;
-    generate_cmd(
-        GenerateArgs {
-            model: "qwen2.5-coder-0.5b".into(),
-            prompt: "Write a Python function that returns the factorial of n.".into(),
-            chat: true,
-            max_tokens: 200,
-            temperature: 0.0,
-            top_p: 1.0,
-            seed: 42,
-        },
-        dev,
-    )
+    if let Some(p) = record.filter(|p| p.exists()) {
+        eprintln!("session recorded to {}", p.display());
+    }
+    Ok(())
 }
+
+/// The demo conversation, built in so `baton demo` works from any directory.
+const DEMO_SCRIPT: &str = include_str!("../assets/demo.toml");
 
 fn fetch_cmd(a: FetchArgs) -> Result<()> {
     let manifest = fetch::Manifest::builtin()?;

@@ -21,6 +21,11 @@ pub struct Settings {
     pub system_prompt: Option<String>,
     /// Query positions per switch for the attention-output cosine.
     pub probes: usize,
+    /// Leading positions a model computes itself instead of receiving them mapped, the
+    /// first time it takes over (the template's opening, which attention leans on
+    /// heavily; a server keeps it cached for every model anyway).
+    #[serde(default)]
+    pub anchor: usize,
 }
 
 impl Default for Settings {
@@ -33,6 +38,7 @@ impl Default for Settings {
             sampling: Sampling::greedy(),
             system_prompt: None,
             probes: 32,
+            anchor: 0,
         }
     }
 }

@@ -521,12 +521,26 @@ impl Engine {
         // The handoff itself: map what the target has not seen onto its own cache.
         let mapper: &CacheMapper = &self.mappers[a].mapper;
         let (sa, sb) = split(&mut self.slots, a);
-        let prior = sb.primary.len().min(n);
+        let mut prior = sb.primary.len().min(n);
         sb.primary.truncate(prior);
         // A cache the target computed all by itself is its truth so far: keep it, so the
         // reference path only re-prefills the suffix (as a prefix-caching server would).
         if self.settings.reference && sb.origin == CacheOrigin::True && sb.truth.len() < prior {
             sb.truth = sb.primary.try_clone()?;
+        }
+        // What the target held before this switch: the suffix is measured from here.
+        let held = prior;
+        let anchor = self.settings.anchor.min(n);
+        if prior < anchor {
+            sb.model.decoder.forward(
+                &self.conv.history[prior..anchor],
+                &mut sb.primary,
+                &ForwardOptions {
+                    logits: Logits::None,
+                    probe_positions: vec![],
+                },
+            )?;
+            prior = anchor;
         }
         let t_map = Instant::now();
         map_onto(
@@ -555,7 +569,7 @@ impl Engine {
         let mut timings = SwitchTimings {
             source_prefill_ms: None,
             map_full_ms,
-            map_suffix_ms: (prior > 0).then_some(map_suffix_ms),
+            map_suffix_ms: (held > 0).then_some(map_suffix_ms),
             reprefill_full_ms: None,
             reprefill_suffix_ms: None,
             end_to_end_ms: handoff_ms,
@@ -645,7 +659,7 @@ impl Engine {
             from: from_name,
             to: to_name,
             context_tokens: n,
-            suffix_tokens: n - prior,
+            suffix_tokens: n - held,
             timings,
             metrics,
             gate,

@@ -81,6 +81,8 @@ pub struct LoadedMapper {
     /// Mean held-out attention cosine from calibration: the gate's estimate when no
     /// reference cache is at hand.
     pub calibration_cosine: f64,
+    /// Calibration windows it was fitted on (a quick first-run mapper has few).
+    pub sequences: usize,
 }
 
 pub fn mapper_dir(configured: &Option<PathBuf>) -> PathBuf {
@@ -181,5 +183,6 @@ pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, Eng
             k: art.meta.k,
         },
         calibration_cosine: cos.iter().sum::<f64>() / cos.len().max(1) as f64,
+        sequences: art.meta.corpus.sequences,
     })
 }

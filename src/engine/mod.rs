@@ -172,6 +172,17 @@ pub fn build(
     };
     let mut out = Outbox { events, recorder };
     out.emit(ready);
+    let full = crate::mapper::calibrate::CalibrateOptions::default().sequences;
+    for m in &mappers {
+        if m.sequences < full {
+            out.emit(Event::Notice {
+                message: format!(
+                    "mapper {} -> {} is a quick one ({} calibration windows); `baton calibrate` fits the full one ({full})",
+                    m.info.source, m.info.target, m.sequences
+                ),
+            });
+        }
+    }
     Ok(Engine::new(slots, mappers, config.settings, device, out))
 }
 

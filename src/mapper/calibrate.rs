@@ -53,6 +53,22 @@ impl Default for CalibrateOptions {
     }
 }
 
+impl CalibrateOptions {
+    /// A first-run mapper that is ready in a few minutes on a 2-core CPU: a quarter of
+    /// the default sample, stride 2 to keep enough observations for k up to 4.
+    pub fn quick() -> Self {
+        Self {
+            sequences: 24,
+            seq_len: 256,
+            stride: 2,
+            select_sequences: 4,
+            probes: 16,
+            k_sweep: vec![1, 2, 4],
+            ..Self::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Direction {
     /// First model to second.

@@ -1,0 +1,126 @@
+//! The real binary's workbench in a real terminal (tmux) on the default pair: type a
+//! message, wait for the answer, press Tab, send another, and check that the screen
+//! shows a measured map time, a re-prefill time and per-layer cosines, and that the
+//! session file holds the switch. Skips with a note where tmux is missing (scripts/test
+//! installs it).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux").args(args).output().expect("tmux runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn screen(session: &str) -> String {
+    tmux(&["capture-pane", "-p", "-t", session])
+}
+
+/// Poll `check` until it holds or `limit` passes; the screen is printed on failure.
+fn wait_for(session: &str, what: &str, limit: Duration, check: &dyn Fn() -> bool) {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let s = screen(session);
+    tmux(&["kill-session", "-t", session]);
+    panic!("timed out waiting for {what}; screen:\n{s}");
+}
+
+fn count_in(path: &Path, needle: &str) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.matches(needle).count())
+        .unwrap_or(0)
+}
+
+struct KillOnDrop(String);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.0])
+            .output();
+    }
+}
+
+#[test]
+fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        eprintln!("note: tmux is not installed; skipping (scripts/test installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("s.jsonl");
+    let mappers = baton::fetch::cache_root().join("test-mappers");
+    let (small, large) = (common::qwen_small(), common::qwen_large());
+    let session = format!("baton-test-{}", std::process::id());
+    let cmd = format!(
+        "{} workbench --source {} --target {} --mapper-dir {} --record {} --max-tokens 16",
+        env!("CARGO_BIN_EXE_baton"),
+        small.display(),
+        large.display(),
+        mappers.display(),
+        record.display()
+    );
+    tmux(&[
+        "new-session", "-d", "-s", &session, "-x", "160", "-y", "48", "-c",
+        &dir.path().display().to_string(), &cmd,
+    ]);
+    let _kill = KillOnDrop(session.clone());
+    // Ready: the header line is written once both models and mappers are loaded (a first
+    // run calibrates the small test mappers, hence the long limit).
+    wait_for(&session, "the engine to be ready", Duration::from_secs(900), &|| {
+        count_in(&record, "\"type\":\"ready\"") == 1
+    });
+    tmux(&["send-keys", "-t", &session, "-l", "Write hello world in Rust."]);
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    wait_for(&session, "the first answer", Duration::from_secs(300), &|| {
+        count_in(&record, "\"type\":\"done\"") == 1
+    });
+    tmux(&["send-keys", "-t", &session, "Tab"]);
+    wait_for(&session, "the switch", Duration::from_secs(300), &|| {
+        count_in(&record, "\"type\":\"switch\"") == 1
+    });
+    tmux(&["send-keys", "-t", &session, "-l", "Now in Python."]);
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    wait_for(&session, "the answer after the switch", Duration::from_secs(300), &|| {
+        count_in(&record, "\"type\":\"done\"") == 2
+    });
+    // Let the last events reach the screen.
+    std::thread::sleep(Duration::from_millis(800));
+    let s = screen(&session);
+    eprintln!("{s}");
+    assert!(s.contains("map"), "a map time is shown:\n{s}");
+    assert!(s.contains("re-prefill"), "a re-prefill time is shown:\n{s}");
+    assert!(s.contains("ms"), "times are in milliseconds:\n{s}");
+    assert!(s.to_lowercase().contains("cosine"), "per-layer cosines are shown:\n{s}");
+    // Quit (no turn running: no confirmation needed) and check the terminal is left.
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20)
+        && tmux(&["list-sessions"]).contains(&session)
+    {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let text = std::fs::read_to_string(&record).unwrap();
+    let session_file = baton::session::read_session(&record).unwrap();
+    assert!(session_file.warnings.is_empty(), "{:?}", session_file.warnings);
+    let switch = session_file
+        .events()
+        .find_map(|e| match e {
+            baton::protocol::Event::Switch { timings, metrics, .. } => {
+                Some((*timings, metrics.clone()))
+            }
+            _ => None,
+        })
+        .expect("the session file holds the switch");
+    assert!(switch.0.map_full_ms > 0.0);
+    assert!(switch.0.reprefill_full_ms.is_some_and(|r| r > 0.0));
+    assert!(switch.1.is_some_and(|m| !m.attention_cosine.is_empty()));
+    assert!(text.contains("\"type\":\"user_message\""));
+}
