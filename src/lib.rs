@@ -11,3 +11,4 @@ pub mod model;
 pub mod protocol;
 pub mod session;
 pub mod text;
+pub mod tui;
