@@ -11,4 +11,5 @@ pub mod model;
 pub mod protocol;
 pub mod session;
 pub mod text;
+pub mod tui;
 pub mod workbench;

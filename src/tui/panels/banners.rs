@@ -1,0 +1,81 @@
+//! Boxes that cover part of the screen until a key is pressed: the quit question, the
+//! demo's pause after a switch, and a fatal engine error.
+
+use super::{fmt_factor, BAD, BOLD};
+use crate::tui::app::App;
+use crate::tui::view::centered;
+use ratatui::layout::{Alignment, Rect};
+use ratatui::style::{Color, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, BorderType, Clear, Paragraph, Wrap};
+use ratatui::Frame;
+
+fn banner(frame: &mut Frame, area: Rect, lines: Vec<Line<'static>>, color: Color, title: &str) {
+    frame.render_widget(Clear, area);
+    let block = Block::bordered()
+        .border_type(BorderType::Double)
+        .border_style(Style::new().fg(color))
+        .title(Line::from(format!(" {title} ")).style(BOLD.fg(color)));
+    frame.render_widget(
+        Paragraph::new(lines)
+            .alignment(Alignment::Center)
+            .wrap(Wrap { trim: true })
+            .block(block),
+        area,
+    );
+}
+
+pub fn render_confirm_quit(frame: &mut Frame, area: Rect, _app: &App) {
+    let lines = vec![
+        Line::from(Span::styled("A turn is still running. Quit anyway?", BOLD)),
+        Line::from("y quits (the turn is cancelled) · any other key stays"),
+    ];
+    banner(
+        frame,
+        centered(area, 60, 4),
+        lines,
+        Color::Yellow,
+        "quit? y/n",
+    );
+}
+
+/// Fills `area` (the rows of the input) while the demo waits for the presenter.
+pub fn render_demo_pause(frame: &mut Frame, area: Rect, app: &App) {
+    let Some(at) = app.demo.as_ref().and_then(|d| d.paused_after) else {
+        return;
+    };
+    let Some(s) = app.switches.get(at) else {
+        return;
+    };
+    let speedup = s.timings.speedup_full().map_or_else(String::new, |x| {
+        format!(" · {} faster than re-prefill", fmt_factor(x))
+    });
+    let lines = vec![
+        Line::from(Span::styled(
+            format!(
+                "switch #{}: {} → {}{speedup}",
+                s.index + 1,
+                app.short_name(&s.from),
+                app.short_name(&s.to)
+            ),
+            BOLD,
+        )),
+        Line::from(Span::styled(
+            "press any key to continue · q quits",
+            BOLD.fg(Color::Cyan),
+        )),
+    ];
+    banner(frame, area, lines, Color::Cyan, "demo paused");
+}
+
+pub fn render_fatal(frame: &mut Frame, area: Rect, app: &App) {
+    let Some(message) = &app.fatal else {
+        return;
+    };
+    let lines = vec![
+        Line::from(Span::styled(message.clone(), BOLD)),
+        Line::default(),
+        Line::from("The engine has stopped. Press q to quit."),
+    ];
+    banner(frame, centered(area, 70, 7), lines, BAD, "engine stopped");
+}

@@ -1,0 +1,69 @@
+//! Every key, over the rest of the screen.
+
+use super::{panel, BOLD, DIM};
+use crate::tui::app::App;
+use crate::tui::view::centered;
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Clear, Paragraph, Wrap};
+use ratatui::Frame;
+
+const KEYS: [(&str, &str); 11] = [
+    ("Enter", "send the message (not while a turn runs)"),
+    (
+        "Tab",
+        "hand the conversation to the other model (queued during a turn)",
+    ),
+    (
+        "Esc",
+        "cancel the generation · close help or the bookmark note",
+    ),
+    (
+        "Ctrl-R",
+        "reference path on/off: the re-prefilled answer to compare with",
+    ),
+    ("Ctrl-B", "bookmark the current turn with a note"),
+    (
+        "l, Ctrl-L",
+        "layer panel: attention cosine → K/V R² → key-error concentration",
+    ),
+    (
+        "PgUp PgDn",
+        "scroll the conversation (also the mouse wheel, ↑ ↓)",
+    ),
+    (
+        "← → Home End",
+        "move in the message · Backspace Delete edit it",
+    ),
+    ("?, F1", "this help"),
+    (
+        "q, Ctrl-C",
+        "quit (asks first while a turn runs; Ctrl-C twice quits at once)",
+    ),
+    ("demo", "after each switch the demo waits: any key goes on"),
+];
+
+pub fn render(frame: &mut Frame, area: Rect, _app: &App) {
+    let mut lines: Vec<Line> = KEYS
+        .iter()
+        .map(|(k, d)| {
+            Line::from(vec![
+                Span::styled(format!("{k:>12}  "), BOLD),
+                Span::raw(*d),
+            ])
+        })
+        .collect();
+    lines.push(Line::default());
+    lines.push(Line::from(Span::styled(
+        "l, ? and q act as keys only while the message is empty. Any key closes this help.",
+        DIM,
+    )));
+    let box_area = centered(area, 92, lines.len() as u16 + 2);
+    frame.render_widget(Clear, box_area);
+    frame.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(panel(Line::from(" keys "))),
+        box_area,
+    );
+}

@@ -1,0 +1,158 @@
+//! The conversation as the user sees it: the primary (mapped) path only, streaming, each
+//! answer labelled with its model and where its cache came from.
+
+use super::{cache_label, cache_style, fmt_factor, fmt_ms, panel, BOLD, DIM, MAP, WARN};
+use crate::protocol::{CacheOrigin, StopKind};
+use crate::tui::app::{App, Entry, Reply, SwitchRecord};
+use crate::tui::view::inner;
+use crate::tui::wrap::wrap;
+use ratatui::layout::Rect;
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+use ratatui::Frame;
+
+const USER: Style = Style::new().fg(Color::Cyan).add_modifier(Modifier::BOLD);
+
+pub fn render(frame: &mut Frame, area: Rect, app: &App) {
+    let body = inner(area);
+    let lines = lines(app, body.width as usize);
+    let bottom = lines.len().saturating_sub(body.height as usize);
+    let top = app.scroll_top.map_or(bottom, |t| t.min(bottom));
+    let mut block = panel(Line::from(" conversation "));
+    if top < bottom {
+        block = block.title(
+            Line::from(format!(" ↑ {} lines below · PgDn follows ", bottom - top))
+                .style(Style::new().fg(WARN))
+                .right_aligned(),
+        );
+    }
+    let shown: Vec<Line> = lines
+        .into_iter()
+        .skip(top)
+        .take(body.height as usize)
+        .collect();
+    frame.render_widget(Paragraph::new(shown).block(block), area);
+}
+
+/// Every line of the transcript wrapped to `width`; its length is what scrolling needs.
+pub(crate) fn lines(app: &App, width: usize) -> Vec<Line<'static>> {
+    if app.transcript.is_empty() {
+        return wrap(
+            &[(
+                "Type a message and press Enter. Tab hands the conversation to the other model; \
+                 the panels then show what the handoff cost and how faithful it was.",
+                DIM,
+            )],
+            width,
+        );
+    }
+    let mut out = Vec::new();
+    for entry in &app.transcript {
+        match entry {
+            Entry::User { turn, text } => {
+                out.push(Line::from(vec![
+                    Span::styled("you", USER),
+                    Span::styled(format!(" · turn {turn}"), DIM),
+                ]));
+                out.extend(wrap(&[(text, Style::default())], width));
+            }
+            Entry::Reply(r) => reply(&mut out, r, width),
+            Entry::Switch(i) => {
+                if let Some(s) = app.switches.get(*i) {
+                    out.extend(wrap(&[(&switch_line(s), BOLD.fg(WARN))], width));
+                }
+            }
+            Entry::Bookmark { turn, note } => {
+                let text = format!("※ bookmark on turn {turn}: {note}");
+                out.extend(wrap(&[(&text, Style::new().fg(Color::Magenta))], width));
+            }
+        }
+        out.push(Line::default());
+    }
+    out.pop();
+    out
+}
+
+fn reply(out: &mut Vec<Line<'static>>, r: &Reply, width: usize) {
+    let model_style = match r.cache {
+        CacheOrigin::True => BOLD,
+        _ => BOLD.fg(MAP),
+    };
+    out.push(Line::from(vec![
+        Span::styled(r.model.clone(), model_style),
+        Span::styled(" · ", DIM),
+        Span::styled(cache_label(r.cache), cache_style(r.cache)),
+    ]));
+    let streaming = r.finished.is_none();
+    let mut chunks = vec![(r.text.as_str(), Style::default())];
+    if streaming {
+        chunks.push(("▌", DIM));
+    }
+    out.extend(wrap(&chunks, width));
+    let mut notes = Vec::new();
+    if let Some(f) = r.finished {
+        notes.push(format!(
+            "{} tokens · {:.1} tok/s · first token {} ms",
+            f.tokens,
+            f.timings.decode_tokens_per_s,
+            fmt_ms(f.timings.first_token_ms)
+        ));
+        match f.stop {
+            StopKind::Eos => {}
+            StopKind::MaxTokens => notes.push("stopped at the token limit".into()),
+            StopKind::Cancelled => notes.push("cancelled".into()),
+        }
+    }
+    if !notes.is_empty() {
+        out.extend(wrap(&[(&notes.join(" · "), DIM)], width));
+    }
+    if let Some(c) = r.comparison {
+        let (text, style) = if c.identical {
+            (
+                "= same tokens as the re-prefilled answer".to_string(),
+                DIM.fg(MAP),
+            )
+        } else {
+            let at = c
+                .first_difference
+                .map_or_else(String::new, |i| format!(" from token {i}"));
+            (
+                format!(
+                    "≠ differs from the re-prefilled answer{at} · {} of tokens agree",
+                    super::fmt_percent(c.agreement)
+                ),
+                Style::new().fg(WARN),
+            )
+        };
+        out.extend(wrap(&[(&text, style)], width));
+    }
+}
+
+fn switch_line(s: &SwitchRecord) -> String {
+    let t = &s.timings;
+    let mut text = format!(
+        "⇄ switch #{}: {} → {} · {} tokens handed over ({} new) · map {} ms",
+        s.index + 1,
+        s.from,
+        s.to,
+        s.context_tokens,
+        s.suffix_tokens,
+        fmt_ms(t.map_full_ms)
+    );
+    if let Some(r) = t.reprefill_full_ms {
+        text.push_str(&format!(" vs re-prefill {} ms", fmt_ms(r)));
+    }
+    if let Some(x) = t.speedup_full() {
+        text.push_str(&format!(" · {} faster", fmt_factor(x)));
+    }
+    if let Some(g) = s.gate {
+        if g.used == CacheOrigin::Reprefilled {
+            text.push_str(&format!(
+                " · the gate re-prefilled instead (estimate {:.3} < {:.3})",
+                g.estimate, g.threshold
+            ));
+        }
+    }
+    text
+}

@@ -1,0 +1,668 @@
+//! How keys and engine events change the workbench, without a terminal.
+
+use super::app::{Entry, Overlay};
+use super::*;
+use crate::protocol::{
+    CacheOrigin, Command, Event, GenerationTimings, MapperInfo, ModelInfo, PathKind, StopKind,
+    SwitchMetrics, SwitchTimings,
+};
+
+fn model(name: &str) -> ModelInfo {
+    ModelInfo {
+        name: name.into(),
+        path: format!("models/{name}"),
+        sha256: "ab".repeat(32),
+        arch: "qwen2".into(),
+        n_layer: 4,
+        n_kv_head: 2,
+        head_dim: 64,
+    }
+}
+
+fn ready() -> Event {
+    Event::Ready {
+        models: vec![model("small"), model("large")],
+        active: 0,
+        mappers: vec![MapperInfo {
+            id: "small__to__large.0123456789ab-ba9876543210.safetensors".into(),
+            source: "small".into(),
+            target: "large".into(),
+            sha256: "cd".repeat(32),
+            k: 4,
+        }],
+        device: "cpu".into(),
+    }
+}
+
+fn timings() -> GenerationTimings {
+    GenerationTimings {
+        prefill_ms: 10.0,
+        first_token_ms: 12.0,
+        decode_tokens_per_s: 30.0,
+        total_ms: 100.0,
+    }
+}
+
+fn switch_event(context_tokens: usize) -> Event {
+    Event::Switch {
+        index: 0,
+        turn: 2,
+        from: "small".into(),
+        to: "large".into(),
+        context_tokens,
+        suffix_tokens: context_tokens,
+        timings: SwitchTimings {
+            source_prefill_ms: None,
+            map_full_ms: 4.0,
+            map_suffix_ms: None,
+            reprefill_full_ms: Some(50.0),
+            reprefill_suffix_ms: None,
+            end_to_end_ms: 5.0,
+        },
+        metrics: Some(SwitchMetrics {
+            attention_cosine: vec![0.99, 0.97, 0.95, 0.98],
+            r2_k: vec![0.9; 4],
+            r2_v: vec![0.8; 4],
+            key_error_concentration: vec![1.1; 4],
+            top1_agreement: None,
+            kl: None,
+        }),
+        gate: None,
+    }
+}
+
+fn generation(turn: u32, path: PathKind, text: &str, ids: Vec<u32>, prompt: usize) -> Event {
+    Event::Generation {
+        turn,
+        path,
+        model: "small".into(),
+        text: text.into(),
+        token_ids: ids,
+        prompt_tokens: prompt,
+        timings: timings(),
+        stop: StopKind::Eos,
+    }
+}
+
+fn token(turn: u32, path: PathKind, text: &str, id: u32) -> Event {
+    Event::Token {
+        turn,
+        path,
+        text: text.into(),
+        id,
+    }
+}
+
+fn started(turn: u32, path: PathKind, cache: CacheOrigin) -> Event {
+    Event::TurnStarted {
+        turn,
+        path,
+        model: "large".into(),
+        cache,
+    }
+}
+
+fn ready_app() -> App {
+    let mut app = App::new(AppInfo::default());
+    app.update(Msg::Engine(ready()));
+    app
+}
+
+fn key(app: &mut App, k: Key) -> Vec<Effect> {
+    app.update(Msg::Key(k))
+}
+
+fn code(app: &mut App, c: KeyCode) -> Vec<Effect> {
+    key(app, Key::plain(c))
+}
+
+fn typed(app: &mut App, s: &str) {
+    for c in s.chars() {
+        assert_eq!(key(app, Key::char(c)), vec![], "typing {c:?}");
+    }
+}
+
+fn event(app: &mut App, e: Event) -> Vec<Effect> {
+    app.update(Msg::Engine(e))
+}
+
+fn send(c: Command) -> Effect {
+    Effect::Send(c)
+}
+
+/// An app with a turn running: "hi" was sent.
+fn running_app() -> App {
+    let mut app = ready_app();
+    typed(&mut app, "hi");
+    assert_eq!(
+        code(&mut app, KeyCode::Enter),
+        vec![send(Command::Submit { text: "hi".into() })]
+    );
+    app
+}
+
+#[test]
+fn typing_edits_at_the_cursor() {
+    let mut app = ready_app();
+    typed(&mut app, "helo");
+    code(&mut app, KeyCode::Left);
+    typed(&mut app, "l");
+    assert_eq!(app.input_text(), "hello");
+    code(&mut app, KeyCode::Home);
+    code(&mut app, KeyCode::Delete);
+    code(&mut app, KeyCode::End);
+    code(&mut app, KeyCode::Backspace);
+    typed(&mut app, "p!");
+    assert_eq!(app.input_text(), "ellp!");
+    app.update(Msg::Paste("a\nb".into()));
+    assert_eq!(app.input_text(), "ellp!a b");
+}
+
+#[test]
+fn enter_sends_the_message_unless_it_is_empty_or_a_turn_runs() {
+    let mut app = ready_app();
+    assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
+    typed(&mut app, "   ");
+    assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
+    let mut app = running_app();
+    assert_eq!(app.input_text(), "");
+    assert!(app.busy());
+    typed(&mut app, "next");
+    assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
+    assert_eq!(app.input_text(), "next");
+    let status = app.status_text().unwrap_or_default();
+    assert!(
+        status.contains("wait") && status.contains("Esc"),
+        "{status}"
+    );
+    event(&mut app, Event::Done { turn: 1 });
+    assert_eq!(
+        code(&mut app, KeyCode::Enter),
+        vec![send(Command::Submit {
+            text: "next".into()
+        })]
+    );
+}
+
+#[test]
+fn enter_waits_for_the_models() {
+    let mut app = App::new(AppInfo::default());
+    typed(&mut app, "early");
+    assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
+    assert_eq!(app.input_text(), "early");
+    assert!(app.status_text().unwrap_or_default().contains("loading"));
+}
+
+#[test]
+fn tab_during_a_turn_sends_the_switch_and_says_it_is_queued() {
+    let mut app = running_app();
+    assert_eq!(code(&mut app, KeyCode::Tab), vec![send(Command::Switch)]);
+    assert!(app.status_text().unwrap_or_default().contains("queued"));
+    let notice = "switch queued: it runs when this turn is done";
+    event(
+        &mut app,
+        Event::Notice {
+            message: notice.into(),
+        },
+    );
+    assert_eq!(app.status_text(), Some(notice));
+    event(&mut app, Event::Done { turn: 1 });
+    // The engine runs the queued switch before anything typed now.
+    typed(&mut app, "x");
+    assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
+    event(&mut app, switch_event(10));
+    assert!(!app.busy());
+    assert_eq!(app.active, 1);
+}
+
+#[test]
+fn a_switch_with_nothing_to_hand_over_still_changes_the_active_model() {
+    let mut app = ready_app();
+    assert_eq!(code(&mut app, KeyCode::Tab), vec![send(Command::Switch)]);
+    event(
+        &mut app,
+        Event::Notice {
+            message: "large is active; there was no conversation to hand over".into(),
+        },
+    );
+    assert_eq!(app.active, 1);
+    assert!(!app.busy());
+}
+
+#[test]
+fn esc_cancels_the_generation_once() {
+    let mut app = running_app();
+    assert_eq!(code(&mut app, KeyCode::Esc), vec![send(Command::Cancel)]);
+    assert_eq!(code(&mut app, KeyCode::Esc), vec![]);
+    event(&mut app, Event::Done { turn: 1 });
+    assert_eq!(code(&mut app, KeyCode::Esc), vec![]);
+}
+
+#[test]
+fn ctrl_r_toggles_the_reference_path() {
+    let mut app = ready_app();
+    assert!(app.reference_enabled());
+    assert_eq!(
+        key(&mut app, Key::ctrl('r')),
+        vec![send(Command::SetReference { enabled: false })]
+    );
+    assert!(!app.reference_enabled());
+    assert_eq!(
+        key(&mut app, Key::ctrl('r')),
+        vec![send(Command::SetReference { enabled: true })]
+    );
+}
+
+#[test]
+fn a_bookmark_note_leaves_the_message_alone() {
+    let mut app = ready_app();
+    typed(&mut app, "half a thought");
+    key(&mut app, Key::ctrl('b'));
+    typed(&mut app, "q? l");
+    assert_eq!(app.input_text(), "half a thought");
+    assert_eq!(
+        code(&mut app, KeyCode::Enter),
+        vec![send(Command::Bookmark {
+            note: "q? l".into()
+        })]
+    );
+    assert_eq!(app.input_text(), "half a thought");
+    key(&mut app, Key::ctrl('b'));
+    typed(&mut app, "dropped");
+    assert_eq!(code(&mut app, KeyCode::Esc), vec![]);
+    assert!(app.bookmark.is_none());
+    assert_eq!(app.input_text(), "half a thought");
+    event(
+        &mut app,
+        Event::Bookmark {
+            turn: 0,
+            note: "q? l".into(),
+        },
+    );
+    assert!(matches!(
+        app.transcript.last(),
+        Some(Entry::Bookmark { .. })
+    ));
+}
+
+#[test]
+fn help_opens_on_question_mark_only_with_an_empty_message() {
+    let mut app = ready_app();
+    typed(&mut app, "why");
+    typed(&mut app, "?");
+    assert_eq!(app.input_text(), "why?");
+    assert_eq!(app.overlay, Overlay::None);
+    code(&mut app, KeyCode::F(1));
+    assert_eq!(app.overlay, Overlay::Help);
+    code(&mut app, KeyCode::Esc);
+    assert_eq!(app.overlay, Overlay::None);
+    assert_eq!(app.input_text(), "why?");
+    let mut app = ready_app();
+    typed(&mut app, "?");
+    assert_eq!(app.overlay, Overlay::Help);
+    assert_eq!(app.input_text(), "");
+}
+
+#[test]
+fn quitting_during_a_turn_asks_first() {
+    let mut app = running_app();
+    assert_eq!(key(&mut app, Key::char('q')), vec![]);
+    assert_eq!(app.overlay, Overlay::ConfirmQuit);
+    assert_eq!(key(&mut app, Key::char('n')), vec![]);
+    assert_eq!(app.overlay, Overlay::None);
+    assert_eq!(key(&mut app, Key::ctrl('c')), vec![]);
+    assert_eq!(
+        key(&mut app, Key::char('y')),
+        vec![send(Command::Cancel), send(Command::Shutdown), Effect::Quit]
+    );
+}
+
+#[test]
+fn quitting_when_idle_is_immediate_and_q_in_a_message_is_a_letter() {
+    let mut app = ready_app();
+    typed(&mut app, "a q");
+    assert_eq!(app.input_text(), "a q");
+    assert_eq!(
+        key(&mut app, Key::ctrl('c')),
+        vec![send(Command::Shutdown), Effect::Quit]
+    );
+    let mut app = ready_app();
+    assert_eq!(
+        key(&mut app, Key::char('q')),
+        vec![send(Command::Shutdown), Effect::Quit]
+    );
+}
+
+#[test]
+fn a_fatal_error_shows_and_quitting_still_works() {
+    let mut app = running_app();
+    event(
+        &mut app,
+        Event::Error {
+            message: "out of memory".into(),
+            fatal: true,
+        },
+    );
+    assert!(app.fatal.is_some());
+    assert!(!app.busy());
+    typed(&mut app, "x");
+    assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
+    key(&mut app, Key::plain(KeyCode::Backspace));
+    assert_eq!(
+        key(&mut app, Key::char('q')),
+        vec![send(Command::Shutdown), Effect::Quit]
+    );
+}
+
+#[test]
+fn a_non_fatal_error_ends_the_turn_but_a_recording_failure_does_not() {
+    let mut app = running_app();
+    event(
+        &mut app,
+        Event::Error {
+            message: "recording stopped: disk full".into(),
+            fatal: false,
+        },
+    );
+    assert!(app.busy());
+    assert!(app.recording_stopped);
+    event(
+        &mut app,
+        Event::Error {
+            message: "tokenizer failed".into(),
+            fatal: false,
+        },
+    );
+    assert!(!app.busy());
+}
+
+#[test]
+fn context_length_sums_the_mapped_path_and_a_switch_resets_it() {
+    let mut app = running_app();
+    event(
+        &mut app,
+        generation(1, PathKind::Mapped, "ab", vec![1, 2, 3], 20),
+    );
+    assert_eq!(app.context_tokens(), 23);
+    event(
+        &mut app,
+        generation(1, PathKind::Reference, "ab", vec![1; 9], 50),
+    );
+    assert_eq!(app.context_tokens(), 23);
+    event(&mut app, Event::Done { turn: 1 });
+    event(&mut app, switch_event(25));
+    assert_eq!(app.context_tokens(), 25);
+    event(&mut app, generation(2, PathKind::Mapped, "c", vec![4], 6));
+    assert_eq!(app.context_tokens(), 32);
+}
+
+#[test]
+fn tokens_stream_into_the_transcript_and_the_reference_only_beside_it() {
+    let mut app = running_app();
+    event(
+        &mut app,
+        Event::UserMessage {
+            turn: 2,
+            text: "hi".into(),
+        },
+    );
+    event(&mut app, started(2, PathKind::Mapped, CacheOrigin::Mapped));
+    event(&mut app, token(2, PathKind::Mapped, "Hel", 5));
+    event(&mut app, token(2, PathKind::Mapped, "lo", 6));
+    let reply = app.transcript.iter().rev().find_map(|e| match e {
+        Entry::Reply(r) => Some(r.clone()),
+        _ => None,
+    });
+    let reply = reply.expect("a reply entry");
+    assert_eq!(reply.text, "Hello");
+    assert_eq!(reply.cache, CacheOrigin::Mapped);
+    assert_eq!(reply.model, "large");
+    event(
+        &mut app,
+        started(2, PathKind::Reference, CacheOrigin::Reprefilled),
+    );
+    event(&mut app, token(2, PathKind::Reference, "Hey", 7));
+    let pair = app.pair.clone().expect("a turn pair");
+    let texts = |p: &super::app::PathText| -> Vec<String> {
+        p.pieces.iter().map(|x| x.text.clone()).collect()
+    };
+    assert_eq!(texts(&pair.mapped), ["Hel", "lo"]);
+    assert_eq!(
+        pair.reference.as_ref().map(texts),
+        Some(vec!["Hey".to_string()])
+    );
+    assert_eq!(app.transcript.len(), 2);
+    match app.transcript.last() {
+        Some(Entry::Reply(r)) => assert_eq!(r.text, "Hello"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_first_difference_is_found_among_the_streamed_pieces() {
+    let mut app = running_app();
+    event(&mut app, started(1, PathKind::Mapped, CacheOrigin::Mapped));
+    // Token 11 completes no text of its own: its bytes arrive with token 12.
+    for (t, id) in [("The", 10), (" café", 12), (" is", 13), (" open", 14)] {
+        event(&mut app, token(1, PathKind::Mapped, t, id));
+    }
+    event(
+        &mut app,
+        generation(
+            1,
+            PathKind::Mapped,
+            "The café is open.",
+            vec![10, 11, 12, 13, 14, 15],
+            5,
+        ),
+    );
+    event(
+        &mut app,
+        Event::TurnComparison {
+            turn: 1,
+            identical: false,
+            first_difference: Some(3),
+            agreement: 0.5,
+        },
+    );
+    let pair = app.pair.clone().expect("a turn pair");
+    assert_eq!(pair.comparison.and_then(|c| c.first_difference), Some(3));
+    let mapped = &pair.mapped;
+    assert_eq!(mapped.piece_of_token(0), Some(0));
+    assert_eq!(mapped.piece_of_token(1), Some(1));
+    assert_eq!(mapped.piece_of_token(2), Some(1));
+    assert_eq!(mapped.piece_of_token(3), Some(2));
+    // The flushed "." has no token of its own and covers what is left.
+    assert_eq!(mapped.pieces.last().map(|p| p.text.as_str()), Some("."));
+    assert_eq!(mapped.piece_of_token(5), Some(4));
+    assert_eq!(mapped.piece_of_token(6), None);
+}
+
+#[test]
+fn the_layer_view_cycles_on_l_only_with_an_empty_message() {
+    let mut app = ready_app();
+    assert_eq!(app.layer_view(), LayerView::Cosine);
+    key(&mut app, Key::char('l'));
+    assert_eq!(app.layer_view(), LayerView::R2);
+    key(&mut app, Key::ctrl('l'));
+    assert_eq!(app.layer_view(), LayerView::Concentration);
+    typed(&mut app, "hel");
+    assert_eq!(app.layer_view(), LayerView::Concentration);
+    key(&mut app, Key::ctrl('l'));
+    assert_eq!(app.layer_view(), LayerView::Cosine);
+    assert_eq!(app.input_text(), "hel");
+}
+
+#[test]
+fn typed_text_survives_events_switches_and_resizes() {
+    let mut app = running_app();
+    typed(&mut app, "draft");
+    event(&mut app, started(1, PathKind::Mapped, CacheOrigin::True));
+    event(&mut app, token(1, PathKind::Mapped, "x", 1));
+    code(&mut app, KeyCode::Tab);
+    app.update(Msg::Resize(120, 40));
+    app.update(Msg::Resize(10, 3));
+    app.update(Msg::Scroll(-5));
+    event(&mut app, Event::Done { turn: 1 });
+    event(&mut app, switch_event(3));
+    app.update(Msg::Tick);
+    assert_eq!(app.input_text(), "draft");
+}
+
+#[test]
+fn redraws_are_asked_for_only_after_a_change() {
+    let mut app = ready_app();
+    assert!(app.needs_redraw());
+    app.mark_drawn();
+    app.update(Msg::Tick);
+    assert!(!app.needs_redraw());
+    let mut app = running_app();
+    app.mark_drawn();
+    event(&mut app, token(1, PathKind::Mapped, "x", 1));
+    assert!(app.needs_redraw());
+    app.mark_drawn();
+    app.update(Msg::Tick);
+    assert!(app.needs_redraw(), "the busy indicator moves");
+}
+
+#[test]
+fn paging_up_pins_the_transcript_and_paging_down_follows_again() {
+    let mut app = ready_app();
+    app.update(Msg::Resize(100, 30));
+    for turn in 1..=20 {
+        event(
+            &mut app,
+            Event::UserMessage {
+                turn,
+                text: format!("message {turn}"),
+            },
+        );
+    }
+    assert_eq!(app.scroll_top, None);
+    code(&mut app, KeyCode::PageUp);
+    let pinned = app.scroll_top.expect("pinned after PgUp");
+    event(
+        &mut app,
+        Event::UserMessage {
+            turn: 21,
+            text: "more".into(),
+        },
+    );
+    assert_eq!(app.scroll_top, Some(pinned));
+    app.update(Msg::Scroll(-1000));
+    assert_eq!(app.scroll_top, Some(0));
+    code(&mut app, KeyCode::PageDown);
+    assert!(app.scroll_top.is_some_and(|t| t > 0));
+    app.update(Msg::Scroll(1000));
+    assert_eq!(app.scroll_top, None);
+}
+
+fn demo_steps() -> Vec<Command> {
+    vec![
+        Command::Submit { text: "one".into() },
+        Command::Switch,
+        Command::Submit { text: "two".into() },
+    ]
+}
+
+#[test]
+fn a_demo_steps_after_each_answer_and_pauses_after_a_switch() {
+    let mut app = App::new(AppInfo {
+        demo: true,
+        ..AppInfo::default()
+    });
+    assert_eq!(app.load_demo(demo_steps()), vec![]);
+    assert_eq!(
+        event(&mut app, ready()),
+        vec![send(Command::Submit { text: "one".into() })]
+    );
+    // The presenter cannot type over the script.
+    typed(&mut app, "mine");
+    assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
+    assert_eq!(code(&mut app, KeyCode::Tab), vec![]);
+    assert_eq!(event(&mut app, token(1, PathKind::Mapped, "x", 1)), vec![]);
+    assert_eq!(
+        event(
+            &mut app,
+            Event::Notice {
+                message: "pre-mapped 3 tokens into large in 1.0 ms".into()
+            }
+        ),
+        vec![]
+    );
+    assert_eq!(
+        event(&mut app, Event::Done { turn: 1 }),
+        vec![send(Command::Switch)]
+    );
+    assert_eq!(event(&mut app, switch_event(8)), vec![]);
+    assert!(app.demo_paused());
+    assert_eq!(
+        key(&mut app, Key::char(' ')),
+        vec![send(Command::Submit { text: "two".into() })]
+    );
+    assert!(!app.demo_paused());
+    assert_eq!(event(&mut app, Event::Done { turn: 2 }), vec![]);
+    assert!(app.demo.is_none());
+    assert!(app
+        .status_text()
+        .unwrap_or_default()
+        .contains("demo finished"));
+    assert_eq!(app.input_text(), "mine");
+    assert_eq!(
+        code(&mut app, KeyCode::Enter),
+        vec![send(Command::Submit {
+            text: "mine".into()
+        })]
+    );
+}
+
+#[test]
+fn a_demo_loaded_when_ready_starts_at_once_and_can_be_quit_while_paused() {
+    let mut app = ready_app();
+    assert_eq!(
+        app.load_demo(vec![Command::Switch, Command::Submit { text: "a".into() }]),
+        vec![send(Command::Switch)]
+    );
+    event(&mut app, switch_event(8));
+    assert!(app.demo_paused());
+    assert_eq!(
+        key(&mut app, Key::char('q')),
+        vec![send(Command::Shutdown), Effect::Quit]
+    );
+}
+
+#[test]
+fn a_demo_switch_with_nothing_to_hand_over_does_not_pause() {
+    let mut app = ready_app();
+    app.load_demo(vec![Command::Switch, Command::Submit { text: "a".into() }]);
+    let fx = event(
+        &mut app,
+        Event::Notice {
+            message: "large is active; there was no conversation to hand over".into(),
+        },
+    );
+    assert_eq!(fx, vec![send(Command::Submit { text: "a".into() })]);
+    assert!(!app.demo_paused());
+}
+
+#[test]
+fn a_follow_up_completes_its_switch() {
+    let mut app = ready_app();
+    event(&mut app, switch_event(8));
+    event(
+        &mut app,
+        Event::SwitchFollowUp {
+            index: 0,
+            turn: 2,
+            top1_agreement: Some(0.9),
+            kl: Some(0.1),
+            positions: 7,
+            first_token_ms: 30.0,
+            end_to_end_ms: 35.0,
+        },
+    );
+    let f = app.switches[0].follow_up.expect("follow-up recorded");
+    assert_eq!(f.end_to_end_ms, 35.0);
+    assert_eq!(f.top1_agreement, Some(0.9));
+    assert!(matches!(app.transcript.last(), Some(Entry::Switch(0))));
+}

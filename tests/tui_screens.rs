@@ -1,0 +1,558 @@
+//! Snapshots of the workbench's screens after a fixed, realistic run: two switches
+//! between two 28-layer models, three turns, follow-ups and comparisons. Every number is
+//! a literal, so the screens are the same on every machine.
+
+use baton::protocol::{
+    CacheOrigin, Command, Event, GenerationTimings, MapperInfo, ModelInfo, PathKind, StopKind,
+    SwitchMetrics, SwitchTimings,
+};
+use baton::tui::{panels, render, App, AppInfo, Key, KeyCode, Msg};
+use ratatui::backend::TestBackend;
+use ratatui::layout::Rect;
+use ratatui::style::Color;
+use ratatui::{Frame, Terminal};
+
+const SMALL: &str = "Qwen2.5-1.5B-Instruct";
+const LARGE: &str = "Qwen2.5-7B-Instruct";
+
+fn model(name: &str, sha: &str) -> ModelInfo {
+    ModelInfo {
+        name: name.into(),
+        path: format!("models/{name}"),
+        sha256: sha.repeat(32),
+        arch: "qwen2".into(),
+        n_layer: 28,
+        n_kv_head: 4,
+        head_dim: 128,
+    }
+}
+
+fn mapper(source: &str, target: &str, sums: &str) -> MapperInfo {
+    MapperInfo {
+        id: format!("{source}__to__{target}.{sums}.safetensors"),
+        source: source.into(),
+        target: target.into(),
+        sha256: "ef".repeat(32),
+        k: 4,
+    }
+}
+
+fn ready() -> Event {
+    Event::Ready {
+        models: vec![model(SMALL, "1a"), model(LARGE, "7b")],
+        active: 0,
+        mappers: vec![
+            mapper(SMALL, LARGE, "1a1a1a1a1a1a-7b7b7b7b7b7b"),
+            mapper(LARGE, SMALL, "7b7b7b7b7b7b-1a1a1a1a1a1a"),
+        ],
+        device: "cuda:0".into(),
+    }
+}
+
+const COSINE_1: [f64; 28] = [
+    0.998, 0.997, 0.996, 0.991, 0.987, 0.984, 0.979, 0.981, 0.976, 0.972, 0.969, 0.966, 0.962,
+    0.958, 0.955, 0.951, 0.948, 0.944, 0.941, 0.936, 0.931, 0.925, 0.918, 0.909, 0.897, 0.883,
+    0.902, 0.934,
+];
+const COSINE_2: [f64; 28] = [
+    0.999, 0.998, 0.996, 0.994, 0.991, 0.989, 0.986, 0.984, 0.981, 0.979, 0.977, 0.974, 0.971,
+    0.969, 0.966, 0.963, 0.961, 0.958, 0.955, 0.951, 0.947, 0.942, 0.936, 0.929, 0.921, 0.874,
+    0.917, 0.948,
+];
+
+fn metrics(cosine: &[f64; 28]) -> SwitchMetrics {
+    SwitchMetrics {
+        attention_cosine: cosine.to_vec(),
+        r2_k: cosine.iter().map(|c| 1.0 - (1.0 - c) * 3.0).collect(),
+        r2_v: cosine.iter().map(|c| 1.0 - (1.0 - c) * 4.5).collect(),
+        key_error_concentration: cosine.iter().map(|c| 0.6 + (1.0 - c) * 6.0).collect(),
+        top1_agreement: None,
+        kl: None,
+    }
+}
+
+fn gen_timings(first_token_ms: f64) -> GenerationTimings {
+    GenerationTimings {
+        prefill_ms: first_token_ms - 14.0,
+        first_token_ms,
+        decode_tokens_per_s: 41.5,
+        total_ms: 1480.0,
+    }
+}
+
+/// A path's answer streamed piece by piece, then summed up.
+fn answer(
+    turn: u32,
+    path: PathKind,
+    model: &str,
+    cache: CacheOrigin,
+    pieces: &[&str],
+    first_id: u32,
+    prompt_tokens: usize,
+) -> Vec<Event> {
+    let mut events = vec![Event::TurnStarted {
+        turn,
+        path,
+        model: model.into(),
+        cache,
+    }];
+    let ids: Vec<u32> = (0..pieces.len() as u32).map(|i| first_id + i).collect();
+    for (p, id) in pieces.iter().zip(&ids) {
+        events.push(Event::Token {
+            turn,
+            path,
+            text: p.to_string(),
+            id: *id,
+        });
+    }
+    events.push(Event::Generation {
+        turn,
+        path,
+        model: model.into(),
+        text: pieces.concat(),
+        token_ids: ids,
+        prompt_tokens,
+        timings: gen_timings(182.0),
+        stop: StopKind::Eos,
+    });
+    events
+}
+
+const ANSWER_1: &[&str] = &[
+    "fn", " largest", "(v", ":", " &[", "i32", "])", " ->", " Option", "<i32>", " {", " v",
+    ".iter", "()", ".copied", "()", ".max", "()", " }",
+];
+const ANSWER_2: &[&str] = &[
+    "Use", " the", " `", "Ord", "`", " bound", ":", " fn", " largest", "<T", ":", " Ord", " +",
+    " Copy", ">(", "v", ":", " &[", "T", "])", " ->", " Option", "<T>", ".",
+];
+const ANSWER_3: &[&str] = &[
+    "The", " test", " calls", " `", "largest", "(&[])", "`", " and", " asserts", " it", " returns",
+    " `", "None", "`.",
+];
+const REFERENCE_3: &[&str] = &[
+    "The", " test", " calls", " `", "largest", "(&[])", "`", " then", " checks", " that", " the",
+    " result", " is", " `", "None", "`.",
+];
+
+/// Switch `index` before `turn`, handing `(context, new)` tokens over `(from, to)`.
+fn switch(
+    index: u32,
+    turn: u32,
+    (from, to): (&str, &str),
+    (context, new): (usize, usize),
+    timings: SwitchTimings,
+    cosine: &[f64; 28],
+) -> Event {
+    Event::Switch {
+        index,
+        turn,
+        from: from.into(),
+        to: to.into(),
+        context_tokens: context,
+        suffix_tokens: new,
+        timings,
+        metrics: Some(metrics(cosine)),
+        gate: None,
+    }
+}
+
+fn run() -> Vec<Event> {
+    let mut e = vec![
+        ready(),
+        Event::UserMessage {
+            turn: 1,
+            text: "Write a Rust function that returns the largest element of a slice of i32, \
+                   or None if it is empty."
+                .into(),
+        },
+    ];
+    e.extend(answer(
+        1,
+        PathKind::Mapped,
+        SMALL,
+        CacheOrigin::True,
+        ANSWER_1,
+        100,
+        61,
+    ));
+    e.push(Event::Done { turn: 1 });
+    e.push(switch(
+        0,
+        2,
+        (SMALL, LARGE),
+        (81, 81),
+        SwitchTimings {
+            source_prefill_ms: None,
+            map_full_ms: 11.8,
+            map_suffix_ms: None,
+            reprefill_full_ms: Some(148.6),
+            reprefill_suffix_ms: None,
+            end_to_end_ms: 12.4,
+        },
+        &COSINE_1,
+    ));
+    e.push(Event::UserMessage {
+        turn: 2,
+        text: "Now make it generic over any type that implements Ord.".into(),
+    });
+    e.extend(answer(
+        2,
+        PathKind::Mapped,
+        LARGE,
+        CacheOrigin::Mapped,
+        ANSWER_2,
+        200,
+        17,
+    ));
+    e.push(Event::SwitchFollowUp {
+        index: 0,
+        turn: 2,
+        top1_agreement: Some(0.941),
+        kl: Some(0.037),
+        positions: 16,
+        first_token_ms: 182.0,
+        end_to_end_ms: 194.4,
+    });
+    e.extend(answer(
+        2,
+        PathKind::Reference,
+        LARGE,
+        CacheOrigin::Reprefilled,
+        ANSWER_2,
+        200,
+        98,
+    ));
+    e.push(Event::TurnComparison {
+        turn: 2,
+        identical: true,
+        first_difference: None,
+        agreement: 1.0,
+    });
+    e.push(Event::Done { turn: 2 });
+    e.push(switch(
+        1,
+        3,
+        (LARGE, SMALL),
+        (123, 42),
+        SwitchTimings {
+            source_prefill_ms: None,
+            map_full_ms: 7.9,
+            map_suffix_ms: Some(3.1),
+            reprefill_full_ms: Some(121.0),
+            reprefill_suffix_ms: Some(38.2),
+            end_to_end_ms: 3.9,
+        },
+        &COSINE_2,
+    ));
+    e.push(Event::UserMessage {
+        turn: 3,
+        text: "Write a unit test for the empty case.".into(),
+    });
+    e.extend(answer(
+        3,
+        PathKind::Mapped,
+        SMALL,
+        CacheOrigin::Mapped,
+        ANSWER_3,
+        300,
+        12,
+    ));
+    e.push(Event::SwitchFollowUp {
+        index: 1,
+        turn: 3,
+        top1_agreement: Some(0.917),
+        kl: Some(0.052),
+        positions: 11,
+        first_token_ms: 96.0,
+        end_to_end_ms: 99.9,
+    });
+    let mut reference = answer(
+        3,
+        PathKind::Reference,
+        SMALL,
+        CacheOrigin::Reprefilled,
+        REFERENCE_3,
+        300,
+        135,
+    );
+    // The two answers share their first seven tokens.
+    for ev in reference.iter_mut() {
+        match ev {
+            Event::Token { id, .. } if *id >= 307 => *id += 50,
+            Event::Generation { token_ids, .. } => {
+                for id in token_ids.iter_mut().filter(|id| **id >= 307) {
+                    *id += 50;
+                }
+            }
+            _ => {}
+        }
+    }
+    e.extend(reference);
+    e.push(Event::TurnComparison {
+        turn: 3,
+        identical: false,
+        first_difference: Some(7),
+        agreement: 0.4375,
+    });
+    e.push(Event::Done { turn: 3 });
+    e
+}
+
+fn app_after_run(width: u16, height: u16) -> App {
+    let mut app = App::new(AppInfo {
+        record_path: Some("sessions/demo.jsonl".into()),
+        ..AppInfo::default()
+    });
+    app.update(Msg::Resize(width, height));
+    for e in run() {
+        app.update(Msg::Engine(e));
+    }
+    for c in "Summarise the difference".chars() {
+        app.update(Msg::Key(Key::char(c)));
+    }
+    app
+}
+
+fn draw(width: u16, height: u16, f: impl FnOnce(&mut Frame)) -> Terminal<TestBackend> {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("test terminal");
+    terminal.draw(f).expect("draw");
+    terminal
+}
+
+fn screen(app: &App, width: u16, height: u16) -> Terminal<TestBackend> {
+    draw(width, height, |f| render(f, app))
+}
+
+fn panel(
+    app: &App,
+    width: u16,
+    height: u16,
+    f: fn(&mut Frame, Rect, &App),
+) -> Terminal<TestBackend> {
+    draw(width, height, |frame| f(frame, frame.area(), app))
+}
+
+#[test]
+fn whole_screen_at_100x30() {
+    let app = app_after_run(100, 30);
+    insta::assert_snapshot!(screen(&app, 100, 30).backend());
+}
+
+#[test]
+fn whole_screen_at_160x48() {
+    let app = app_after_run(160, 48);
+    insta::assert_snapshot!(screen(&app, 160, 48).backend());
+}
+
+#[test]
+fn whole_screen_at_the_minimum_size() {
+    let app = app_after_run(80, 24);
+    insta::assert_snapshot!(screen(&app, 80, 24).backend());
+}
+
+#[test]
+fn transcript_panel() {
+    let app = app_after_run(100, 30);
+    insta::assert_snapshot!(panel(&app, 70, 40, panels::transcript::render).backend());
+}
+
+#[test]
+fn latency_panel() {
+    let app = app_after_run(100, 30);
+    insta::assert_snapshot!(panel(&app, 60, 18, panels::latency::render).backend());
+}
+
+#[test]
+fn layer_panel_in_each_view() {
+    let mut app = app_after_run(100, 30);
+    insta::assert_snapshot!(
+        "layers_cosine",
+        panel(&app, 70, 12, panels::layers::render).backend()
+    );
+    app.update(Msg::Key(Key::ctrl('l')));
+    insta::assert_snapshot!(
+        "layers_r2",
+        panel(&app, 70, 12, panels::layers::render).backend()
+    );
+    app.update(Msg::Key(Key::ctrl('l')));
+    insta::assert_snapshot!(
+        "layers_concentration",
+        panel(&app, 70, 12, panels::layers::render).backend()
+    );
+}
+
+#[test]
+fn side_by_side_panel_marks_the_first_difference() {
+    let app = app_after_run(100, 30);
+    let terminal = panel(&app, 90, 8, panels::side_by_side::render);
+    insta::assert_snapshot!(terminal.backend());
+    // Token 7 is " and" on the mapped side and " then" on the reference side.
+    let buffer = terminal.backend().buffer();
+    let marked: String = buffer
+        .content()
+        .iter()
+        .filter(|c| c.bg == Color::LightRed)
+        .map(|c| c.symbol())
+        .collect();
+    assert_eq!(marked, " and then");
+}
+
+#[test]
+fn status_lines() {
+    let app = app_after_run(100, 30);
+    let full = |f: &mut Frame| {
+        let a = f.area();
+        let row = |y| Rect::new(0, y, a.width, 1);
+        panels::status::render_message(f, row(0), &app);
+        panels::status::render_status(f, row(1), &app);
+        panels::status::render_hints(f, row(2), &app);
+    };
+    insta::assert_snapshot!("status_wide", draw(140, 3, full).backend());
+    insta::assert_snapshot!("status_narrow", draw(80, 3, full).backend());
+}
+
+#[test]
+fn bookmark_entry_keeps_the_message() {
+    let mut app = app_after_run(100, 30);
+    app.update(Msg::Key(Key::ctrl('b')));
+    for c in "drift starts here".chars() {
+        app.update(Msg::Key(Key::char(c)));
+    }
+    insta::assert_snapshot!(panel(&app, 100, 3, panels::input_box::render).backend());
+    app.update(Msg::Key(Key::plain(KeyCode::Esc)));
+    assert_eq!(app.input_text(), "Summarise the difference");
+}
+
+#[test]
+fn loading_screen() {
+    let mut app = App::new(AppInfo {
+        quick_mapper_note: Some(
+            "first run: calibrating a quick mapper on a small sample; run `baton calibrate` \
+             for the full one"
+                .into(),
+        ),
+        ..AppInfo::default()
+    });
+    app.update(Msg::Engine(Event::Loading {
+        stage: "calibrating Qwen2.5-1.5B-Instruct → Qwen2.5-7B-Instruct".into(),
+        done: 37,
+        total: 128,
+        eta_seconds: Some(74.0),
+    }));
+    insta::assert_snapshot!(screen(&app, 100, 30).backend());
+}
+
+#[test]
+fn help_overlay() {
+    let mut app = app_after_run(100, 30);
+    app.update(Msg::Key(Key::plain(KeyCode::F(1))));
+    insta::assert_snapshot!(screen(&app, 100, 30).backend());
+}
+
+#[test]
+fn quit_confirmation() {
+    let mut app = app_after_run(100, 30);
+    app.update(Msg::Key(Key::plain(KeyCode::Enter)));
+    app.update(Msg::Key(Key::ctrl('c')));
+    insta::assert_snapshot!(screen(&app, 100, 30).backend());
+}
+
+#[test]
+fn demo_pause_banner() {
+    let mut app = App::new(AppInfo {
+        demo: true,
+        ..AppInfo::default()
+    });
+    app.load_demo(vec![
+        Command::Submit {
+            text: "Write a Rust function that returns the largest element of a slice of i32, \
+                   or None if it is empty."
+                .into(),
+        },
+        Command::Switch,
+        Command::Submit {
+            text: "Now make it generic over any type that implements Ord.".into(),
+        },
+    ]);
+    // Up to and including the first switch.
+    for e in run()
+        .into_iter()
+        .take_while(|e| !matches!(e, Event::UserMessage { turn: 2, .. }))
+    {
+        app.update(Msg::Engine(e));
+    }
+    insta::assert_snapshot!(screen(&app, 100, 30).backend());
+}
+
+#[test]
+fn fatal_error() {
+    let mut app = app_after_run(100, 30);
+    app.update(Msg::Engine(Event::Error {
+        message: "CUDA out of memory while mapping layer 17".into(),
+        fatal: true,
+    }));
+    insta::assert_snapshot!(screen(&app, 100, 30).backend());
+}
+
+#[test]
+fn too_small_terminal() {
+    let app = app_after_run(60, 20);
+    insta::assert_snapshot!(screen(&app, 60, 20).backend());
+}
+
+#[test]
+fn no_size_panics() {
+    let sizes = [
+        (1, 1),
+        (2, 1),
+        (1, 40),
+        (20, 5),
+        (79, 23),
+        (79, 24),
+        (80, 23),
+        (80, 24),
+        (81, 25),
+        (100, 30),
+        (120, 24),
+        (80, 60),
+        (200, 60),
+        (300, 100),
+    ];
+    let mut loading = App::new(AppInfo::default());
+    loading.update(Msg::Engine(Event::Loading {
+        stage: "loading".into(),
+        done: 0,
+        total: 0,
+        eta_seconds: None,
+    }));
+    let ready = app_after_run(100, 30);
+    let mut help = app_after_run(100, 30);
+    help.update(Msg::Key(Key::plain(KeyCode::F(1))));
+    let mut fatal = app_after_run(100, 30);
+    fatal.update(Msg::Engine(Event::Error {
+        message: "x".repeat(500),
+        fatal: true,
+    }));
+    let mut scrolled = app_after_run(100, 30);
+    scrolled.update(Msg::Scroll(-3));
+    for (w, h) in sizes {
+        for app in [&loading, &ready, &help, &fatal, &scrolled] {
+            let mut app = app.clone();
+            app.update(Msg::Resize(w, h));
+            app.update(Msg::Key(Key::plain(KeyCode::PageUp)));
+            screen(&app, w, h);
+            for f in [
+                panels::transcript::render,
+                panels::latency::render,
+                panels::layers::render,
+                panels::side_by_side::render,
+                panels::input_box::render,
+                panels::status::render_status,
+                panels::help::render,
+            ] {
+                panel(&app, w, h, f);
+            }
+        }
+    }
+}
