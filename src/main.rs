@@ -94,6 +94,11 @@ fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> 
     let record = cfg.record.clone();
     baton::workbench::run(baton::workbench::WorkbenchOptions {
         engine: cfg,
+        loading_note: Some(
+            "A first run calibrates a quick mapper on a small sample (a few minutes); \
+             `baton calibrate` fits the full one."
+                .into(),
+        ),
         demo: steps,
     })?;
     if let Some(p) = record.filter(|p| p.exists()) {

@@ -27,6 +27,8 @@ pub enum WorkbenchError {
 
 pub struct WorkbenchOptions {
     pub engine: EngineConfig,
+    /// Shown on the loading screen (e.g. that a first run calibrates a quick mapper).
+    pub loading_note: Option<String>,
     /// Play these commands as a demo, pausing after each switch.
     pub demo: Option<Vec<Command>>,
 }
@@ -39,6 +41,7 @@ fn restore_terminal() {
         out,
         LeaveAlternateScreen,
         cevent::DisableMouseCapture,
+        cevent::DisableBracketedPaste,
         crossterm::cursor::Show
     );
     let _ = out.flush();
@@ -59,11 +62,7 @@ const TICK: Duration = Duration::from_millis(250);
 const EVENTS_PER_PASS: usize = 4096;
 
 pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
-    let record_path = opts
-        .engine
-        .record
-        .as_ref()
-        .map(|p| p.display().to_string());
+    let record_path = opts.engine.record.as_ref().map(|p| p.display().to_string());
     let interrupted = Arc::new(AtomicBool::new(false));
     {
         let flag = interrupted.clone();
@@ -79,16 +78,25 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
     enable_raw_mode()?;
     let _guard = TerminalGuard;
     let mut stdout = std::io::stdout();
-    execute!(stdout, EnterAlternateScreen, cevent::EnableMouseCapture)?;
+    execute!(
+        stdout,
+        EnterAlternateScreen,
+        cevent::EnableMouseCapture,
+        cevent::EnableBracketedPaste
+    )?;
     let mut terminal = Terminal::new(CrosstermBackend::new(stdout))?;
     terminal.clear()?;
 
+    let reference = opts.engine.settings.reference;
     let handle = engine::spawn(opts.engine);
     let mut app = App::new(AppInfo {
         record_path,
         demo: opts.demo.is_some(),
-        ..AppInfo::default()
+        quick_mapper_note: opts.loading_note,
+        reference,
     });
+    let (w, h) = crossterm::terminal::size()?;
+    let _ = app.update(Msg::Resize(w, h));
     if let Some(steps) = opts.demo {
         for e in app.load_demo(steps) {
             if let Effect::Send(c) = e {
@@ -112,6 +120,7 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
                     _ => {}
                 },
                 CEvent::Resize(w, h) => effects.extend(app.update(Msg::Resize(w, h))),
+                CEvent::Paste(text) => effects.extend(app.update(Msg::Paste(text))),
                 _ => {}
             }
         }

@@ -68,29 +68,53 @@ fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
         record.display()
     );
     tmux(&[
-        "new-session", "-d", "-s", &session, "-x", "160", "-y", "48", "-c",
-        &dir.path().display().to_string(), &cmd,
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "160",
+        "-y",
+        "48",
+        "-c",
+        &dir.path().display().to_string(),
+        &cmd,
     ]);
     let _kill = KillOnDrop(session.clone());
     // Ready: the header line is written once both models and mappers are loaded (a first
     // run calibrates the small test mappers, hence the long limit).
-    wait_for(&session, "the engine to be ready", Duration::from_secs(900), &|| {
-        count_in(&record, "\"type\":\"ready\"") == 1
-    });
-    tmux(&["send-keys", "-t", &session, "-l", "Write hello world in Rust."]);
+    wait_for(
+        &session,
+        "the engine to be ready",
+        Duration::from_secs(900),
+        &|| count_in(&record, "\"type\":\"ready\"") == 1,
+    );
+    tmux(&[
+        "send-keys",
+        "-t",
+        &session,
+        "-l",
+        "Write hello world in Rust.",
+    ]);
     tmux(&["send-keys", "-t", &session, "Enter"]);
-    wait_for(&session, "the first answer", Duration::from_secs(300), &|| {
-        count_in(&record, "\"type\":\"done\"") == 1
-    });
+    wait_for(
+        &session,
+        "the first answer",
+        Duration::from_secs(300),
+        &|| count_in(&record, "\"type\":\"done\"") == 1,
+    );
     tmux(&["send-keys", "-t", &session, "Tab"]);
     wait_for(&session, "the switch", Duration::from_secs(300), &|| {
         count_in(&record, "\"type\":\"switch\"") == 1
     });
     tmux(&["send-keys", "-t", &session, "-l", "Now in Python."]);
     tmux(&["send-keys", "-t", &session, "Enter"]);
-    wait_for(&session, "the answer after the switch", Duration::from_secs(300), &|| {
-        count_in(&record, "\"type\":\"done\"") == 2
-    });
+    wait_for(
+        &session,
+        "the answer after the switch",
+        Duration::from_secs(300),
+        &|| count_in(&record, "\"type\":\"done\"") == 2,
+    );
     // Let the last events reach the screen.
     std::thread::sleep(Duration::from_millis(800));
     let s = screen(&session);
@@ -98,24 +122,31 @@ fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
     assert!(s.contains("map"), "a map time is shown:\n{s}");
     assert!(s.contains("re-prefill"), "a re-prefill time is shown:\n{s}");
     assert!(s.contains("ms"), "times are in milliseconds:\n{s}");
-    assert!(s.to_lowercase().contains("cosine"), "per-layer cosines are shown:\n{s}");
-    // Quit (no turn running: no confirmation needed) and check the terminal is left.
+    assert!(
+        s.to_lowercase().contains("cosine"),
+        "per-layer cosines are shown:\n{s}"
+    );
+    // Quit: q asks first (it may start a message), y confirms.
     tmux(&["send-keys", "-t", &session, "q"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tmux(&["send-keys", "-t", &session, "y"]);
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(20)
-        && tmux(&["list-sessions"]).contains(&session)
-    {
+    while t0.elapsed() < Duration::from_secs(20) && tmux(&["list-sessions"]).contains(&session) {
         std::thread::sleep(Duration::from_millis(300));
     }
     let text = std::fs::read_to_string(&record).unwrap();
     let session_file = baton::session::read_session(&record).unwrap();
-    assert!(session_file.warnings.is_empty(), "{:?}", session_file.warnings);
+    assert!(
+        session_file.warnings.is_empty(),
+        "{:?}",
+        session_file.warnings
+    );
     let switch = session_file
         .events()
         .find_map(|e| match e {
-            baton::protocol::Event::Switch { timings, metrics, .. } => {
-                Some((*timings, metrics.clone()))
-            }
+            baton::protocol::Event::Switch {
+                timings, metrics, ..
+            } => Some((*timings, metrics.clone())),
             _ => None,
         })
         .expect("the session file holds the switch");

@@ -111,6 +111,9 @@ pub struct App {
     /// The bookmark note being typed; the message keeps its own buffer meanwhile.
     pub(crate) bookmark: Option<LineInput>,
     pub(crate) overlay: Overlay,
+    /// The confirmation was opened by a typed `q`: any key but y/n/Esc types on, the `q`
+    /// included, so a message starting with q loses nothing.
+    pub(crate) quit_from_q: bool,
     pub(crate) transcript: Vec<Entry>,
     /// The first transcript line shown; `None` follows the newest text.
     pub(crate) scroll_top: Option<usize>,
@@ -150,6 +153,7 @@ impl App {
             input: LineInput::default(),
             bookmark: None,
             overlay: Overlay::None,
+            quit_from_q: false,
             transcript: Vec::new(),
             scroll_top: None,
             pair: None,

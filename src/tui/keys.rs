@@ -88,9 +88,15 @@ impl App {
     pub(crate) fn on_key(&mut self, key: Key) -> Vec<Effect> {
         if self.overlay == Overlay::ConfirmQuit {
             self.overlay = Overlay::None;
+            let from_q = std::mem::take(&mut self.quit_from_q);
             return match key.code {
                 KeyCode::Char('y' | 'Y') => self.quit_now(),
                 KeyCode::Char('c') if key.ctrl => self.quit_now(),
+                KeyCode::Char('n' | 'N') | KeyCode::Esc => vec![],
+                _ if from_q => {
+                    self.input.insert('q');
+                    self.on_main_key(key)
+                }
                 _ => vec![],
             };
         }
@@ -150,15 +156,16 @@ impl App {
             KeyCode::PageDown => self.scroll_pages(1),
             KeyCode::Up => self.scroll_lines(-1),
             KeyCode::Down => self.scroll_lines(1),
-            // With an empty input there is nothing to type into, so these letters can act
-            // as commands without ever eating a character of a message.
+            // With an empty input `?` cannot be part of a message yet, so it opens help.
             KeyCode::Char('?') if self.input.is_empty() => {
                 self.overlay = Overlay::Help;
                 vec![]
             }
-            KeyCode::Char('q') if self.input.is_empty() => self.request_quit(),
-            KeyCode::Char('l') if self.input.is_empty() => {
-                self.layer_view = self.layer_view.next();
+            // Always asked: the q may be the first letter of a message, and any key but
+            // y/n/Esc goes on typing it.
+            KeyCode::Char('q') if self.input.is_empty() => {
+                self.overlay = Overlay::ConfirmQuit;
+                self.quit_from_q = true;
                 vec![]
             }
             _ => {

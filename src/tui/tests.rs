@@ -318,7 +318,7 @@ fn quitting_during_a_turn_asks_first() {
 }
 
 #[test]
-fn quitting_when_idle_is_immediate_and_q_in_a_message_is_a_letter() {
+fn quitting_when_idle_asks_on_q_and_a_message_starting_with_q_loses_nothing() {
     let mut app = ready_app();
     typed(&mut app, "a q");
     assert_eq!(app.input_text(), "a q");
@@ -326,11 +326,24 @@ fn quitting_when_idle_is_immediate_and_q_in_a_message_is_a_letter() {
         key(&mut app, Key::ctrl('c')),
         vec![send(Command::Shutdown), Effect::Quit]
     );
+    // q on an empty input asks; y quits.
     let mut app = ready_app();
+    assert_eq!(key(&mut app, Key::char('q')), vec![]);
     assert_eq!(
-        key(&mut app, Key::char('q')),
+        key(&mut app, Key::char('y')),
         vec![send(Command::Shutdown), Effect::Quit]
     );
+    // Any other key types on, the q included.
+    let mut app = ready_app();
+    key(&mut app, Key::char('q'));
+    key(&mut app, Key::char('u'));
+    typed(&mut app, "ick sort");
+    assert_eq!(app.input_text(), "quick sort");
+    // n (or Esc) only closes the question.
+    let mut app = ready_app();
+    key(&mut app, Key::char('q'));
+    assert_eq!(key(&mut app, Key::char('n')), vec![]);
+    assert_eq!(app.input_text(), "");
 }
 
 #[test]
@@ -348,8 +361,9 @@ fn a_fatal_error_shows_and_quitting_still_works() {
     typed(&mut app, "x");
     assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
     key(&mut app, Key::plain(KeyCode::Backspace));
+    assert_eq!(key(&mut app, Key::char('q')), vec![]);
     assert_eq!(
-        key(&mut app, Key::char('q')),
+        key(&mut app, Key::char('y')),
         vec![send(Command::Shutdown), Effect::Quit]
     );
 }
@@ -479,10 +493,14 @@ fn the_first_difference_is_found_among_the_streamed_pieces() {
 }
 
 #[test]
-fn the_layer_view_cycles_on_l_only_with_an_empty_message() {
+fn the_layer_view_cycles_on_ctrl_l_and_l_is_a_letter() {
     let mut app = ready_app();
     assert_eq!(app.layer_view(), LayerView::Cosine);
     key(&mut app, Key::char('l'));
+    assert_eq!(app.layer_view(), LayerView::Cosine);
+    assert_eq!(app.input_text(), "l");
+    key(&mut app, Key::plain(KeyCode::Backspace));
+    key(&mut app, Key::ctrl('l'));
     assert_eq!(app.layer_view(), LayerView::R2);
     key(&mut app, Key::ctrl('l'));
     assert_eq!(app.layer_view(), LayerView::Concentration);

@@ -25,11 +25,18 @@ fn banner(frame: &mut Frame, area: Rect, lines: Vec<Line<'static>>, color: Color
     );
 }
 
-pub fn render_confirm_quit(frame: &mut Frame, area: Rect, _app: &App) {
-    let lines = vec![
-        Line::from(Span::styled("A turn is still running. Quit anyway?", BOLD)),
-        Line::from("y quits (the turn is cancelled) · any other key stays"),
-    ];
+pub fn render_confirm_quit(frame: &mut Frame, area: Rect, app: &App) {
+    let lines = if app.busy() {
+        vec![
+            Line::from(Span::styled("A turn is still running. Quit anyway?", BOLD)),
+            Line::from("y quits (the turn is cancelled) · any other key stays"),
+        ]
+    } else {
+        vec![
+            Line::from(Span::styled("Quit baton?", BOLD)),
+            Line::from("y quits · n or Esc stays · any other key types on after the q"),
+        ]
+    };
     banner(
         frame,
         centered(area, 60, 4),

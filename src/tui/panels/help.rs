@@ -24,7 +24,7 @@ const KEYS: [(&str, &str); 11] = [
     ),
     ("Ctrl-B", "bookmark the current turn with a note"),
     (
-        "l, Ctrl-L",
+        "Ctrl-L",
         "layer panel: attention cosine → K/V R² → key-error concentration",
     ),
     (
