@@ -59,7 +59,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         info.push((f, BOLD));
     }
     info.push((format!("axis {lo:.2}–{hi:.2}"), DIM));
-    info.push(("l: next measure".to_string(), DIM));
+    info.push(("Ctrl-L: next measure".to_string(), DIM));
     let mut spans = Vec::new();
     let mut used = 0;
     for (text, style) in info {
