@@ -55,15 +55,16 @@ pub const TASKS: &[TaskDef] = &[
         kind: TaskKind::MultipleChoice,
         shots: 0,
     },
+    // The test splits: the plain 5-shot files hold a 299-item validation subsample.
     TaskDef {
         name: "arc_challenge",
-        variant: "arc_challenge/rc_5shot",
+        variant: "arc_challenge/test_rc_5shot",
         kind: TaskKind::MultipleChoice,
         shots: 5,
     },
     TaskDef {
         name: "arc_easy",
-        variant: "arc_easy/rc_5shot",
+        variant: "arc_easy/test_rc_5shot",
         kind: TaskKind::MultipleChoice,
         shots: 5,
     },
