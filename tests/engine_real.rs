@@ -245,3 +245,64 @@ fn cancel_and_switch_during_generation_have_defined_effects() {
     }
     handle.shutdown();
 }
+
+#[test]
+fn the_gate_reprefills_below_its_threshold_and_premapping_reports_its_cost() {
+    let mut cfg = config(8, None);
+    // No mapped cache reaches a mean attention cosine of 1.0: the gate must refuse it.
+    cfg.settings.gate = Some(1.0);
+    cfg.settings.premap = true;
+    let handle = start(cfg);
+    handle.send(Command::Submit {
+        text: "Say hi.".into(),
+    });
+    let premapped = loop {
+        match next(&handle) {
+            Event::Notice { message } if message.starts_with("pre-mapped") => break message,
+            Event::Error { message, .. } => panic!("{message}"),
+            _ => {}
+        }
+    };
+    assert!(
+        premapped.ends_with(" ms"),
+        "the cost is reported: {premapped}"
+    );
+    handle.send(Command::Switch);
+    let gate = loop {
+        match next(&handle) {
+            Event::Switch {
+                gate,
+                timings,
+                suffix_tokens,
+                ..
+            } => {
+                // The pre-map already moved the conversation: nothing is left to map.
+                assert_eq!(suffix_tokens, 0, "{timings:?}");
+                break gate.expect("a gate decision");
+            }
+            Event::Error { message, .. } => panic!("{message}"),
+            _ => {}
+        }
+    };
+    assert_eq!(gate.threshold, 1.0);
+    assert!(gate.estimate < 1.0);
+    assert_eq!(gate.used, CacheOrigin::Reprefilled);
+    handle.send(Command::Submit {
+        text: "And bye.".into(),
+    });
+    loop {
+        match next(&handle) {
+            Event::TurnStarted {
+                path: PathKind::Mapped,
+                cache,
+                ..
+            } => {
+                assert_eq!(cache, CacheOrigin::Reprefilled, "the gate's choice is used");
+                break;
+            }
+            Event::Error { message, .. } => panic!("{message}"),
+            _ => {}
+        }
+    }
+    handle.shutdown();
+}

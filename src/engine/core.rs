@@ -141,6 +141,15 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
+/// Milliseconds since `t` once `dev` has finished its queued work (a GPU runs kernels
+/// asynchronously; on the CPU this is a no-op).
+fn synced_ms(dev: &candle_core::Device, t: Instant) -> f64 {
+    if let Err(e) = dev.synchronize() {
+        tracing::warn!("device synchronize: {e}");
+    }
+    ms(t)
+}
+
 fn stop_kind(s: StopReason) -> StopKind {
     match s {
         StopReason::EndOfTurn => StopKind::Eos,
@@ -478,10 +487,27 @@ impl Engine {
         let a = self.active;
         let b = 1 - a;
         let (sa, sb) = split(&mut self.slots, a);
-        let (from, to) = (sb.primary.len(), sa.primary.len());
-        if to <= from {
+        let to = sa.primary.len();
+        if to <= sb.primary.len() {
             return Ok(());
         }
+        if self.settings.reference && sb.origin == CacheOrigin::True {
+            // Its own positions are its truth so far (as at a switch).
+            sb.truth = sb.primary.try_clone()?;
+        }
+        let anchor = self.settings.anchor.min(to);
+        if sb.primary.len() < anchor {
+            let from = sb.primary.len();
+            sb.model.decoder.forward(
+                &self.conv.history[from..anchor],
+                &mut sb.primary,
+                &ForwardOptions {
+                    logits: Logits::None,
+                    probe_positions: vec![],
+                },
+            )?;
+        }
+        let from = sb.primary.len();
         let t0 = Instant::now();
         map_onto(
             &self.mappers[a].mapper,
@@ -493,7 +519,7 @@ impl Engine {
             to,
         )?;
         sb.origin = CacheOrigin::Mapped;
-        let took = ms(t0);
+        let took = synced_ms(sb.model.decoder.device(), t0);
         self.out.emit(Event::Notice {
             message: format!(
                 "pre-mapped {} tokens into {} in {took:.1} ms",
@@ -552,7 +578,7 @@ impl Engine {
             prior,
             n,
         )?;
-        let map_suffix_ms = ms(t_map);
+        let map_suffix_ms = synced_ms(sb.model.decoder.device(), t_map);
         let handoff_ms = ms(t_cmd);
         sb.origin = CacheOrigin::Mapped;
 
@@ -563,7 +589,7 @@ impl Engine {
             sa.model.decoder.rope(),
             sb.model.decoder.rope(),
         )?;
-        let map_full_ms = ms(t_full);
+        let map_full_ms = synced_ms(sb.model.decoder.device(), t_full);
         drop(full);
 
         let mut timings = SwitchTimings {
@@ -588,7 +614,7 @@ impl Engine {
                     probe_positions: probes.clone(),
                 },
             )?;
-            timings.reprefill_full_ms = Some(ms(t_full));
+            timings.reprefill_full_ms = Some(synced_ms(sb.model.decoder.device(), t_full));
             let seen = sb.truth.len().min(n);
             if seen > 0 {
                 sb.truth.truncate(seen);
@@ -603,7 +629,7 @@ impl Engine {
                         },
                     )?;
                 }
-                timings.reprefill_suffix_ms = Some(ms(t_suffix));
+                timings.reprefill_suffix_ms = Some(synced_ms(sb.model.decoder.device(), t_suffix));
             } else {
                 sb.truth = fresh;
             }
