@@ -37,6 +37,10 @@ pub struct Slot {
     pub truth: KvCache,
     pub grams: Vec<QueryGram>,
     pub info: ModelInfo,
+    /// The model's own cache of the conversation's first `anchor` ids (the template's
+    /// opening, the same in every conversation), computed once so that taking over never
+    /// waits for it.
+    anchor_kv: Option<(Vec<u32>, KvCache)>,
 }
 
 impl Slot {
@@ -48,7 +52,34 @@ impl Slot {
             model,
             grams,
             info,
+            anchor_kv: None,
         }
+    }
+
+    /// Put the first `anchor` ids of `history` into the (empty or shorter) primary cache:
+    /// from the precomputed opening when it matches, else by prefilling them.
+    fn fill_anchor(&mut self, history: &[u32], anchor: usize) -> Result<(), EngineError> {
+        let have = self.primary.len();
+        if have >= anchor {
+            return Ok(());
+        }
+        if have == 0 {
+            if let Some((ids, kv)) = &self.anchor_kv {
+                if ids.as_slice() == &history[..anchor] {
+                    self.primary = kv.try_clone()?;
+                    return Ok(());
+                }
+            }
+        }
+        self.model.decoder.forward(
+            &history[have..anchor],
+            &mut self.primary,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: vec![],
+            },
+        )?;
+        Ok(())
     }
 
     fn name(&self) -> String {
@@ -175,6 +206,12 @@ impl Engine {
         out: Outbox,
     ) -> Self {
         let conv = Conversation::new(settings.system_prompt.as_deref());
+        let mut slots = slots;
+        if settings.anchor > 0 {
+            for slot in slots.iter_mut() {
+                slot.anchor_kv = opening(&slot.model, &conv, settings.anchor);
+            }
+        }
         Self {
             slots,
             mappers,
@@ -496,17 +533,7 @@ impl Engine {
             sb.truth = sb.primary.try_clone()?;
         }
         let anchor = self.settings.anchor.min(to);
-        if sb.primary.len() < anchor {
-            let from = sb.primary.len();
-            sb.model.decoder.forward(
-                &self.conv.history[from..anchor],
-                &mut sb.primary,
-                &ForwardOptions {
-                    logits: Logits::None,
-                    probe_positions: vec![],
-                },
-            )?;
-        }
+        sb.fill_anchor(&self.conv.history, anchor)?;
         let from = sb.primary.len();
         let t0 = Instant::now();
         map_onto(
@@ -531,7 +558,6 @@ impl Engine {
     }
 
     fn switch(&mut self) -> Result<(), EngineError> {
-        let t_cmd = Instant::now();
         let a = self.active;
         let b = 1 - a;
         let n = self.slots[a].primary.len();
@@ -556,16 +582,12 @@ impl Engine {
         }
         // What the target held before this switch: the suffix is measured from here.
         let held = prior;
+        // The handoff is what the switch itself costs: the anchor the target computes and
+        // the map (the truth copy above only serves the reference measurement).
+        let t_handoff = Instant::now();
         let anchor = self.settings.anchor.min(n);
         if prior < anchor {
-            sb.model.decoder.forward(
-                &self.conv.history[prior..anchor],
-                &mut sb.primary,
-                &ForwardOptions {
-                    logits: Logits::None,
-                    probe_positions: vec![],
-                },
-            )?;
+            sb.fill_anchor(&self.conv.history, anchor)?;
             prior = anchor;
         }
         let t_map = Instant::now();
@@ -579,7 +601,7 @@ impl Engine {
             n,
         )?;
         let map_suffix_ms = synced_ms(sb.model.decoder.device(), t_map);
-        let handoff_ms = ms(t_cmd);
+        let handoff_ms = ms(t_handoff);
         sb.origin = CacheOrigin::Mapped;
 
         // The whole cache mapped from scratch, timed for the full-vs-full comparison.
@@ -692,6 +714,28 @@ impl Engine {
         });
         Ok(())
     }
+}
+
+/// The model's own cache of the first `anchor` ids every conversation starts with (the
+/// template rendered with any first message); `None` when it cannot be made.
+fn opening(model: &Model, conv: &Conversation, anchor: usize) -> Option<(Vec<u32>, KvCache)> {
+    let template = model.template.as_ref()?;
+    let mut probe = conv.clone();
+    probe.push_user(template, &model.tokenizer, "x").ok()?;
+    let ids = probe.history.get(..anchor)?.to_vec();
+    let mut kv = model.decoder.new_cache();
+    model
+        .decoder
+        .forward(
+            &ids,
+            &mut kv,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: vec![],
+            },
+        )
+        .ok()?;
+    Some((ids, kv))
 }
 
 /// Both slots mutably: `a` first, the other second.
