@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 pub enum WorkbenchError {
     #[error("terminal: {0}")]
     Terminal(#[from] std::io::Error),
+    #[error("the workbench needs an interactive terminal (stdin and stdout are not both one); for a run without a screen use `baton run --script FILE`")]
+    NotATerminal,
 }
 
 pub struct WorkbenchOptions {
@@ -62,6 +64,10 @@ const TICK: Duration = Duration::from_millis(250);
 const EVENTS_PER_PASS: usize = 4096;
 
 pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        return Err(WorkbenchError::NotATerminal);
+    }
     let record_path = opts.engine.record.as_ref().map(|p| p.display().to_string());
     let interrupted = Arc::new(AtomicBool::new(false));
     {

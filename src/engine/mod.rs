@@ -185,8 +185,3 @@ pub fn build(
     }
     Ok(Engine::new(slots, mappers, config.settings, device, out))
 }
-
-/// A receiver that yields nothing: for driving an [`Engine`] directly in tests.
-pub fn idle_commands() -> (Sender<Command>, Receiver<Command>) {
-    channel()
-}
