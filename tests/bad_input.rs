@@ -144,3 +144,17 @@ fn the_binary_reports_errors_in_one_line_and_exits_non_zero() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn the_workbench_without_a_terminal_says_so_and_names_the_headless_command() {
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("interactive terminal") && err.contains("baton run --script"),
+        "{err}"
+    );
+}
