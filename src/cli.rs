@@ -57,6 +57,38 @@ pub enum Command {
     Workbench(WorkbenchArgs),
     /// Play the scripted demo conversation in the workbench, pausing at every switch.
     Demo(WorkbenchArgs),
+    /// Time mapping against re-prefill across context lengths, both directions, in
+    /// one run: source prefill, full and suffix re-prefill, full and suffix map, switch
+    /// end to end; with the fitted growth per token and the mapper's FLOPs and bytes.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[arg(long, default_value = "qwen2.5-coder-0.5b")]
+    pub source: String,
+    #[arg(long, default_value = "qwen2.5-coder-1.5b")]
+    pub target: String,
+    #[arg(long, value_enum, default_value = "both")]
+    pub direction: DirectionArg,
+    /// Context lengths in tokens.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "128,256,512,1024,2048,4096,8192"
+    )]
+    pub lengths: Vec<usize>,
+    /// Timed repeats per length (after one warm-up).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Tokens of the suffix handoff (what a target already holding the rest needs).
+    #[arg(long, default_value_t = 64)]
+    pub suffix: usize,
+    /// Read the mappers from here instead of the cache dir's mappers/.
+    #[arg(long)]
+    pub mapper_dir: Option<std::path::PathBuf>,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args, Clone)]

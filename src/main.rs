@@ -59,6 +59,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Replay(a)) => replay_cmd(a, &dev),
         Some(Command::Workbench(a)) => workbench_cmd(a, &dev, false),
         Some(Command::Demo(a)) => workbench_cmd(a, &dev, true),
+        Some(Command::Bench(a)) => bench_cmd(a, &dev),
     }
 }
 
@@ -866,5 +867,117 @@ fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
         print!("{diff}");
     }
     eprintln!("new run recorded to {}", record.display());
+    Ok(())
+}
+
+fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
+    use baton::mapper::artifact::{self, ModelRef};
+    use baton::mapper::bench::{bench_point, linear_fit, mapper_cost, BenchOptions};
+    use baton::mapper::CacheMapper;
+    let progress = BarProgress::new();
+    let first = Model::open(&a.source, dev, &progress)?;
+    let second = Model::open(&a.target, dev, &progress)?;
+    drop(progress);
+    let pairs: Vec<(&Model, &Model)> = match a.direction {
+        DirectionArg::Both => vec![(&first, &second), (&second, &first)],
+        DirectionArg::SourceToTarget => vec![(&first, &second)],
+        DirectionArg::TargetToSource => vec![(&second, &first)],
+    };
+    let max_ctx = first
+        .config()
+        .context_length
+        .min(second.config().context_length);
+    if let Some(&too_long) = a.lengths.iter().find(|&&l| l >= max_ctx || l < 2) {
+        bail!("--lengths: {too_long} tokens is outside 2..{max_ctx} (the models' context)");
+    }
+    let opts = BenchOptions {
+        repeats: a.repeats.max(1),
+        suffix: a.suffix,
+    };
+    let root = fetch::cache_root();
+    let mut out = Vec::new();
+    for (s, t) in pairs {
+        let (sr, tr) = (
+            ModelRef::new(&s.identity, s.config()),
+            ModelRef::new(&t.identity, t.config()),
+        );
+        let path = match &a.mapper_dir {
+            Some(dir) => artifact::artifact_path_in(dir, &sr, &tr),
+            None => artifact::artifact_path(&root, &sr, &tr),
+        };
+        if !path.is_file() {
+            return Err(artifact::ArtifactError::Missing {
+                source_name: s.identity.name.clone(),
+                target: t.identity.name.clone(),
+            }
+            .into());
+        }
+        let art = artifact::load(&path)?;
+        art.check(&sr, &tr)?;
+        let mapper = CacheMapper::from_layer_maps(s, t, &art.keys, &art.values)?;
+        let cost = mapper_cost(&mapper);
+        let direction = format!("{} -> {}", s.identity.name, t.identity.name);
+        println!(
+            "{direction} (k={}): mapper {:.1} MFLOP/token, {:.1} MB of weights, {:.1} KB of features per token",
+            art.meta.k,
+            cost.flops_per_token / 1e6,
+            cost.weight_bytes / 1e6,
+            cost.activation_bytes_per_token / 1e3
+        );
+        println!(
+            "{:>7} {:>11} {:>11} {:>9} {:>8} {:>11} {:>9} {:>8} {:>9}  (median ms, [min–max] in --json)",
+            "tokens", "src prefill", "re-prefill", "map", "speedup", "re-pf sfx", "map sfx", "speedup", "switch"
+        );
+        let mut points = Vec::new();
+        for &n in &a.lengths {
+            let p = bench_point(s, t, &mapper, n, &opts)?;
+            println!(
+                "{:>7} {:>11.1} {:>11.1} {:>9.2} {:>7.1}x {:>11.1} {:>9.2} {:>7.1}x {:>9.1}",
+                p.tokens,
+                p.source_prefill.median_ms,
+                p.reprefill_full.median_ms,
+                p.map_full.median_ms,
+                p.speedup_full,
+                p.reprefill_suffix.median_ms,
+                p.map_suffix.median_ms,
+                p.speedup_suffix,
+                p.switch_end_to_end.median_ms
+            );
+            points.push(p);
+        }
+        let x: Vec<f64> = points.iter().map(|p| p.tokens as f64).collect();
+        let slope = |f: &dyn Fn(&baton::mapper::bench::BenchPoint) -> f64| {
+            linear_fit(&x, &points.iter().map(f).collect::<Vec<_>>()).0
+        };
+        let (map_slope, pre_slope) = (
+            slope(&|p| p.map_full.median_ms),
+            slope(&|p| p.reprefill_full.median_ms),
+        );
+        println!(
+            "growth: map {:.4} ms/token ({:.1} GFLOP/s), re-prefill {:.4} ms/token",
+            map_slope,
+            cost.flops_per_token / (map_slope * 1e-3) / 1e9,
+            pre_slope
+        );
+        out.push(serde_json::json!({
+            "direction": direction,
+            "mapper": path,
+            "k": art.meta.k,
+            "mapper_cost": cost,
+            "points": points,
+            "map_ms_per_token": map_slope,
+            "reprefill_ms_per_token": pre_slope,
+        }));
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "format": "baton.bench", "version": 1,
+                "device": format!("{:?}", dev.location()).to_lowercase(),
+                "repeats": opts.repeats, "suffix": opts.suffix, "results": out
+            }))?
+        );
+    }
     Ok(())
 }

@@ -306,3 +306,55 @@ fn the_gate_reprefills_below_its_threshold_and_premapping_reports_its_cost() {
     }
     handle.shutdown();
 }
+
+#[test]
+fn the_handoff_bench_times_every_stage_on_the_real_pair() {
+    use baton::mapper::bench::{bench_point, mapper_cost, BenchOptions};
+    // Starting an engine makes sure the test mappers exist.
+    start(config(4, None)).shutdown();
+    let src = baton::model::Model::open(
+        &common::qwen_small().display().to_string(),
+        &Device::Cpu,
+        &baton::fetch::SilentProgress,
+    )
+    .unwrap();
+    let tgt = baton::model::Model::open(
+        &common::qwen_large().display().to_string(),
+        &Device::Cpu,
+        &baton::fetch::SilentProgress,
+    )
+    .unwrap();
+    let dir = baton::fetch::cache_root().join("test-mappers");
+    let m = engine::load::load_mapper(&dir, &src, &tgt).unwrap();
+    let cost = mapper_cost(&m.mapper);
+    // k source layers of 2×64 features into 28 target layers of 2×128, for K and V.
+    let k = m.info.k as f64;
+    assert_eq!(cost.flops_per_token, 2.0 * 2.0 * 28.0 * (k * 128.0) * 256.0);
+    let p = bench_point(
+        &src,
+        &tgt,
+        &m.mapper,
+        96,
+        &BenchOptions {
+            repeats: 1,
+            suffix: 32,
+        },
+    )
+    .unwrap();
+    assert_eq!((p.tokens, p.suffix), (96, 32));
+    for s in [
+        p.source_prefill,
+        p.reprefill_full,
+        p.map_full,
+        p.map_suffix,
+        p.reprefill_suffix,
+        p.switch_end_to_end,
+    ] {
+        assert!(
+            s.min_ms > 0.0 && s.min_ms <= s.median_ms && s.median_ms <= s.max_ms,
+            "{s:?}"
+        );
+    }
+    // The switch includes the suffix map it starts with.
+    assert!(p.switch_end_to_end.median_ms >= p.map_suffix.median_ms);
+}

@@ -18,6 +18,7 @@ pub use stats::PairStats;
 
 pub mod apply;
 pub mod artifact;
+pub mod bench;
 pub mod calibrate;
 pub mod corpus;
 pub mod eval_tasks;

@@ -1,0 +1,242 @@
+//! Mapping against re-prefill, timed honestly: for each context length, the source's
+//! prefill, the target's full re-prefill, the full map, and for a suffix (the last
+//! `suffix` tokens) the suffix map against the suffix re-prefill, plus the switch end to
+//! end (map + the target's first token). Everything runs in one process, warmed up,
+//! device-synchronised, repeated with the variants interleaved so machine noise hits
+//! them alike; rows report the median and the spread (min–max).
+
+use super::apply::CacheMapper;
+use crate::model::bench::bench_tokens;
+use crate::model::{ForwardOptions, KvCache, Logits, Model, ModelError};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Spread {
+    pub fn of(samples: &[f64]) -> Self {
+        let mut v: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return Self {
+                median_ms: f64::NAN,
+                min_ms: f64::NAN,
+                max_ms: f64::NAN,
+            };
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Self {
+            median_ms: median,
+            min_ms: v[0],
+            max_ms: v[n - 1],
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchPoint {
+    pub tokens: usize,
+    pub suffix: usize,
+    pub source_prefill: Spread,
+    pub reprefill_full: Spread,
+    pub map_full: Spread,
+    pub map_suffix: Spread,
+    pub reprefill_suffix: Spread,
+    /// Map of the suffix onto the target's cache, then its first token.
+    pub switch_end_to_end: Spread,
+    /// Median re-prefill over median map.
+    pub speedup_full: f64,
+    pub speedup_suffix: f64,
+}
+
+/// Cost of one mapped token, to set the time against the floor.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MapperCost {
+    /// Multiply-adds ×2 per mapped token (all target layers, K and V).
+    pub flops_per_token: f64,
+    /// Mapper weights read per map call (f32).
+    pub weight_bytes: f64,
+    /// Source features read and target K/V written per token (f32).
+    pub activation_bytes_per_token: f64,
+}
+
+pub fn mapper_cost(m: &CacheMapper) -> MapperCost {
+    let mut flops = 0f64;
+    let mut weights = 0f64;
+    let mut reads = std::collections::BTreeSet::new();
+    for t in m.keys.iter().chain(&m.values) {
+        let (rows, cols) = t.weight.dims2().unwrap_or((0, 0));
+        flops += 2.0 * rows as f64 * cols as f64;
+        weights += 4.0 * (rows * cols + cols) as f64;
+        reads.extend(t.sources.iter().copied());
+    }
+    let src_width = m.source.n_kv_head * m.source.head_dim;
+    let tgt_width = m.target.n_kv_head * m.target.head_dim;
+    MapperCost {
+        flops_per_token: flops,
+        weight_bytes: weights,
+        activation_bytes_per_token: 4.0
+            * (2 * reads.len() * src_width + 2 * m.target.n_layer * tgt_width) as f64,
+    }
+}
+
+/// Least-squares slope and intercept of `y` against `x` (ms per token, ms).
+pub fn linear_fit(x: &[f64], y: &[f64]) -> (f64, f64) {
+    let n = x.len().min(y.len()) as f64;
+    if n < 2.0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let sxx: f64 = x.iter().map(|a| (a - mx) * (a - mx)).sum();
+    let sxy: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
+    let slope = if sxx > 0.0 { sxy / sxx } else { f64::NAN };
+    (slope, my - slope * mx)
+}
+
+fn sync(m: &Model) {
+    if let Err(e) = m.decoder.device().synchronize() {
+        tracing::warn!("device synchronize: {e}");
+    }
+}
+
+fn prefill(m: &Model, ids: &[u32], cache: &mut KvCache) -> Result<f64, ModelError> {
+    let t = Instant::now();
+    m.decoder.forward(
+        ids,
+        cache,
+        &ForwardOptions {
+            logits: Logits::None,
+            probe_positions: vec![],
+        },
+    )?;
+    sync(m);
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct BenchOptions {
+    pub repeats: usize,
+    pub suffix: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self {
+            repeats: 3,
+            suffix: 64,
+        }
+    }
+}
+
+/// Time one direction at one context length.
+pub fn bench_point(
+    src: &Model,
+    tgt: &Model,
+    mapper: &CacheMapper,
+    tokens: usize,
+    opts: &BenchOptions,
+) -> Result<BenchPoint, ModelError> {
+    let suffix = opts.suffix.min(tokens.saturating_sub(1));
+    let ids = bench_tokens(
+        tokens,
+        tgt.config().vocab_size.min(src.config().vocab_size),
+        7,
+    );
+    let head = tokens - suffix;
+    let (mut s_pre, mut t_full, mut m_full, mut m_suf, mut t_suf, mut e2e) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    // One warm-up pass of everything, then the repeats.
+    for rep in 0..=opts.repeats {
+        let mut src_cache = src.decoder.new_cache();
+        let sp = prefill(src, &ids, &mut src_cache)?;
+        let mut tgt_cache = tgt.decoder.new_cache();
+        let tf = prefill(tgt, &ids, &mut tgt_cache)?;
+
+        let t = Instant::now();
+        let mapped = mapper.map_cache(&src_cache, src.decoder.rope(), tgt.decoder.rope())?;
+        sync(tgt);
+        let mf = t.elapsed().as_secs_f64() * 1e3;
+        drop(mapped);
+
+        // The target already holds the head (its own prefill); only the suffix moves.
+        let mut head_cache = tgt_cache.try_clone()?;
+        head_cache.truncate(head);
+        let mut reprefilled = head_cache.try_clone()?;
+        let ts = prefill(tgt, &ids[head..], &mut reprefilled)?;
+
+        let t = Instant::now();
+        let layers = mapper.map_range(
+            &src_cache,
+            src.decoder.rope(),
+            tgt.decoder.rope(),
+            head,
+            tokens,
+        )?;
+        head_cache.extend_with(&layers)?;
+        sync(tgt);
+        let ms_ = t.elapsed().as_secs_f64() * 1e3;
+        // The switch as a user sees it: the mapped cache, then the target's first token
+        // for one new id.
+        let logits = tgt.decoder.next_logits(&ids[..1], &mut head_cache)?;
+        let _ = logits.dims();
+        sync(tgt);
+        let e = t.elapsed().as_secs_f64() * 1e3;
+        if rep > 0 {
+            s_pre.push(sp);
+            t_full.push(tf);
+            m_full.push(mf);
+            t_suf.push(ts);
+            m_suf.push(ms_);
+            e2e.push(e);
+        }
+    }
+    let p = BenchPoint {
+        tokens,
+        suffix,
+        source_prefill: Spread::of(&s_pre),
+        reprefill_full: Spread::of(&t_full),
+        map_full: Spread::of(&m_full),
+        map_suffix: Spread::of(&m_suf),
+        reprefill_suffix: Spread::of(&t_suf),
+        switch_end_to_end: Spread::of(&e2e),
+        speedup_full: 0.0,
+        speedup_suffix: 0.0,
+    };
+    Ok(BenchPoint {
+        speedup_full: p.reprefill_full.median_ms / p.map_full.median_ms,
+        speedup_suffix: p.reprefill_suffix.median_ms / p.map_suffix.median_ms,
+        ..p
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_takes_the_median_and_the_range() {
+        let s = Spread::of(&[3.0, 1.0, 2.0]);
+        assert_eq!((s.median_ms, s.min_ms, s.max_ms), (2.0, 1.0, 3.0));
+        assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).median_ms, 2.5);
+        assert!(Spread::of(&[]).median_ms.is_nan());
+    }
+
+    #[test]
+    fn a_line_is_fitted_exactly() {
+        let x = [128.0, 256.0, 512.0, 1024.0];
+        let y: Vec<f64> = x.iter().map(|v| 0.25 * v + 3.0).collect();
+        let (slope, icpt) = linear_fit(&x, &y);
+        assert!((slope - 0.25).abs() < 1e-12 && (icpt - 3.0).abs() < 1e-9);
+        assert!(linear_fit(&[1.0], &[2.0]).0.is_nan());
+    }
+}
