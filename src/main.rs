@@ -482,12 +482,11 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
 }
 
 fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
-    use baton::mapper::artifact::{self, ModelRef};
+    use baton::mapper::artifact;
     use baton::mapper::corpus::{self, Split};
     use baton::mapper::eval_tasks::{eval_task, TaskEvalOptions};
     use baton::mapper::eval_text::{eval_text, TextEval, TextEvalOptions};
     use baton::mapper::tasks;
-    use baton::mapper::CacheMapper;
     // Task files are checked before any model loads: a typo costs nothing.
     let mut task_list = Vec::new();
     for spec in &a.tasks {
@@ -550,27 +549,10 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         DirectionArg::SourceToTarget => vec![(&first, &second)],
         DirectionArg::TargetToSource => vec![(&second, &first)],
     };
-    let root = fetch::cache_root();
     let mut results = Vec::new();
     for (s, t) in pairs {
-        let (sr, tr) = (
-            ModelRef::new(&s.identity, s.config()),
-            ModelRef::new(&t.identity, t.config()),
-        );
-        let path = match &a.mapper_dir {
-            Some(dir) => artifact::artifact_path_in(dir, &sr, &tr),
-            None => artifact::artifact_path(&root, &sr, &tr),
-        };
-        if !path.is_file() {
-            return Err(artifact::ArtifactError::Missing {
-                source_name: s.identity.name.clone(),
-                target: t.identity.name.clone(),
-            }
-            .into());
-        }
-        let art = artifact::load(&path)?;
-        art.check(&sr, &tr)?;
-        let mapper = CacheMapper::from_layer_maps(s, t, &art.keys, &art.values)?;
+        let (art, mapper) = artifact::open_for(a.mapper_dir.as_deref(), s, t)?;
+        let path = art.path.clone();
         let direction = format!("{} -> {}", s.identity.name, t.identity.name);
         let text = if windows.is_empty() {
             None
@@ -871,9 +853,8 @@ fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
 }
 
 fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
-    use baton::mapper::artifact::{self, ModelRef};
+    use baton::mapper::artifact;
     use baton::mapper::bench::{bench_point, linear_fit, mapper_cost, BenchOptions};
-    use baton::mapper::CacheMapper;
     let progress = BarProgress::new();
     let first = Model::open(&a.source, dev, &progress)?;
     let second = Model::open(&a.target, dev, &progress)?;
@@ -894,27 +875,10 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
         repeats: a.repeats.max(1),
         suffix: a.suffix,
     };
-    let root = fetch::cache_root();
     let mut out = Vec::new();
     for (s, t) in pairs {
-        let (sr, tr) = (
-            ModelRef::new(&s.identity, s.config()),
-            ModelRef::new(&t.identity, t.config()),
-        );
-        let path = match &a.mapper_dir {
-            Some(dir) => artifact::artifact_path_in(dir, &sr, &tr),
-            None => artifact::artifact_path(&root, &sr, &tr),
-        };
-        if !path.is_file() {
-            return Err(artifact::ArtifactError::Missing {
-                source_name: s.identity.name.clone(),
-                target: t.identity.name.clone(),
-            }
-            .into());
-        }
-        let art = artifact::load(&path)?;
-        art.check(&sr, &tr)?;
-        let mapper = CacheMapper::from_layer_maps(s, t, &art.keys, &art.values)?;
+        let (art, mapper) = artifact::open_for(a.mapper_dir.as_deref(), s, t)?;
+        let path = art.path.clone();
         let cost = mapper_cost(&mapper);
         let direction = format!("{} -> {}", s.identity.name, t.identity.name);
         println!(

@@ -72,8 +72,8 @@ fn run(a: &Model, b: &Model, k: Vec<usize>, tiny: &Tiny) -> Fitted {
     f.remove(0)
 }
 
-#[test]
-fn mapping_a_model_to_itself_with_all_layers_is_near_exact() {
+/// One tiny model written and loaded twice, as a source and a target.
+fn same_model_twice() -> (tempfile::TempDir, Tiny, Model, Model) {
     let dir = tempfile::tempdir().unwrap();
     let tiny = Tiny::new("llama");
     let w = tiny.weights(3);
@@ -83,6 +83,12 @@ fn mapping_a_model_to_itself_with_all_layers_is_near_exact() {
         load(&dir.path().join("a"), "a"),
         load(&dir.path().join("b"), "b"),
     );
+    (dir, tiny, a, b)
+}
+
+#[test]
+fn mapping_a_model_to_itself_with_all_layers_is_near_exact() {
+    let (_dir, tiny, a, b) = same_model_twice();
     let f = run(&a, &b, vec![usize::MAX], &tiny);
     let r = &f.report;
     eprintln!("R² K {:?} V {:?} cosine {:?}", r.r2_k, r.r2_v, r.cosine);
@@ -312,15 +318,7 @@ fn task_retention_of_a_model_mapped_to_itself_is_complete() {
     use baton::mapper::eval_tasks::{eval_task, TaskEvalOptions};
     use baton::mapper::tasks::{task_def, Choice, TaskItem};
     use baton::mapper::CacheMapper;
-    let dir = tempfile::tempdir().unwrap();
-    let tiny = Tiny::new("llama");
-    let w = tiny.weights(3);
-    write_model(&tiny, &dir.path().join("a"), &w);
-    write_model(&tiny, &dir.path().join("b"), &w);
-    let (a, b) = (
-        load(&dir.path().join("a"), "a"),
-        load(&dir.path().join("b"), "b"),
-    );
+    let (_dir, tiny, a, b) = same_model_twice();
     let f = run(&a, &b, vec![usize::MAX], &tiny);
     let mapper = CacheMapper::from_layer_maps(&a, &b, &f.keys, &f.values).unwrap();
     // A few-shot block shared by every context exercises the shared-prefix path.

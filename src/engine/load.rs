@@ -154,21 +154,9 @@ pub fn calibrate_missing(
 
 /// The mapper from `s` to `t`, checked against both models.
 pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, EngineError> {
-    let path = path_for(dir, s, t);
-    if !path.is_file() {
-        return Err(artifact::ArtifactError::Missing {
-            source_name: s.identity.name.clone(),
-            target: t.identity.name.clone(),
-        }
-        .into());
-    }
-    let art = artifact::load(&path)?;
-    art.check(
-        &ModelRef::new(&s.identity, s.config()),
-        &ModelRef::new(&t.identity, t.config()),
-    )?;
-    let mapper = CacheMapper::from_layer_maps(s, t, &art.keys, &art.values)?;
-    let (sha, _) = fetch::checksum::sha256_file(&path, &fetch::SilentProgress)?;
+    let (art, mapper) = artifact::open_for(Some(dir), s, t)?;
+    let path = &art.path;
+    let (sha, _) = fetch::checksum::sha256_file(path, &fetch::SilentProgress)?;
     let cos = &art.meta.report.cosine;
     Ok(LoadedMapper {
         mapper,

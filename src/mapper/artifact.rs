@@ -29,6 +29,39 @@ pub enum ArtifactError {
     Mismatch(Box<Mismatch>),
     #[error("no mapper from {source_name} to {target}: run `baton calibrate --source {source_name} --target {target}` first")]
     Missing { source_name: String, target: String },
+    #[error("mapper {path} does not fit the models: {source}")]
+    Apply {
+        path: PathBuf,
+        source: crate::model::ModelError,
+    },
+}
+
+/// The mapper from `s` to `t` in `dir` (the cache dir's mappers/ when `None`): found,
+/// loaded, checked against both models and ready to apply.
+pub fn open_for(
+    dir: Option<&Path>,
+    s: &crate::model::Model,
+    t: &crate::model::Model,
+) -> Result<(MapperArtifact, super::CacheMapper), ArtifactError> {
+    let (sr, tr) = (
+        ModelRef::new(&s.identity, s.config()),
+        ModelRef::new(&t.identity, t.config()),
+    );
+    let path = match dir {
+        Some(d) => artifact_path_in(d, &sr, &tr),
+        None => artifact_path(&crate::fetch::cache_root(), &sr, &tr),
+    };
+    if !path.is_file() {
+        return Err(ArtifactError::Missing {
+            source_name: s.identity.name.clone(),
+            target: t.identity.name.clone(),
+        });
+    }
+    let art = load(&path)?;
+    art.check(&sr, &tr)?;
+    let mapper = super::CacheMapper::from_layer_maps(s, t, &art.keys, &art.values)
+        .map_err(|e| ArtifactError::Apply { path, source: e })?;
+    Ok((art, mapper))
 }
 
 /// An artifact applied to models it was not made for.

@@ -120,7 +120,7 @@ impl Linear {
             LinearWeight::Packed(p, b) => {
                 let ws = [(p, b.as_ref().map(|b| b.as_slice()))];
                 match run_packed(&ws, x, |_| qmm::Epilogue::Plain, None)? {
-                    Some(mut outs) => Ok(outs.pop().expect("one output")),
+                    Some(outs) => one_output(outs),
                     None => Err(ModelError::Unsupported(format!(
                         "weights packed for the CPU take f32 CPU activations, not {:?} on {:?}",
                         x.dtype(),
@@ -154,13 +154,13 @@ impl Linear {
                 if let candle_core::Storage::Cpu(cs) = &*st {
                     let all = cs.as_slice::<f32>()?;
                     let rs = &all[lay.start_offset()..lay.start_offset() + res.elem_count()];
-                    if let Some(mut outs) = run_packed(
+                    if let Some(outs) = run_packed(
                         &ws,
                         x,
                         |_| qmm::Epilogue::Residual(rs),
                         Some(res.elem_count()),
                     )? {
-                        return Ok(outs.pop().expect("one output"));
+                        return one_output(outs);
                     }
                 }
             }
@@ -179,8 +179,8 @@ impl Linear {
                 && g.0.k() == u.0.k()
                 && g.0.kind() == u.0.kind()
             {
-                if let Some(mut outs) = run_packed_swiglu(g.0, u.0, x)? {
-                    return Ok(outs.pop().expect("one output"));
+                if let Some(outs) = run_packed_swiglu(g.0, u.0, x)? {
+                    return one_output(outs);
                 }
             }
         }
@@ -244,8 +244,26 @@ fn with_rows<T>(
 #[cfg(target_arch = "x86_64")]
 fn out_tensor(o: Vec<f32>, x: &Tensor, n: usize) -> Result<Tensor> {
     let mut d = x.dims().to_vec();
-    *d.last_mut().expect("rank >= 1") = n;
+    match d.last_mut() {
+        Some(last) => *last = n,
+        None => {
+            return Err(ModelError::Unsupported(
+                "a scalar is not a matmul input".into(),
+            ))
+        }
+    }
     Ok(Tensor::from_vec(o, d, &Device::Cpu)?)
+}
+
+/// The single result of a one-weight packed call.
+#[cfg(target_arch = "x86_64")]
+fn one_output(mut outs: Vec<Tensor>) -> Result<Tensor> {
+    match (outs.pop(), outs.is_empty()) {
+        (Some(t), true) => Ok(t),
+        _ => Err(ModelError::Unsupported(
+            "a packed projection returned other than one output".into(),
+        )),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -960,7 +978,8 @@ pub(crate) mod qmm {
                                 let x = blk(t * 16 + c, b);
                                 o[2304 + 2 * c..2304 + 2 * c + 2].copy_from_slice(&x[0..2]);
                                 o[2336 + 2 * c..2336 + 2 * c + 2].copy_from_slice(&x[2..4]);
-                                let scales: [u8; 12] = x[4..16].try_into().unwrap();
+                                let mut scales = [0u8; 12];
+                                scales.copy_from_slice(&x[4..16]);
                                 let qs = &x[16..144];
                                 let mut v = [0u8; 256];
                                 for s in 0..8 {
