@@ -32,7 +32,7 @@ pub enum ArtifactError {
     #[error("mapper {path} does not fit the models: {source}")]
     Apply {
         path: PathBuf,
-        source: crate::model::ModelError,
+        source: Box<crate::model::ModelError>,
     },
 }
 
@@ -59,8 +59,13 @@ pub fn open_for(
     }
     let art = load(&path)?;
     art.check(&sr, &tr)?;
-    let mapper = super::CacheMapper::from_layer_maps(s, t, &art.keys, &art.values)
-        .map_err(|e| ArtifactError::Apply { path, source: e })?;
+    let mapper =
+        super::CacheMapper::from_layer_maps(s, t, &art.keys, &art.values).map_err(|e| {
+            ArtifactError::Apply {
+                path,
+                source: Box::new(e),
+            }
+        })?;
     Ok((art, mapper))
 }
 
