@@ -34,7 +34,7 @@ fn config(max_tokens: usize, record: Option<PathBuf>) -> EngineConfig {
         common::qwen_large().display().to_string(),
     ];
     let mut cfg = EngineConfig::new(models, Device::Cpu);
-    cfg.mapper_dir = Some(baton::fetch::cache_root().join("test-mappers"));
+    cfg.mapper_dir = Some(baton::fetch::cache_root().join("test-mappers-int8"));
     cfg.calibrate_missing = Some(small_calibration());
     cfg.settings.max_tokens = max_tokens;
     cfg.record = record;
@@ -324,7 +324,7 @@ fn the_handoff_bench_times_every_stage_on_the_real_pair() {
         &baton::fetch::SilentProgress,
     )
     .unwrap();
-    let dir = baton::fetch::cache_root().join("test-mappers");
+    let dir = baton::fetch::cache_root().join("test-mappers-int8");
     let m = engine::load::load_mapper(&dir, &src, &tgt).unwrap();
     let cost = mapper_cost(&m.mapper);
     // k source layers of 2×64 features into 28 target layers of 2×128, for K and V.

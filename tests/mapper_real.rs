@@ -6,7 +6,6 @@ mod common;
 use baton::mapper::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress};
 use baton::mapper::corpus::{self, Split};
 use baton::mapper::eval_text::{eval_text, TextEval, TextEvalOptions};
-use baton::mapper::CacheMapper;
 use baton::model::Model;
 use candle_core::Device;
 use std::sync::atomic::AtomicBool;
@@ -40,7 +39,7 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
     )
     .unwrap()
     .remove(0);
-    let mapper = CacheMapper::from_layer_maps(&src, &tgt, &fitted.keys, &fitted.values).unwrap();
+    let mapper = fitted.cache_mapper(&src, &tgt).unwrap();
     let windows = corpus::windows(&docs, &src.tokenizer, Split::Eval, 256, 2).unwrap();
     let r = eval_text(
         &src,

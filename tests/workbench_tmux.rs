@@ -56,7 +56,7 @@ fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
     }
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("s.jsonl");
-    let mappers = baton::fetch::cache_root().join("test-mappers");
+    let mappers = baton::fetch::cache_root().join("test-mappers-int8");
     let (small, large) = (common::qwen_small(), common::qwen_large());
     let session = format!("baton-test-{}", std::process::id());
     let cmd = format!(

@@ -4,10 +4,12 @@
 //! keys get the target's RoPE at the same absolute positions.
 
 use super::features::{layer_features, rows_to_heads};
+use super::packed::{PackedMapper, SourceScales};
 use crate::model::rope::Rope;
 use crate::model::{KvCache, KvShape, LayerKv, ModelError};
 use candle_core::{DType, Device, Tensor};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// One target layer's map for K or V: y = [x_{s1} | … | x_{sk}] · W + b.
 #[derive(Debug, Clone)]
@@ -44,6 +46,18 @@ impl TargetLayerMap {
     }
 }
 
+/// Arithmetic a map runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MapPrecision {
+    /// Q8_0 weights and features on the CPU's int8 kernels, where the CPU has them
+    /// (AVX-512 VNNI); elsewhere the same as `F32`.
+    #[default]
+    Int8,
+    /// Dense products in the target's dtype.
+    F32,
+}
+
 /// Everything needed to turn source cache positions into target cache layers.
 #[derive(Debug, Clone)]
 pub struct CacheMapper {
@@ -51,6 +65,10 @@ pub struct CacheMapper {
     pub target: KvShape,
     pub keys: Vec<TargetLayerMap>,
     pub values: Vec<TargetLayerMap>,
+    /// The source's feature statistics, which the int8 form needs.
+    scales: Option<Arc<SourceScales>>,
+    /// The int8 form, when it runs here and was asked for.
+    packed: Option<Arc<PackedMapper>>,
 }
 
 impl CacheMapper {
@@ -60,18 +78,43 @@ impl CacheMapper {
         tgt: &crate::model::Model,
         keys: &[super::ridge::LayerMap],
         values: &[super::ridge::LayerMap],
+        scales: Option<&SourceScales>,
     ) -> Result<Self, ModelError> {
         let d_s = src.config().kv_width();
         let (dev, dtype) = (tgt.decoder.device(), tgt.decoder.dtype());
         let conv = |m: &super::ridge::LayerMap| {
             TargetLayerMap::from_parts(m.sources.clone(), &m.weight, &m.bias, d_s, dev, dtype)
         };
-        Ok(Self {
+        Self {
             source: src.decoder.kv_shape(),
             target: tgt.decoder.kv_shape(),
             keys: keys.iter().map(conv).collect::<Result<_, _>>()?,
             values: values.iter().map(conv).collect::<Result<_, _>>()?,
-        })
+            scales: scales.cloned().map(Arc::new),
+            packed: None,
+        }
+        .with_precision(MapPrecision::default())
+    }
+
+    /// The same maps run in `precision`. Int8 falls back to f32 where its kernels do not
+    /// run here, or when the mapper has no source scales (artifacts made before them).
+    pub fn with_precision(mut self, precision: MapPrecision) -> Result<Self, ModelError> {
+        self.packed = match (precision, &self.scales) {
+            (MapPrecision::Int8, Some(sc)) => {
+                super::packed::pack(&self.keys, &self.values, sc, self.source)?.map(Arc::new)
+            }
+            _ => None,
+        };
+        Ok(self)
+    }
+
+    /// The precision maps actually run in.
+    pub fn precision(&self) -> MapPrecision {
+        if self.packed.is_some() {
+            MapPrecision::Int8
+        } else {
+            MapPrecision::F32
+        }
     }
 
     /// Map positions `start..end` of `src` into per-layer target K/V
@@ -95,6 +138,18 @@ impl CacheMapper {
             return Err(ModelError::Cache(
                 "mapper has the wrong number of target layers".into(),
             ));
+        }
+        if let Some(p) = &self.packed {
+            return super::packed::map_range(
+                p,
+                (&self.keys, &self.values),
+                self.target,
+                src,
+                src_rope,
+                tgt_rope,
+                start,
+                end,
+            );
         }
         // Un-rotate each source layer that any target layer reads, once.
         let mut needed: BTreeMap<usize, ()> = BTreeMap::new();

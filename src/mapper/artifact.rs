@@ -5,6 +5,7 @@
 //! models' checksums and written to a temp file, then renamed into place.
 
 use super::calibrate::{CalibrationReport, Fitted};
+use super::packed::SourceScales;
 use super::ridge::{FitInfo, LayerMap};
 use crate::model::{ModelConfig, ModelIdentity};
 use safetensors::tensor::TensorView;
@@ -59,13 +60,17 @@ pub fn open_for(
     }
     let art = load(&path)?;
     art.check(&sr, &tr)?;
-    let mapper =
-        super::CacheMapper::from_layer_maps(s, t, &art.keys, &art.values).map_err(|e| {
-            ArtifactError::Apply {
-                path,
-                source: Box::new(e),
-            }
-        })?;
+    let mapper = super::CacheMapper::from_layer_maps(
+        s,
+        t,
+        &art.keys,
+        &art.values,
+        art.source_scales.as_ref(),
+    )
+    .map_err(|e| ArtifactError::Apply {
+        path,
+        source: Box::new(e),
+    })?;
     Ok((art, mapper))
 }
 
@@ -170,6 +175,8 @@ pub struct MapperArtifact {
     pub meta: MapperMeta,
     pub keys: Vec<LayerMap>,
     pub values: Vec<LayerMap>,
+    /// Absent in artifacts written before the int8 map; such a mapper runs in f32.
+    pub source_scales: Option<SourceScales>,
 }
 
 /// `<cache>/mappers/`.
@@ -241,6 +248,15 @@ pub fn save(fitted: &Fitted, meta: &MapperMeta, path: &Path) -> Result<(), Artif
                 vec![m.bias.len()],
             ));
         }
+    }
+    let sc = &fitted.source_scales;
+    for (name, v) in [
+        ("source.key_mean", &sc.key_mean),
+        ("source.key_std", &sc.key_std),
+        ("source.value_mean", &sc.value_mean),
+        ("source.value_std", &sc.value_std),
+    ] {
+        buffers.push((name.to_string(), f32_bytes(v), vec![v.len()]));
     }
     let views: Vec<(String, TensorView<'_>)> = buffers
         .iter()
@@ -338,6 +354,17 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
     };
     let keys = maps("keys", &meta.key_sources)?;
     let values = maps("values", &meta.value_sources)?;
+    let names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    let source_scales = if names.iter().any(|n| n == "source.key_mean") {
+        Some(SourceScales {
+            key_mean: read("source.key_mean")?,
+            key_std: read("source.key_std")?,
+            value_mean: read("source.value_mean")?,
+            value_std: read("source.value_std")?,
+        })
+    } else {
+        None
+    };
     if keys.len() != meta.target.layers || values.len() != meta.target.layers {
         return Err(bad("layer count does not match the target model".into()));
     }
@@ -346,6 +373,7 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
         meta,
         keys,
         values,
+        source_scales,
     })
 }
 

@@ -5,6 +5,7 @@
 use super::apply::CacheMapper;
 use super::corpus::{self, Document, Split};
 use super::features::all_layer_features;
+use super::packed::SourceScales;
 use super::ridge::{self, LayerMap, RidgeOptions};
 use super::select::{select_layers, single_layer_r2};
 use super::stats::PairStats;
@@ -140,6 +141,8 @@ pub struct Fitted {
     pub standardize: bool,
     pub keys: Vec<LayerMap>,
     pub values: Vec<LayerMap>,
+    /// The source features' means and deviations, for the int8 map.
+    pub source_scales: SourceScales,
     pub report: CalibrationReport,
 }
 
@@ -226,8 +229,15 @@ fn to_cache_mapper(
     tgt: &Model,
     keys: &[LayerMap],
     values: &[LayerMap],
+    scales: &SourceScales,
 ) -> Result<CacheMapper, CalibrateError> {
-    Ok(CacheMapper::from_layer_maps(src, tgt, keys, values)?)
+    Ok(CacheMapper::from_layer_maps(
+        src,
+        tgt,
+        keys,
+        values,
+        Some(scales),
+    )?)
 }
 
 /// Calibrate the mappers between `a` and `b` for the requested directions.
@@ -376,6 +386,7 @@ pub fn calibrate(
             standardize: opts.standardize,
             ..RidgeOptions::default()
         };
+        let scales = SourceScales::from_stats(sk, sv);
         let r2k = single_layer_r2(sk, &base)?;
         let r2v = single_layer_r2(sv, &base)?;
         let mut ks: Vec<usize> = opts.k_sweep.iter().map(|&k| k.min(ls)).collect();
@@ -425,7 +436,7 @@ pub fn calibrate(
                 let values: Vec<LayerMap> = (0..lt)
                     .map(|j| ridge::fit_layer(sv, j, &sel_v[j], &ro))
                     .collect::<Result<_, _>>()?;
-                let mapper = to_cache_mapper(src, tgt, &keys, &values)?;
+                let mapper = to_cache_mapper(src, tgt, &keys, &values, &scales)?;
                 let cos = heldout_cosine(&mapper, src, tgt, src_caps, tgt_caps, &probes)?;
                 let mean_cos = cos.iter().sum::<f64>() / cos.len() as f64;
                 let mean_r2 = |st: &PairStats, maps: &[LayerMap]| -> Result<f64, CalibrateError> {
@@ -475,6 +486,7 @@ pub fn calibrate(
             standardize: opts.standardize,
             keys,
             values,
+            source_scales: scales,
             report: CalibrationReport {
                 observations: sk.count(),
                 sequences: opts.sequences,
@@ -503,6 +515,6 @@ pub fn calibrate(
 
 impl Fitted {
     pub fn cache_mapper(&self, src: &Model, tgt: &Model) -> Result<CacheMapper, CalibrateError> {
-        to_cache_mapper(src, tgt, &self.keys, &self.values)
+        to_cache_mapper(src, tgt, &self.keys, &self.values, &self.source_scales)
     }
 }

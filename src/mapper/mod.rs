@@ -24,6 +24,7 @@ pub mod corpus;
 pub mod eval_tasks;
 pub mod eval_text;
 pub mod features;
+pub mod packed;
 pub mod tasks;
 
-pub use apply::{CacheMapper, TargetLayerMap};
+pub use apply::{CacheMapper, MapPrecision, TargetLayerMap};

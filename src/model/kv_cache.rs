@@ -164,6 +164,34 @@ impl KvCache {
         Self::import(self.shape, layers, self.dtype, &self.device)
     }
 
+    /// Layer `l`'s keys and values as the raw f32 CPU buffers they live in (each
+    /// [kv_heads, capacity, head_dim], positions `0..len` meaningful), with the capacity,
+    /// for kernels that read the cache in place. `None` for other dtypes or devices.
+    pub fn with_layer_f32<R>(
+        &self,
+        l: usize,
+        f: impl FnOnce(&[f32], &[f32], usize) -> R,
+    ) -> Result<Option<R>> {
+        if self.dtype != DType::F32 || !self.device.is_cpu() {
+            return Ok(None);
+        }
+        let b = self.buffers.get(l).ok_or_else(|| {
+            ModelError::Cache(format!("layer {l} of a {}-layer cache", self.shape.n_layer))
+        })?;
+        let n = self.shape.n_kv_head * self.capacity * self.shape.head_dim;
+        let (ks, kl) = b.k.storage_and_layout();
+        let (vs, vl) = b.v.storage_and_layout();
+        let (candle_core::Storage::Cpu(kc), candle_core::Storage::Cpu(vc)) = (&*ks, &*vs) else {
+            return Ok(None);
+        };
+        if !kl.is_contiguous() || !vl.is_contiguous() {
+            return Ok(None);
+        }
+        let k = &kc.as_slice::<f32>()?[kl.start_offset()..kl.start_offset() + n];
+        let v = &vc.as_slice::<f32>()?[vl.start_offset()..vl.start_offset() + n];
+        Ok(Some(f(k, v, self.capacity)))
+    }
+
     /// Make room for `extra` more positions.
     pub(crate) fn reserve(&mut self, extra: usize) -> Result<()> {
         let need = self.len + extra;

@@ -66,6 +66,29 @@ impl Rope {
         self.apply(x, start, &self.neg_sin)
     }
 
+    /// Cosines and sines for positions `start..start + len` as f32 rows of `head_dim / 2`,
+    /// for kernels that rotate while they write.
+    pub fn tables(&self, start: usize, len: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        if start + len > self.max_positions {
+            return Err(super::error::ModelError::ContextOverflow {
+                len: start + len,
+                max: self.max_positions,
+            });
+        }
+        let rows = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.narrow(0, start, len)?
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?)
+        };
+        Ok((rows(&self.cos)?, rows(&self.sin)?))
+    }
+
+    /// Width of the tables: half the rotated dimension.
+    pub fn half_width(&self) -> usize {
+        self.cos.dims().get(1).copied().unwrap_or(0)
+    }
+
     fn apply(&self, x: &Tensor, start: usize, sin: &Tensor) -> Result<Tensor> {
         let (_h, len, _d) = x.dims3()?;
         if start + len > self.max_positions {

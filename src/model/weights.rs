@@ -84,6 +84,69 @@ impl Linear {
         Ok(Self::new(w, b))
     }
 
+    /// A dense f32 matrix `weight` ([out, in]) and bias, quantized to Q8_0 and packed
+    /// for the CPU's int8 kernels. `None` where those kernels do not run (no AVX-512
+    /// VNNI, not on the CPU, or a shape they do not take).
+    pub fn packed_q8_0(weight: &Tensor, bias: Option<&Tensor>) -> Result<Option<Self>> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (n, k) = weight.dims2()?;
+            if weight.device().is_cpu() && qmm::Packed::supports(GgmlDType::Q8_0, n, k) {
+                let q = QTensor::quantize(&weight.to_dtype(DType::F32)?, GgmlDType::Q8_0)?;
+                let b = bias.map(|b| b.to_dtype(DType::F32)).transpose()?;
+                let l = Self::from_qtensor(q, b, DType::F32, weight.device())?;
+                if matches!(l.w, LinearWeight::Packed(..)) {
+                    return Ok(Some(l));
+                }
+            }
+        }
+        let _ = (weight, bias);
+        Ok(None)
+    }
+
+    /// `x Wᵀ + b` on the packed CPU kernels for `m` rows given as parts side by side
+    /// (row `r` of the input is `parts[0][r] | parts[1][r] | …`, each part `width` wide,
+    /// f32 row-major); `None` when this projection is not packed as Q8_0.
+    pub fn forward_parts(
+        &self,
+        parts: &[&[f32]],
+        width: usize,
+        m: usize,
+    ) -> Result<Option<Vec<f32>>> {
+        #[cfg(target_arch = "x86_64")]
+        if let LinearWeight::Packed(p, b) = &self.w {
+            if p.kind().a256() {
+                return Ok(None);
+            }
+            if parts.len() * width != p.k()
+                || !width.is_multiple_of(32)
+                || parts.iter().any(|x| x.len() < m * width)
+            {
+                return Err(ModelError::Cache(format!(
+                    "{} parts of {width} inputs ({m} rows) for a projection of {} inputs",
+                    parts.len(),
+                    p.k()
+                )));
+            }
+            let mut dst = qmm::uninit(m * p.n());
+            qmm::matmul_rows(
+                qmm::Rows::Parts { parts, width },
+                m,
+                &mut [qmm::Job {
+                    w: p,
+                    up: None,
+                    bias: b.as_ref().map(|b| b.as_slice()),
+                    epilogue: qmm::Epilogue::Plain,
+                    dst: &mut dst,
+                }],
+            );
+            // SAFETY: matmul wrote every element.
+            return Ok(Some(unsafe { qmm::assume_init(dst) }));
+        }
+        let _ = (parts, width, m);
+        Ok(None)
+    }
+
     /// The weight as a dense f32 matrix [out, in]. The packed kernels keep no other copy,
     /// so it is recovered by running the identity through the layer: a one-hot row
     /// quantizes without loss, which makes this the dequantized weight up to the f32
@@ -1174,7 +1237,23 @@ pub(crate) mod qmm {
         }
     }
 
-    fn quantize(x: &[f32], m: usize, k: usize, a256: bool, acts: &mut Acts) {
+    /// Activation rows: one row-major matrix, or several side by side (row `r` is
+    /// `parts[0][r] | parts[1][r] | …`, each `width` wide) so a caller need not copy them
+    /// into one buffer first.
+    #[derive(Clone, Copy)]
+    pub(crate) enum Rows<'a> {
+        Whole(&'a [f32]),
+        Parts {
+            parts: &'a [&'a [f32]],
+            width: usize,
+        },
+    }
+
+    fn quantize(x: Rows<'_>, m: usize, k: usize, a256: bool, acts: &mut Acts) {
+        let x = match x {
+            Rows::Whole(x) => x,
+            Rows::Parts { parts, width } => return quantize_parts(parts, width, m, acts),
+        };
         acts.a256 = a256;
         acts.m = m;
         acts.k = k;
@@ -1191,6 +1270,33 @@ pub(crate) mod qmm {
                 quantize_a256(row, dst as *mut A256)
             } else {
                 quantize_a32(row, dst as *mut A32)
+            }
+        };
+        if m * k < 1 << 16 {
+            (0..m).for_each(one);
+        } else {
+            candle_core::utils::barrier_pool().execute_chunked(m, |range| range.for_each(one));
+        }
+    }
+
+    /// [`quantize`] for rows given as parts: each part's 32-value blocks land where the
+    /// joined row's would, so the kernels see one ordinary row.
+    fn quantize_parts(parts: &[&[f32]], width: usize, m: usize, acts: &mut Acts) {
+        let k = parts.len() * width;
+        acts.a256 = false;
+        acts.m = m;
+        acts.k = k;
+        let need = (m * acts.row_bytes()).div_ceil(64);
+        if acts.buf.len() < need {
+            acts.buf = lines(need * 64);
+        }
+        let rb = acts.row_bytes();
+        let pb = width / 32 * std::mem::size_of::<A32>();
+        let base = acts.buf.as_mut_ptr() as usize;
+        let one = |r: usize| unsafe {
+            for (j, p) in parts.iter().enumerate() {
+                let dst = (base + r * rb + j * pb) as *mut A32;
+                quantize_a32(&p[r * width..(r + 1) * width], dst)
             }
         };
         if m * k < 1 << 16 {
@@ -2018,6 +2124,11 @@ pub(crate) mod qmm {
     /// `dst_i = epilogue(x W_iᵀ + b_i)` for every job, all sharing the activations `x`
     /// ([m, k] row-major) and one activation format: one quantization, one parallel region.
     pub(crate) fn matmul(x: &[f32], m: usize, jobs: &mut [Job<'_>]) {
+        matmul_rows(Rows::Whole(x), m, jobs)
+    }
+
+    /// [`matmul`] on activations given as [`Rows`].
+    pub(crate) fn matmul_rows(x: Rows<'_>, m: usize, jobs: &mut [Job<'_>]) {
         assert!(!jobs.is_empty());
         let k = jobs[0].w.k;
         let a256 = jobs[0].w.kind.a256();
@@ -2033,7 +2144,13 @@ pub(crate) mod qmm {
                 Epilogue::Plain => {}
             }
         }
-        assert_eq!(x.len(), m * k);
+        match x {
+            Rows::Whole(x) => assert_eq!(x.len(), m * k),
+            Rows::Parts { parts, width } => {
+                assert!(!a256 && width.is_multiple_of(32) && parts.len() * width == k);
+                assert!(parts.iter().all(|p| p.len() >= m * width));
+            }
+        }
         ACTS.with(|cell| {
             let mut acts = cell.borrow_mut();
             quantize(x, m, k, a256, &mut acts);

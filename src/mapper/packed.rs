@@ -1,0 +1,381 @@
+//! The mapper on the CPU's int8 kernels (the ones the decoder's prefill runs on), so a
+//! map is measured against the re-prefill on equal terms. Weights are quantized to Q8_0
+//! once at load; each call quantizes its features per 32 values with their own scale.
+//! Keys leave the product and are rotated into the target's head layout in one pass.
+
+use super::apply::TargetLayerMap;
+use super::features::layer_features;
+use crate::model::config::RopeLayout;
+use crate::model::rope::Rope;
+use crate::model::weights::Linear;
+use crate::model::{KvCache, KvShape, LayerKv, ModelError};
+use candle_core::{Device, Tensor};
+use std::collections::BTreeMap;
+
+/// Every source feature's mean and standard deviation over the calibration text, keys
+/// and values, layer-major ([L_s·D_s] each, like the calibration statistics' columns).
+/// Int8 needs them: un-rotated keys carry a few channels hundreds of times larger than
+/// the rest, and one scale per 32 values would flatten the small ones to zero. Centred
+/// and scaled features, with the scales folded into the weights, quantize evenly.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceScales {
+    pub key_mean: Vec<f32>,
+    pub key_std: Vec<f32>,
+    pub value_mean: Vec<f32>,
+    pub value_std: Vec<f32>,
+}
+
+impl SourceScales {
+    /// From the calibration statistics of keys and values.
+    pub fn from_stats(keys: &super::PairStats, values: &super::PairStats) -> Self {
+        let one = |st: &super::PairStats| -> (Vec<f32>, Vec<f32>) {
+            let n = st.count().max(1) as f64;
+            let mean = st.mean_x().iter().map(|&m| m as f32).collect();
+            let std = (0..st.dx())
+                .map(|i| (st.cxx_at(i, i).max(0.0) / n).sqrt() as f32)
+                .collect();
+            (mean, std)
+        };
+        let (key_mean, key_std) = one(keys);
+        let (value_mean, value_std) = one(values);
+        Self {
+            key_mean,
+            key_std,
+            value_mean,
+            value_std,
+        }
+    }
+
+    /// Checks the lengths against a source of `width` features per layer.
+    pub fn fits(&self, layers: usize, width: usize) -> bool {
+        [
+            &self.key_mean,
+            &self.key_std,
+            &self.value_mean,
+            &self.value_std,
+        ]
+        .iter()
+        .all(|v| v.len() == layers * width)
+    }
+
+    /// (mean, scale) of layer `l`'s keys or values: scale = 1/σ, or 1 where the feature
+    /// is constant (its mean then carries it into the bias).
+    fn layer(&self, l: usize, width: usize, keys: bool) -> (Vec<f32>, Vec<f32>) {
+        let (m, s) = if keys {
+            (&self.key_mean, &self.key_std)
+        } else {
+            (&self.value_mean, &self.value_std)
+        };
+        let r = l * width..(l + 1) * width;
+        let max = s[r.clone()].iter().fold(0f32, |a, &b| a.max(b));
+        let scale = s[r.clone()]
+            .iter()
+            .map(|&v| {
+                if v > 1e-6 * max && v > 0.0 {
+                    1.0 / v
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        (m[r].to_vec(), scale)
+    }
+}
+
+/// One target layer's K and V maps, packed.
+#[derive(Debug, Clone)]
+pub struct PackedLayer {
+    k: Linear,
+    v: Linear,
+}
+
+/// The map rewritten for conditioned features `z = (x − μ)·s`: rows of W divided by
+/// `s`, and `μ·W` moved into the bias, so `z·W' + b' = x·W + b`.
+fn pack_one(
+    m: &TargetLayerMap,
+    scales: &SourceScales,
+    width: usize,
+    keys: bool,
+) -> Result<Option<Linear>, ModelError> {
+    let d_t = m.bias.dims1()?;
+    let mut w = m
+        .weight
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let mut b = m.bias.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
+    for (j, &l) in m.sources.iter().enumerate() {
+        let (mean, scale) = scales.layer(l, width, keys);
+        for i in 0..width {
+            let row = &mut w[(j * width + i) * d_t..][..d_t];
+            for (c, x) in row.iter_mut().enumerate() {
+                b[c] += mean[i] * *x;
+                *x /= scale[i];
+            }
+        }
+    }
+    let rows = m.sources.len() * width;
+    let w = Tensor::from_vec(w, (rows, d_t), &Device::Cpu)?
+        .t()?
+        .contiguous()?;
+    let b = Tensor::from_vec(b, d_t, &Device::Cpu)?;
+    Linear::packed_q8_0(&w, Some(&b))
+}
+
+/// Everything the int8 path needs: the packed layers and the source's conditioning.
+#[derive(Debug, Clone)]
+pub struct PackedMapper {
+    layers: Vec<PackedLayer>,
+    scales: SourceScales,
+}
+
+/// Packs every target layer, or `None` when the int8 kernels do not run here.
+pub fn pack(
+    keys: &[TargetLayerMap],
+    values: &[TargetLayerMap],
+    scales: &SourceScales,
+    source: KvShape,
+) -> Result<Option<PackedMapper>, ModelError> {
+    if keys
+        .iter()
+        .chain(values)
+        .any(|m| !m.weight.device().is_cpu())
+    {
+        return Ok(None);
+    }
+    let width = source.n_kv_head * source.head_dim;
+    if !scales.fits(source.n_layer, width) {
+        return Err(ModelError::Cache(format!(
+            "the mapper's source scales do not cover {} layers of {width} features",
+            source.n_layer
+        )));
+    }
+    let mut out = Vec::with_capacity(keys.len());
+    for (km, vm) in keys.iter().zip(values) {
+        match (
+            pack_one(km, scales, width, true)?,
+            pack_one(vm, scales, width, false)?,
+        ) {
+            (Some(k), Some(v)) => out.push(PackedLayer { k, v }),
+            _ => return Ok(None),
+        }
+    }
+    Ok(Some(PackedMapper {
+        layers: out,
+        scales: scales.clone(),
+    }))
+}
+
+/// Un-rotated, conditioned keys and values of source layer `l` at `start..end`, as rows
+/// [end − start, heads·hd], read straight from the cache where it is f32 on the CPU.
+fn source_rows(
+    src: &KvCache,
+    rope: &Rope,
+    tables: &(Vec<f32>, Vec<f32>),
+    scales: &SourceScales,
+    l: usize,
+    start: usize,
+    end: usize,
+) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    let shape = src.shape();
+    let (heads, hd) = (shape.n_kv_head, shape.head_dim);
+    let width = heads * hd;
+    let rows = end - start;
+    let (km, ks) = scales.layer(l, width, true);
+    let (vm, vs) = scales.layer(l, width, false);
+    let condition = |x: &mut [f32], m: &[f32], s: &[f32]| {
+        for r in x.chunks_exact_mut(width) {
+            for ((v, m), s) in r.iter_mut().zip(m).zip(s) {
+                *v = (*v - m) * s;
+            }
+        }
+    };
+    let direct = src.with_layer_f32(l, |k, v, cap| {
+        let mut kr = vec![0f32; rows * width];
+        let mut vr = vec![0f32; rows * width];
+        let half = hd / 2;
+        let (cos, sin) = tables;
+        for r in 0..rows {
+            let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
+            for h in 0..heads {
+                let at = (h * cap + start + r) * hd;
+                let (ki, vi) = (&k[at..at + hd], &v[at..at + hd]);
+                let o = r * width + h * hd;
+                let ko = &mut kr[o..o + hd];
+                // Rotation by the negated angle.
+                match rope.layout() {
+                    RopeLayout::RotateHalf => {
+                        for i in 0..half {
+                            let (a, b) = (ki[i], ki[i + half]);
+                            ko[i] = a * c[i] + b * s[i];
+                            ko[i + half] = b * c[i] - a * s[i];
+                        }
+                    }
+                    RopeLayout::Interleaved => {
+                        for i in 0..half {
+                            let (a, b) = (ki[2 * i], ki[2 * i + 1]);
+                            ko[2 * i] = a * c[i] + b * s[i];
+                            ko[2 * i + 1] = b * c[i] - a * s[i];
+                        }
+                    }
+                }
+                vr[o..o + hd].copy_from_slice(vi);
+            }
+        }
+        (kr, vr)
+    })?;
+    let (mut kr, mut vr) = match direct {
+        Some(kv) if rope.half_width() * 2 == hd => kv,
+        _ => {
+            let f = layer_features(src, rope, l, start, end, 1)?;
+            (f32_rows(&f.k)?, f32_rows(&f.v)?)
+        }
+    };
+    condition(&mut kr, &km, &ks);
+    condition(&mut vr, &vm, &vs);
+    Ok((kr, vr))
+}
+
+fn f32_rows(t: &Tensor) -> Result<Vec<f32>, ModelError> {
+    Ok(t.to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
+}
+
+/// [rows, heads·hd] → [heads, rows, hd], rotating each row at position `row` of the tables.
+fn rotate_into_heads(
+    y: &[f32],
+    rows: usize,
+    heads: usize,
+    hd: usize,
+    tables: Option<(&[f32], &[f32], RopeLayout)>,
+) -> Vec<f32> {
+    let mut out = vec![0f32; rows * heads * hd];
+    let half = hd / 2;
+    for r in 0..rows {
+        for h in 0..heads {
+            let src = &y[r * heads * hd + h * hd..][..hd];
+            let dst = &mut out[(h * rows + r) * hd..][..hd];
+            match tables {
+                None => dst.copy_from_slice(src),
+                Some((cos, sin, layout)) => {
+                    let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
+                    match layout {
+                        RopeLayout::RotateHalf => {
+                            for i in 0..half {
+                                let (a, b) = (src[i], src[i + half]);
+                                dst[i] = a * c[i] - b * s[i];
+                                dst[i + half] = b * c[i] + a * s[i];
+                            }
+                        }
+                        RopeLayout::Interleaved => {
+                            for i in 0..half {
+                                let (a, b) = (src[2 * i], src[2 * i + 1]);
+                                dst[2 * i] = a * c[i] - b * s[i];
+                                dst[2 * i + 1] = a * s[i] + b * c[i];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Positions `start..end` of `src` mapped by `layers`, as the f32 path's
+/// [`super::CacheMapper::map_range`] returns them.
+#[allow(clippy::too_many_arguments)]
+pub fn map_range(
+    packed: &PackedMapper,
+    maps: (&[TargetLayerMap], &[TargetLayerMap]),
+    target: KvShape,
+    src: &KvCache,
+    src_rope: &Rope,
+    tgt_rope: &Rope,
+    start: usize,
+    end: usize,
+) -> Result<Vec<LayerKv>, ModelError> {
+    let rows = end - start;
+    let hd = target.head_dim;
+    if tgt_rope.half_width() * 2 != hd {
+        return Err(ModelError::Cache(format!(
+            "the target's rotary tables are {} wide for heads of {hd}",
+            tgt_rope.half_width()
+        )));
+    }
+    let mut needed = BTreeMap::new();
+    for m in maps.0.iter().chain(maps.1) {
+        for &s in &m.sources {
+            needed.insert(s, ());
+        }
+    }
+    let src_tables = src_rope.tables(start, rows)?;
+    let mut feats = BTreeMap::new();
+    for &s in needed.keys() {
+        let f = source_rows(src, src_rope, &src_tables, &packed.scales, s, start, end)?;
+        feats.insert(s, f);
+    }
+    let width = src.shape().n_kv_head * src.shape().head_dim;
+    let (cos, sin) = tgt_rope.tables(start, rows)?;
+    let layout = tgt_rope.layout();
+    let run = |lin: &Linear, m: &TargetLayerMap, keys: bool| -> Result<Vec<f32>, ModelError> {
+        let parts: Vec<&[f32]> = m
+            .sources
+            .iter()
+            .map(|s| {
+                let f = &feats[s];
+                if keys {
+                    f.0.as_slice()
+                } else {
+                    f.1.as_slice()
+                }
+            })
+            .collect();
+        lin.forward_parts(&parts, width, rows)?
+            .ok_or_else(|| ModelError::Cache("a packed mapper layer is not packed".into()))
+    };
+    let mut out = Vec::with_capacity(packed.layers.len());
+    for ((p, km), vm) in packed.layers.iter().zip(maps.0).zip(maps.1) {
+        let k = run(&p.k, km, true)?;
+        let k = rotate_into_heads(&k, rows, target.n_kv_head, hd, Some((&cos, &sin, layout)));
+        let v = run(&p.v, vm, false)?;
+        let v = rotate_into_heads(&v, rows, target.n_kv_head, hd, None);
+        let shape = (target.n_kv_head, rows, hd);
+        out.push(LayerKv {
+            k: Tensor::from_vec(k, shape, &Device::Cpu)?.to_dtype(src.dtype())?,
+            v: Tensor::from_vec(v, shape, &Device::Cpu)?.to_dtype(src.dtype())?,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_become_heads_and_rotation_matches_the_rope_module() -> Result<(), ModelError> {
+        use crate::model::config::RopeConfig;
+        for layout in [RopeLayout::RotateHalf, RopeLayout::Interleaved] {
+            let cfg = RopeConfig {
+                theta: 10_000.0,
+                layout,
+                dim: 8,
+                llama3_scaling: None,
+                freq_factors: None,
+            };
+            let rope = Rope::new(&cfg, 64, candle_core::DType::F32, &Device::Cpu)?;
+            let (rows, heads, hd, start) = (5, 2, 8, 17);
+            let y = Tensor::randn(0f32, 1.0, (rows, heads * hd), &Device::Cpu)?;
+            let expect = rope.rotate(&super::super::features::rows_to_heads(&y, heads)?, start)?;
+            let (cos, sin) = rope.tables(start, rows)?;
+            let got =
+                rotate_into_heads(&f32_rows(&y)?, rows, heads, hd, Some((&cos, &sin, layout)));
+            let got = Tensor::from_vec(got, (heads, rows, hd), &Device::Cpu)?;
+            let err = (got - expect)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(err < 1e-5, "{layout:?}: {err}");
+        }
+        Ok(())
+    }
+}
