@@ -87,8 +87,29 @@ pub struct BenchArgs {
     /// Read the mappers from here instead of the cache dir's mappers/.
     #[arg(long)]
     pub mapper_dir: Option<std::path::PathBuf>,
+    /// Arithmetic of the map: int8 on the CPU's int8 kernels where it has them, or f32.
+    #[arg(long, value_enum, default_value = "int8")]
+    pub precision: PrecisionArg,
+    /// Also draw map and re-prefill time against context length (.svg or .png).
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum PrecisionArg {
+    Int8,
+    F32,
+}
+
+impl From<PrecisionArg> for baton::mapper::MapPrecision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::Int8 => Self::Int8,
+            PrecisionArg::F32 => Self::F32,
+        }
+    }
 }
 
 #[derive(Debug, Args, Clone)]
@@ -213,6 +234,9 @@ pub struct EvalArgs {
     /// Read the mappers from here instead of the cache dir's mappers/.
     #[arg(long)]
     pub mapper_dir: Option<std::path::PathBuf>,
+    /// Arithmetic of the map: int8 on the CPU's int8 kernels where it has them, or f32.
+    #[arg(long, value_enum, default_value = "int8")]
+    pub precision: PrecisionArg,
     #[arg(long)]
     pub json: bool,
 }
@@ -260,6 +284,11 @@ pub struct CalibrateArgs {
     /// Fit on raw instead of standardised features.
     #[arg(long)]
     pub no_standardize: bool,
+    /// Fit the reduced mapper: the full ridge map cut to this rank (a multiple of 32) by
+    /// reduced-rank regression, or `auto` for the smallest rank whose held-out attention
+    /// cosine is within 0.01 of the full map's. Fewer FLOPs per token; see the report.
+    #[arg(long)]
+    pub rank: Option<String>,
     /// Write the artifacts here instead of the cache dir's mappers/ (e.g. a mapper fitted
     /// on a special corpus, kept apart from the default one).
     #[arg(long)]

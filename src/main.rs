@@ -370,6 +370,14 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
         k_sweep,
         lambdas: a.lambda.clone(),
         standardize: !a.no_standardize,
+        rank: match a.rank.as_deref() {
+            None => None,
+            Some("auto") => Some(baton::mapper::calibrate::RankChoice::Auto),
+            Some(r) => Some(baton::mapper::calibrate::RankChoice::Fixed(
+                r.parse()
+                    .with_context(|| format!("--rank takes a number or `auto`, got `{r}`"))?,
+            )),
+        },
         ..CalibrateOptions::default()
     };
     let files = if a.corpus.is_empty() {
@@ -552,8 +560,10 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
     let mut results = Vec::new();
     for (s, t) in pairs {
         let (art, mapper) = artifact::open_for(a.mapper_dir.as_deref(), s, t)?;
+        let mapper = mapper.with_precision(a.precision.into())?;
         let path = art.path.clone();
         let direction = format!("{} -> {}", s.identity.name, t.identity.name);
+        eprintln!("{direction}: the map runs in {:?}", mapper.precision());
         let text = if windows.is_empty() {
             None
         } else {
@@ -876,14 +886,18 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
         suffix: a.suffix,
     };
     let mut out = Vec::new();
+    let mut plotted = Vec::new();
     for (s, t) in pairs {
         let (art, mapper) = artifact::open_for(a.mapper_dir.as_deref(), s, t)?;
+        let mapper = mapper.with_precision(a.precision.into())?;
         let path = art.path.clone();
         let cost = mapper_cost(&mapper);
         let direction = format!("{} -> {}", s.identity.name, t.identity.name);
         println!(
-            "{direction} (k={}): mapper {:.1} MFLOP/token, {:.1} MB of weights, {:.1} KB of features per token",
+            "{direction} (k={}{}, {:?}): mapper {:.1} MFLOP/token, {:.1} MB of weights, {:.1} KB of features per token",
             art.meta.k,
+            cost.rank.map(|r| format!(", rank {r}")).unwrap_or_default(),
+            cost.precision,
             cost.flops_per_token / 1e6,
             cost.weight_bytes / 1e6,
             cost.activation_bytes_per_token / 1e3
@@ -932,6 +946,18 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
             "map_ms_per_token": map_slope,
             "reprefill_ms_per_token": pre_slope,
         }));
+        plotted.push((direction, points));
+    }
+    if let Some(p) = &a.plot {
+        let series: Vec<_> = plotted
+            .iter()
+            .map(|(d, pts)| baton::mapper::bench_plot::BenchSeries {
+                direction: d,
+                points: pts,
+            })
+            .collect();
+        baton::mapper::bench_plot::write_bench_plot(&series, p)?;
+        eprintln!("plot written to {}", p.display());
     }
     if a.json {
         println!(

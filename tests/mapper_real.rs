@@ -27,6 +27,7 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         lambdas: vec![0.01],
         standardize: true,
         skip_first: 0,
+        rank: None,
     };
     let fitted = calibrate(
         &src,

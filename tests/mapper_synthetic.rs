@@ -55,6 +55,7 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
         lambdas: vec![0.01],
         standardize: true,
         skip_first: 0,
+        rank: None,
     }
 }
 
@@ -245,6 +246,7 @@ fn artifact_round_trips_and_refuses_other_models() {
         k: f.k,
         lambda: f.lambda,
         standardize: f.standardize,
+        rank: None,
         key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
         value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
         corpus: CorpusInfo {
@@ -416,8 +418,40 @@ fn the_int8_map_agrees_with_the_f32_map() {
         )
         .unwrap();
     let (ra, rb) = (a.decoder.rope(), b.decoder.rope());
+    // The same maps as a rank-D_t product W·I run the factored int8 path (two products).
+    let factored = |maps: &[baton::mapper::LayerMap]| -> Vec<baton::mapper::LayerMap> {
+        maps.iter()
+            .map(|m| {
+                let dt = m.bias.len();
+                let mut eye = vec![0f32; dt * dt];
+                for i in 0..dt {
+                    eye[i * dt + i] = 1.0;
+                }
+                let mut m = m.clone();
+                m.factors = Some(baton::mapper::low_rank::Factors {
+                    rank: dt,
+                    left: m.weight.clone(),
+                    right: eye,
+                });
+                m
+            })
+            .collect()
+    };
+    let int8_factored = baton::mapper::CacheMapper::from_layer_maps(
+        &a,
+        &b,
+        &factored(&f.keys),
+        &factored(&f.values),
+        Some(&f.source_scales),
+    )
+    .unwrap();
+    assert_eq!(int8_factored.precision(), MapPrecision::Int8);
     // A suffix starting mid-cache exercises the positions of both rotations.
-    for (start, end) in [(0, ids.len()), (37, ids.len())] {
+    for (start, end, int8) in [
+        (0, ids.len(), &int8),
+        (37, ids.len(), &int8),
+        (0, ids.len(), &int8_factored),
+    ] {
         let x = int8.map_range(&cache, ra, rb, start, end).unwrap();
         let y = f32m.map_range(&cache, ra, rb, start, end).unwrap();
         for (l, (p, q)) in x.iter().zip(&y).enumerate() {

@@ -19,6 +19,8 @@ pub struct TargetLayerMap {
     pub weight: Tensor,
     /// [D_t]
     pub bias: Tensor,
+    /// A reduced map's factors ([k·D_s, r], [r, D_t]) whose product is `weight`.
+    pub factors: Option<(Tensor, Tensor)>,
 }
 
 impl TargetLayerMap {
@@ -26,6 +28,7 @@ impl TargetLayerMap {
         sources: Vec<usize>,
         weight: &[f32],
         bias: &[f32],
+        factors: Option<&super::low_rank::Factors>,
         source_width: usize,
         device: &Device,
         dtype: DType,
@@ -38,10 +41,28 @@ impl TargetLayerMap {
                 weight.len()
             )));
         }
+        let factors = match factors {
+            None => None,
+            Some(f) => {
+                if f.left.len() != rows * f.rank || f.right.len() != f.rank * cols {
+                    return Err(ModelError::Cache(format!(
+                        "rank-{} factors of {} and {} values do not make a {rows}×{cols} map",
+                        f.rank,
+                        f.left.len(),
+                        f.right.len()
+                    )));
+                }
+                Some((
+                    Tensor::from_slice(&f.left, (rows, f.rank), device)?.to_dtype(dtype)?,
+                    Tensor::from_slice(&f.right, (f.rank, cols), device)?.to_dtype(dtype)?,
+                ))
+            }
+        };
         Ok(Self {
             sources,
             weight: Tensor::from_slice(weight, (rows, cols), device)?.to_dtype(dtype)?,
             bias: Tensor::from_slice(bias, cols, device)?.to_dtype(dtype)?,
+            factors,
         })
     }
 }
@@ -83,7 +104,15 @@ impl CacheMapper {
         let d_s = src.config().kv_width();
         let (dev, dtype) = (tgt.decoder.device(), tgt.decoder.dtype());
         let conv = |m: &super::ridge::LayerMap| {
-            TargetLayerMap::from_parts(m.sources.clone(), &m.weight, &m.bias, d_s, dev, dtype)
+            TargetLayerMap::from_parts(
+                m.sources.clone(),
+                &m.weight,
+                &m.bias,
+                m.factors.as_ref(),
+                d_s,
+                dev,
+                dtype,
+            )
         };
         Self {
             source: src.decoder.kv_shape(),

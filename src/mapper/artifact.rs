@@ -5,6 +5,7 @@
 //! models' checksums and written to a temp file, then renamed into place.
 
 use super::calibrate::{CalibrationReport, Fitted};
+use super::low_rank::Factors;
 use super::packed::SourceScales;
 use super::ridge::{FitInfo, LayerMap};
 use crate::model::{ModelConfig, ModelIdentity};
@@ -130,6 +131,9 @@ pub struct MapperMeta {
     pub k: usize,
     pub lambda: f64,
     pub standardize: bool,
+    /// The reduced mapper's rank; absent for the full ridge mapper.
+    #[serde(default)]
+    pub rank: Option<usize>,
     /// Per target layer, the source layers its keys / values are predicted from.
     pub key_sources: Vec<Vec<usize>>,
     pub value_sources: Vec<Vec<usize>>,
@@ -156,6 +160,11 @@ impl MapperMeta {
             k: f.k,
             lambda: f.lambda,
             standardize: f.standardize,
+            rank: f
+                .keys
+                .first()
+                .and_then(|m| m.factors.as_ref())
+                .map(|f| f.rank),
             key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
             value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
             corpus,
@@ -247,6 +256,18 @@ pub fn save(fitted: &Fitted, meta: &MapperMeta, path: &Path) -> Result<(), Artif
                 f32_bytes(&m.bias),
                 vec![m.bias.len()],
             ));
+            if let Some(f) = &m.factors {
+                buffers.push((
+                    format!("{kind}.{j}.left"),
+                    f32_bytes(&f.left),
+                    vec![rows, f.rank],
+                ));
+                buffers.push((
+                    format!("{kind}.{j}.right"),
+                    f32_bytes(&f.right),
+                    vec![f.rank, m.bias.len()],
+                ));
+            }
         }
     }
     let sc = &fitted.source_scales;
@@ -332,15 +353,30 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
     };
+    let names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    let has = |n: &str| names.iter().any(|x| x == n);
     let maps = |kind: &str, sources: &[Vec<usize>]| -> Result<Vec<LayerMap>, ArtifactError> {
         sources
             .iter()
             .enumerate()
             .map(|(j, s)| {
+                let bias = read(&format!("{kind}.{j}.bias"))?;
+                let factors = if has(&format!("{kind}.{j}.left")) {
+                    let right = read(&format!("{kind}.{j}.right"))?;
+                    let rank = right.len() / bias.len().max(1);
+                    Some(Factors {
+                        rank,
+                        left: read(&format!("{kind}.{j}.left"))?,
+                        right,
+                    })
+                } else {
+                    None
+                };
                 Ok(LayerMap {
                     sources: s.clone(),
                     weight: read(&format!("{kind}.{j}.weight"))?,
-                    bias: read(&format!("{kind}.{j}.bias"))?,
+                    bias,
+                    factors,
                     info: FitInfo {
                         lambda_requested: meta.lambda,
                         lambda: meta.lambda,
@@ -354,8 +390,7 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
     };
     let keys = maps("keys", &meta.key_sources)?;
     let values = maps("values", &meta.value_sources)?;
-    let names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
-    let source_scales = if names.iter().any(|n| n == "source.key_mean") {
+    let source_scales = if has("source.key_mean") {
         Some(SourceScales {
             key_mean: read("source.key_mean")?,
             key_std: read("source.key_std")?,

@@ -64,29 +64,49 @@ pub struct BenchPoint {
 pub struct MapperCost {
     /// Multiply-adds ×2 per mapped token (all target layers, K and V).
     pub flops_per_token: f64,
-    /// Mapper weights read per map call (f32).
+    /// Mapper weights read per map call, in the precision the map runs in.
     pub weight_bytes: f64,
     /// Source features read and target K/V written per token (f32).
     pub activation_bytes_per_token: f64,
+    pub precision: super::MapPrecision,
+    /// The reduced mapper's rank; `None` for the full one.
+    pub rank: Option<usize>,
 }
 
 pub fn mapper_cost(m: &CacheMapper) -> MapperCost {
-    let mut flops = 0f64;
+    let precision = m.precision();
+    // Q8_0 stores 32 weights in 34 bytes.
+    let per_weight = match precision {
+        super::MapPrecision::Int8 => 34.0 / 32.0,
+        super::MapPrecision::F32 => 4.0,
+    };
+    let mut macs = 0usize;
     let mut weights = 0f64;
+    let mut rank = None;
     let mut reads = std::collections::BTreeSet::new();
     for t in m.keys.iter().chain(&m.values) {
         let (rows, cols) = t.weight.dims2().unwrap_or((0, 0));
-        flops += 2.0 * rows as f64 * cols as f64;
-        weights += 4.0 * (rows * cols + cols) as f64;
+        let n = match &t.factors {
+            Some((_, right)) => {
+                let r = right.dims2().map(|d| d.0).unwrap_or(0);
+                rank = Some(r);
+                rows * r + r * cols
+            }
+            None => rows * cols,
+        };
+        macs += n;
+        weights += per_weight * n as f64 + 4.0 * cols as f64;
         reads.extend(t.sources.iter().copied());
     }
     let src_width = m.source.n_kv_head * m.source.head_dim;
     let tgt_width = m.target.n_kv_head * m.target.head_dim;
     MapperCost {
-        flops_per_token: flops,
+        flops_per_token: 2.0 * macs as f64,
         weight_bytes: weights,
         activation_bytes_per_token: 4.0
             * (2 * reads.len() * src_width + 2 * m.target.n_layer * tgt_width) as f64,
+        precision,
+        rank,
     }
 }
 

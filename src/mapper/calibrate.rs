@@ -36,6 +36,35 @@ pub struct CalibrateOptions {
     /// attention sinks whose keys and values are outliers by orders of magnitude.
     #[serde(default)]
     pub skip_first: usize,
+    /// Fit a reduced (low-rank) mapper after the full one; `None` keeps the full one.
+    #[serde(default)]
+    pub rank: Option<RankChoice>,
+}
+
+/// How the reduced mapper's rank is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RankChoice {
+    /// This rank (a multiple of 32, below the target layer's width).
+    Fixed(usize),
+    /// The smallest of [`AUTO_RANKS`] whose held-out attention cosine is within
+    /// [`RANK_TOLERANCE`] of the full mapper's.
+    Auto,
+}
+
+/// Ranks `RankChoice::Auto` tries: multiples of 32, which the int8 kernels take whole.
+pub const AUTO_RANKS: [usize; 5] = [32, 64, 96, 128, 192];
+/// Held-out cosine a reduced mapper may give up against the full one under
+/// `RankChoice::Auto`.
+pub const RANK_TOLERANCE: f64 = 0.01;
+
+/// One reduced rank tried on the held-out windows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RankPoint {
+    pub rank: usize,
+    /// Held-out attention-output cosine, mean over target layers.
+    pub cosine: f64,
+    /// Multiply-adds per mapped token, all target layers, K and V.
+    pub macs_per_token: usize,
 }
 
 impl Default for CalibrateOptions {
@@ -50,6 +79,7 @@ impl Default for CalibrateOptions {
             lambdas: vec![0.01],
             standardize: true,
             skip_first: 0,
+            rank: None,
         }
     }
 }
@@ -128,6 +158,12 @@ pub struct CalibrationReport {
     pub single_layer_r2_v: Vec<Vec<f64>>,
     pub capture_seconds: f64,
     pub fit_seconds: f64,
+    /// Reduced ranks tried (empty for a full mapper), and the full mapper's cosine
+    /// they were held against.
+    #[serde(default)]
+    pub rank_sweep: Vec<RankPoint>,
+    #[serde(default)]
+    pub full_cosine: Option<f64>,
     /// Bytes of the statistics held during calibration (both directions, K and V).
     pub stats_bytes: usize,
 }
@@ -465,8 +501,79 @@ pub fn calibrate(
                 progress.advance(1);
             }
         }
-        let Some((_, k, lambda, keys, values, cosine)) = best else {
+        let Some((full_mean, k, lambda, keys, values, cosine)) = best else {
             return Err(CalibrateError::Options("empty k sweep".into()));
+        };
+        let (keys, values, cosine, rank_sweep) = match opts.rank {
+            None => (keys, values, cosine, Vec::new()),
+            Some(choice) => {
+                let dt = tgt.config().kv_width();
+                let ranks: Vec<usize> = match choice {
+                    RankChoice::Fixed(r) => {
+                        if r == 0 || !r.is_multiple_of(32) || r >= dt {
+                            return Err(CalibrateError::Options(format!(
+                                "--rank {r}: the rank must be a multiple of 32 below the target's \
+                                 key/value width {dt}"
+                            )));
+                        }
+                        vec![r]
+                    }
+                    RankChoice::Auto => AUTO_RANKS.iter().copied().filter(|&r| r < dt).collect(),
+                };
+                progress.phase(
+                    &format!("rank {} -> {}", src.identity.name, tgt.identity.name),
+                    ranks.len() as u64,
+                );
+                let mut sweep = Vec::new();
+                let mut chosen = None;
+                for &r in &ranks {
+                    check_cancel()?;
+                    let reduce = |st: &PairStats, maps: &[LayerMap]| {
+                        maps.iter()
+                            .enumerate()
+                            .map(|(j, m)| super::low_rank::reduce_rank(st, j, m, r).map(|x| x.0))
+                            .collect::<Result<Vec<_>, _>>()
+                    };
+                    let rk = reduce(sk, &keys)?;
+                    let rv = reduce(sv, &values)?;
+                    let mapper = to_cache_mapper(src, tgt, &rk, &rv, &scales)?;
+                    let cos = heldout_cosine(&mapper, src, tgt, src_caps, tgt_caps, &probes)?;
+                    let mean = cos.iter().sum::<f64>() / cos.len().max(1) as f64;
+                    let macs = rk
+                        .iter()
+                        .chain(&rv)
+                        .filter_map(|m| m.factors.as_ref().map(|f| f.macs()))
+                        .sum();
+                    progress.note(&format!(
+                        "rank {r:<4} held-out cosine {mean:.4} (full {full_mean:.4}), {:.1} MFLOP/token",
+                        2.0 * macs as f64 / 1e6
+                    ));
+                    sweep.push(RankPoint {
+                        rank: r,
+                        cosine: mean,
+                        macs_per_token: macs,
+                    });
+                    progress.advance(1);
+                    let good = match choice {
+                        RankChoice::Fixed(_) => true,
+                        RankChoice::Auto => mean >= full_mean - RANK_TOLERANCE,
+                    };
+                    if good {
+                        chosen = Some((rk, rv, cos));
+                        break;
+                    }
+                }
+                match chosen {
+                    Some((rk, rv, cos)) => (rk, rv, cos, sweep),
+                    None => {
+                        progress.note(&format!(
+                            "no rank in {ranks:?} comes within {RANK_TOLERANCE} of the full \
+                             mapper's cosine: keeping the full mapper"
+                        ));
+                        (keys, values, cosine, sweep)
+                    }
+                }
+            }
         };
         let r2_k = keys
             .iter()
@@ -503,6 +610,8 @@ pub fn calibrate(
                 capture_seconds,
                 fit_seconds: 0.0,
                 stats_bytes,
+                rank_sweep,
+                full_cosine: Some(full_mean),
             },
         });
     }

@@ -19,11 +19,13 @@ pub use stats::PairStats;
 pub mod apply;
 pub mod artifact;
 pub mod bench;
+pub mod bench_plot;
 pub mod calibrate;
 pub mod corpus;
 pub mod eval_tasks;
 pub mod eval_text;
 pub mod features;
+pub mod low_rank;
 pub mod packed;
 pub mod tasks;
 

@@ -82,44 +82,111 @@ impl SourceScales {
     }
 }
 
+/// One map (K or V of one target layer), packed: the full product, or a reduced map's
+/// two factors (features → rank, rank → target, bias on the second).
+#[derive(Debug, Clone)]
+enum PackedMap {
+    Full(Linear),
+    Factored {
+        left: Linear,
+        right: Linear,
+        rank: usize,
+    },
+}
+
+impl PackedMap {
+    fn forward(&self, parts: &[&[f32]], width: usize, rows: usize) -> Result<Vec<f32>, ModelError> {
+        let not_packed = || ModelError::Cache("a packed mapper layer is not packed".into());
+        match self {
+            PackedMap::Full(l) => l.forward_parts(parts, width, rows)?.ok_or_else(not_packed),
+            PackedMap::Factored { left, right, rank } => {
+                let mid = left
+                    .forward_parts(parts, width, rows)?
+                    .ok_or_else(not_packed)?;
+                right
+                    .forward_parts(&[&mid], *rank, rows)?
+                    .ok_or_else(not_packed)
+            }
+        }
+    }
+}
+
 /// One target layer's K and V maps, packed.
 #[derive(Debug, Clone)]
 pub struct PackedLayer {
-    k: Linear,
-    v: Linear,
+    k: PackedMap,
+    v: PackedMap,
 }
 
 /// The map rewritten for conditioned features `z = (x − μ)·s`: rows of W divided by
-/// `s`, and `μ·W` moved into the bias, so `z·W' + b' = x·W + b`.
+/// `s`, and `μ·W` moved into the bias, so `z·W' + b' = x·W + b`. A reduced map's factors
+/// the same way: the rows of `left` divided by `s`, `μ·W` (W their product) into the
+/// bias of `right`.
 fn pack_one(
     m: &TargetLayerMap,
     scales: &SourceScales,
     width: usize,
     keys: bool,
-) -> Result<Option<Linear>, ModelError> {
+) -> Result<Option<PackedMap>, ModelError> {
+    let vec2 = |t: &Tensor| -> Result<Vec<f32>, ModelError> {
+        Ok(t.to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
+    };
     let d_t = m.bias.dims1()?;
-    let mut w = m
-        .weight
-        .to_dtype(candle_core::DType::F32)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    let mut b = m.bias.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?;
+    let rows = m.sources.len() * width;
+    let w = vec2(&m.weight)?;
+    let mut b = vec2(&m.bias)?;
     for (j, &l) in m.sources.iter().enumerate() {
-        let (mean, scale) = scales.layer(l, width, keys);
-        for i in 0..width {
-            let row = &mut w[(j * width + i) * d_t..][..d_t];
-            for (c, x) in row.iter_mut().enumerate() {
-                b[c] += mean[i] * *x;
-                *x /= scale[i];
+        let (mean, _) = scales.layer(l, width, keys);
+        for (i, mu) in mean.iter().enumerate() {
+            for (bc, x) in b.iter_mut().zip(&w[(j * width + i) * d_t..][..d_t]) {
+                *bc += mu * x;
             }
         }
     }
-    let rows = m.sources.len() * width;
-    let w = Tensor::from_vec(w, (rows, d_t), &Device::Cpu)?
-        .t()?
-        .contiguous()?;
-    let b = Tensor::from_vec(b, d_t, &Device::Cpu)?;
-    Linear::packed_q8_0(&w, Some(&b))
+    // Rows of `mat` ([rows, cols]) divided by the scale of their feature.
+    let unscale = |mat: &mut [f32], cols: usize| {
+        for (j, &l) in m.sources.iter().enumerate() {
+            let (_, scale) = scales.layer(l, width, keys);
+            for (i, s) in scale.iter().enumerate() {
+                for x in &mut mat[(j * width + i) * cols..][..cols] {
+                    *x /= s;
+                }
+            }
+        }
+    };
+    let packed = |mat: Vec<f32>, r: usize, c: usize, bias: Option<&[f32]>| {
+        let t = Tensor::from_vec(mat, (r, c), &Device::Cpu)?
+            .t()?
+            .contiguous()?;
+        let b = bias
+            .map(|b| Tensor::from_slice(b, c, &Device::Cpu))
+            .transpose()?;
+        Linear::packed_q8_0(&t, b.as_ref())
+    };
+    match &m.factors {
+        None => {
+            let mut w = w;
+            unscale(&mut w, d_t);
+            Ok(packed(w, rows, d_t, Some(&b))?.map(PackedMap::Full))
+        }
+        Some((left, right)) => {
+            let rank = right.dims2()?.0;
+            if !rank.is_multiple_of(32) {
+                return Ok(None);
+            }
+            let mut l = vec2(left)?;
+            unscale(&mut l, rank);
+            match (
+                packed(l, rows, rank, None)?,
+                packed(vec2(right)?, rank, d_t, Some(&b))?,
+            ) {
+                (Some(left), Some(right)) => Ok(Some(PackedMap::Factored { left, right, rank })),
+                _ => Ok(None),
+            }
+        }
+    }
 }
 
 /// Everything the int8 path needs: the packed layers and the source's conditioning.
@@ -319,7 +386,7 @@ pub fn map_range(
     let width = src.shape().n_kv_head * src.shape().head_dim;
     let (cos, sin) = tgt_rope.tables(start, rows)?;
     let layout = tgt_rope.layout();
-    let run = |lin: &Linear, m: &TargetLayerMap, keys: bool| -> Result<Vec<f32>, ModelError> {
+    let run = |pm: &PackedMap, m: &TargetLayerMap, keys: bool| -> Result<Vec<f32>, ModelError> {
         let parts: Vec<&[f32]> = m
             .sources
             .iter()
@@ -332,8 +399,7 @@ pub fn map_range(
                 }
             })
             .collect();
-        lin.forward_parts(&parts, width, rows)?
-            .ok_or_else(|| ModelError::Cache("a packed mapper layer is not packed".into()))
+        pm.forward(&parts, width, rows)
     };
     let mut out = Vec::with_capacity(packed.layers.len());
     for ((p, km), vm) in packed.layers.iter().zip(maps.0).zip(maps.1) {

@@ -98,6 +98,9 @@ pub struct LayerMap {
     /// `D_t`.
     pub bias: Vec<f32>,
     pub info: FitInfo,
+    /// For a reduced mapper, `weight` as a low-rank product (see [`super::low_rank`]).
+    #[serde(default)]
+    pub factors: Option<super::low_rank::Factors>,
 }
 
 impl LayerMap {
@@ -576,6 +579,7 @@ impl Problem {
                 constant_features: self.constant,
                 observations: stats.count(),
             },
+            factors: None,
         }
     }
 }

@@ -13,9 +13,9 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::OnceLock;
 
-const SIZE: (u32, u32) = (960, 720);
+pub(crate) const SIZE: (u32, u32) = (960, 720);
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans-subset.ttf");
-const FAMILY: &str = "sans-serif";
+pub(crate) const FAMILY: &str = "sans-serif";
 
 const COSINE_MEAN: RGBColor = RGBColor(31, 119, 180);
 const COSINE_MIN: RGBColor = RGBColor(214, 39, 40);
@@ -65,14 +65,14 @@ pub fn render_svg(report: &Report) -> Result<String, PlotError> {
     Ok(svg)
 }
 
-fn register_font() -> Result<(), PlotError> {
+pub(crate) fn register_font() -> Result<(), PlotError> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = *REGISTERED
         .get_or_init(|| plotters::style::register_font(FAMILY, FontStyle::Normal, FONT).is_ok());
     ok.then_some(()).ok_or(PlotError::Font)
 }
 
-fn drawing_error<E: std::error::Error + Send + Sync>(
+pub(crate) fn drawing_error<E: std::error::Error + Send + Sync>(
     path: &Path,
     e: DrawingAreaErrorKind<E>,
 ) -> PlotError {
