@@ -446,6 +446,20 @@ fn the_int8_map_agrees_with_the_f32_map() {
     )
     .unwrap();
     assert_eq!(int8_factored.precision(), MapPrecision::Int8);
+    // The whole-cache path writes straight into the new cache's buffers.
+    let c8 = int8.map_cache(&cache, ra, rb).unwrap();
+    let c32 = f32m.map_cache(&cache, ra, rb).unwrap();
+    assert_eq!(c8.len(), ids.len());
+    for l in 0..b.decoder.kv_shape().n_layer {
+        let (p, q) = (c8.layer(l).unwrap(), c32.layer(l).unwrap());
+        for (s, t) in [(&p.k, &q.k), (&p.v, &q.v)] {
+            let err = (s - t).unwrap().sqr().unwrap().sum_all().unwrap();
+            let norm = t.sqr().unwrap().sum_all().unwrap();
+            let rel =
+                (err.to_scalar::<f32>().unwrap() / norm.to_scalar::<f32>().unwrap()).sqrt();
+            assert!(rel < 0.03, "whole cache, layer {l}: relative error {rel}");
+        }
+    }
     // A suffix starting mid-cache exercises the positions of both rotations.
     for (start, end, int8) in [
         (0, ids.len(), &int8),

@@ -156,26 +156,17 @@ impl CacheMapper {
         start: usize,
         end: usize,
     ) -> Result<Vec<LayerKv>, ModelError> {
-        if src.shape() != self.source {
+        self.check_source(src)?;
+        if end > src.len() || start > end {
             return Err(ModelError::Cache(format!(
-                "source cache {:?} does not match the mapper's source {:?}",
-                src.shape(),
-                self.source
+                "range {start}..{end} is outside a source cache of {} positions",
+                src.len()
             )));
-        }
-        if self.keys.len() != self.target.n_layer || self.values.len() != self.target.n_layer {
-            return Err(ModelError::Cache(
-                "mapper has the wrong number of target layers".into(),
-            ));
         }
         if let Some(p) = &self.packed {
             return super::packed::map_range(
                 p,
-                (&self.keys, &self.values),
-                self.target,
-                src,
-                src_rope,
-                tgt_rope,
+                &self.packed_input(src, src_rope, tgt_rope),
                 start,
                 end,
             );
@@ -227,7 +218,44 @@ impl CacheMapper {
         src_rope: &Rope,
         tgt_rope: &Rope,
     ) -> Result<KvCache, ModelError> {
+        if let Some(p) = &self.packed {
+            if src.dtype() == DType::F32 && src.device().is_cpu() {
+                self.check_source(src)?;
+                return super::packed::map_cache(p, &self.packed_input(src, src_rope, tgt_rope));
+            }
+        }
         let layers = self.map_range(src, src_rope, tgt_rope, 0, src.len())?;
         KvCache::import(self.target, layers, src.dtype(), src.device())
+    }
+
+    fn check_source(&self, src: &KvCache) -> Result<(), ModelError> {
+        if src.shape() != self.source {
+            return Err(ModelError::Cache(format!(
+                "source cache {:?} does not match the mapper's source {:?}",
+                src.shape(),
+                self.source
+            )));
+        }
+        if self.keys.len() != self.target.n_layer || self.values.len() != self.target.n_layer {
+            return Err(ModelError::Cache(
+                "mapper has the wrong number of target layers".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn packed_input<'a>(
+        &'a self,
+        src: &'a KvCache,
+        src_rope: &'a Rope,
+        tgt_rope: &'a Rope,
+    ) -> super::packed::MapInput<'a> {
+        super::packed::MapInput {
+            maps: (&self.keys, &self.values),
+            target: self.target,
+            src,
+            src_rope,
+            tgt_rope,
+        }
     }
 }

@@ -257,43 +257,47 @@ fn source_rows(
             }
         }
     };
-    let direct = src.with_layer_f32(l, |k, v, cap| {
-        let mut kr = vec![0f32; rows * width];
-        let mut vr = vec![0f32; rows * width];
-        let half = hd / 2;
-        let (cos, sin) = tables;
-        for r in 0..rows {
-            let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
-            for h in 0..heads {
-                let at = (h * cap + start + r) * hd;
-                let (ki, vi) = (&k[at..at + hd], &v[at..at + hd]);
-                let o = r * width + h * hd;
-                let ko = &mut kr[o..o + hd];
-                // Rotation by the negated angle.
-                match rope.layout() {
-                    RopeLayout::RotateHalf => {
-                        for i in 0..half {
-                            let (a, b) = (ki[i], ki[i + half]);
-                            ko[i] = a * c[i] + b * s[i];
-                            ko[i + half] = b * c[i] - a * s[i];
+    let direct = if rope.half_width() * 2 != hd {
+        None
+    } else {
+        src.with_layer_f32(l, |k, v, cap| {
+            let mut kr = vec![0f32; rows * width];
+            let mut vr = vec![0f32; rows * width];
+            let half = hd / 2;
+            let (cos, sin) = tables;
+            for r in 0..rows {
+                let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
+                for h in 0..heads {
+                    let at = (h * cap + start + r) * hd;
+                    let (ki, vi) = (&k[at..at + hd], &v[at..at + hd]);
+                    let o = r * width + h * hd;
+                    let ko = &mut kr[o..o + hd];
+                    // Rotation by the negated angle.
+                    match rope.layout() {
+                        RopeLayout::RotateHalf => {
+                            for i in 0..half {
+                                let (a, b) = (ki[i], ki[i + half]);
+                                ko[i] = a * c[i] + b * s[i];
+                                ko[i + half] = b * c[i] - a * s[i];
+                            }
+                        }
+                        RopeLayout::Interleaved => {
+                            for i in 0..half {
+                                let (a, b) = (ki[2 * i], ki[2 * i + 1]);
+                                ko[2 * i] = a * c[i] + b * s[i];
+                                ko[2 * i + 1] = b * c[i] - a * s[i];
+                            }
                         }
                     }
-                    RopeLayout::Interleaved => {
-                        for i in 0..half {
-                            let (a, b) = (ki[2 * i], ki[2 * i + 1]);
-                            ko[2 * i] = a * c[i] + b * s[i];
-                            ko[2 * i + 1] = b * c[i] - a * s[i];
-                        }
-                    }
+                    vr[o..o + hd].copy_from_slice(vi);
                 }
-                vr[o..o + hd].copy_from_slice(vi);
             }
-        }
-        (kr, vr)
-    })?;
+            (kr, vr)
+        })?
+    };
     let (mut kr, mut vr) = match direct {
-        Some(kv) if rope.half_width() * 2 == hd => kv,
-        _ => {
+        Some(kv) => kv,
+        None => {
             let f = layer_features(src, rope, l, start, end, 1)?;
             (f32_rows(&f.k)?, f32_rows(&f.v)?)
         }
@@ -309,20 +313,23 @@ fn f32_rows(t: &Tensor) -> Result<Vec<f32>, ModelError> {
         .to_vec1::<f32>()?)
 }
 
-/// [rows, heads·hd] → [heads, rows, hd], rotating each row at position `row` of the tables.
+/// [rows, heads·hd] → [heads, cap, hd] (rows `0..rows` written), rotating each row at
+/// position `row` of the tables.
 fn rotate_into_heads(
     y: &[f32],
     rows: usize,
+    cap: usize,
     heads: usize,
     hd: usize,
     tables: Option<(&[f32], &[f32], RopeLayout)>,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; rows * heads * hd];
+    // Zeroed by the allocator (calloc): the unused capacity costs no writes.
+    let mut out = vec![0f32; cap * heads * hd];
     let half = hd / 2;
     for r in 0..rows {
         for h in 0..heads {
             let src = &y[r * heads * hd + h * hd..][..hd];
-            let dst = &mut out[(h * rows + r) * hd..][..hd];
+            let dst = &mut out[(h * cap + r) * hd..][..hd];
             match tables {
                 None => dst.copy_from_slice(src),
                 Some((cos, sin, layout)) => {
@@ -350,19 +357,62 @@ fn rotate_into_heads(
     out
 }
 
-/// Positions `start..end` of `src` mapped by `layers`, as the f32 path's
+/// The mapped positions' context: what every target layer's product reads.
+pub struct MapInput<'a> {
+    pub maps: (&'a [TargetLayerMap], &'a [TargetLayerMap]),
+    pub target: KvShape,
+    pub src: &'a KvCache,
+    pub src_rope: &'a Rope,
+    pub tgt_rope: &'a Rope,
+}
+
+/// Positions `start..end` of the source mapped, as the f32 path's
 /// [`super::CacheMapper::map_range`] returns them.
-#[allow(clippy::too_many_arguments)]
 pub fn map_range(
     packed: &PackedMapper,
-    maps: (&[TargetLayerMap], &[TargetLayerMap]),
-    target: KvShape,
-    src: &KvCache,
-    src_rope: &Rope,
-    tgt_rope: &Rope,
+    input: &MapInput<'_>,
     start: usize,
     end: usize,
 ) -> Result<Vec<LayerKv>, ModelError> {
+    let rows = end - start;
+    let t = input.target;
+    let shape = (t.n_kv_head, rows, t.head_dim);
+    let dtype = input.src.dtype();
+    map_buffers(packed, input, start, end, rows)?
+        .into_iter()
+        .map(|(k, v)| {
+            Ok(LayerKv {
+                k: Tensor::from_vec(k, shape, &Device::Cpu)?.to_dtype(dtype)?,
+                v: Tensor::from_vec(v, shape, &Device::Cpu)?.to_dtype(dtype)?,
+            })
+        })
+        .collect()
+}
+
+/// The whole source cache mapped, written straight into the new cache's buffers.
+pub fn map_cache(packed: &PackedMapper, input: &MapInput<'_>) -> Result<KvCache, ModelError> {
+    let len = input.src.len();
+    let cap = KvCache::initial_capacity(len);
+    let bufs = map_buffers(packed, input, 0, len, cap)?;
+    KvCache::from_f32_buffers(input.target, len, cap, bufs)
+}
+
+/// Per target layer, keys and values laid out [heads, cap, hd] with rows
+/// `0..end − start` written.
+fn map_buffers(
+    packed: &PackedMapper,
+    input: &MapInput<'_>,
+    start: usize,
+    end: usize,
+    cap: usize,
+) -> Result<Vec<(Vec<f32>, Vec<f32>)>, ModelError> {
+    let MapInput {
+        maps,
+        target,
+        src,
+        src_rope,
+        tgt_rope,
+    } = *input;
     let rows = end - start;
     let hd = target.head_dim;
     if tgt_rope.half_width() * 2 != hd {
@@ -401,17 +451,14 @@ pub fn map_range(
             .collect();
         pm.forward(&parts, width, rows)
     };
+    let heads = target.n_kv_head;
     let mut out = Vec::with_capacity(packed.layers.len());
     for ((p, km), vm) in packed.layers.iter().zip(maps.0).zip(maps.1) {
         let k = run(&p.k, km, true)?;
-        let k = rotate_into_heads(&k, rows, target.n_kv_head, hd, Some((&cos, &sin, layout)));
+        let k = rotate_into_heads(&k, rows, cap, heads, hd, Some((&cos, &sin, layout)));
         let v = run(&p.v, vm, false)?;
-        let v = rotate_into_heads(&v, rows, target.n_kv_head, hd, None);
-        let shape = (target.n_kv_head, rows, hd);
-        out.push(LayerKv {
-            k: Tensor::from_vec(k, shape, &Device::Cpu)?.to_dtype(src.dtype())?,
-            v: Tensor::from_vec(v, shape, &Device::Cpu)?.to_dtype(src.dtype())?,
-        });
+        let v = rotate_into_heads(&v, rows, cap, heads, hd, None);
+        out.push((k, v));
     }
     Ok(out)
 }
@@ -436,8 +483,14 @@ mod tests {
             let y = Tensor::randn(0f32, 1.0, (rows, heads * hd), &Device::Cpu)?;
             let expect = rope.rotate(&super::super::features::rows_to_heads(&y, heads)?, start)?;
             let (cos, sin) = rope.tables(start, rows)?;
-            let got =
-                rotate_into_heads(&f32_rows(&y)?, rows, heads, hd, Some((&cos, &sin, layout)));
+            let got = rotate_into_heads(
+                &f32_rows(&y)?,
+                rows,
+                rows,
+                heads,
+                hd,
+                Some((&cos, &sin, layout)),
+            );
             let got = Tensor::from_vec(got, (heads, rows, hd), &Device::Cpu)?;
             let err = (got - expect)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(err < 1e-5, "{layout:?}: {err}");

@@ -108,6 +108,53 @@ impl KvCache {
             .collect()
     }
 
+    /// A CPU f32 cache made of per-layer buffers already laid out as the cache keeps them
+    /// ([kv_heads, capacity, head_dim] keys and values, positions `0..len` written), so a
+    /// kernel that produces a whole cache writes it once instead of through a copy.
+    pub fn from_f32_buffers(
+        shape: KvShape,
+        len: usize,
+        capacity: usize,
+        layers: Vec<(Vec<f32>, Vec<f32>)>,
+    ) -> Result<Self> {
+        let n = shape.n_kv_head * capacity * shape.head_dim;
+        if layers.len() != shape.n_layer || len > capacity {
+            return Err(ModelError::Cache(format!(
+                "{} layers of {len} positions in a capacity of {capacity} for a {}-layer cache",
+                layers.len(),
+                shape.n_layer
+            )));
+        }
+        let dims = (shape.n_kv_head, capacity, shape.head_dim);
+        let mut buffers = Vec::with_capacity(layers.len());
+        for (k, v) in layers {
+            if k.len() != n || v.len() != n {
+                return Err(ModelError::Cache(format!(
+                    "layer buffers of {} and {} values, expected {n}",
+                    k.len(),
+                    v.len()
+                )));
+            }
+            buffers.push(LayerKv {
+                k: Tensor::from_vec(k, dims, &Device::Cpu)?,
+                v: Tensor::from_vec(v, dims, &Device::Cpu)?,
+            });
+        }
+        Ok(Self {
+            shape,
+            dtype: DType::F32,
+            device: Device::Cpu,
+            buffers,
+            len,
+            capacity,
+        })
+    }
+
+    /// The capacity a cache of `len` positions is given when it is first allocated.
+    pub fn initial_capacity(len: usize) -> usize {
+        len.max(256).next_multiple_of(64)
+    }
+
     /// A cache holding exactly `layers` (e.g. a mapped cache).
     pub fn import(
         shape: KvShape,
@@ -198,7 +245,7 @@ impl KvCache {
         if need <= self.capacity && !self.buffers.is_empty() {
             return Ok(());
         }
-        let new_cap = need.max(self.capacity * 2).max(256).next_multiple_of(64);
+        let new_cap = Self::initial_capacity(need.max(self.capacity * 2));
         let s = self.shape;
         let mut buffers = Vec::with_capacity(s.n_layer);
         for l in 0..s.n_layer {
