@@ -455,8 +455,7 @@ fn the_int8_map_agrees_with_the_f32_map() {
         for (s, t) in [(&p.k, &q.k), (&p.v, &q.v)] {
             let err = (s - t).unwrap().sqr().unwrap().sum_all().unwrap();
             let norm = t.sqr().unwrap().sum_all().unwrap();
-            let rel =
-                (err.to_scalar::<f32>().unwrap() / norm.to_scalar::<f32>().unwrap()).sqrt();
+            let rel = (err.to_scalar::<f32>().unwrap() / norm.to_scalar::<f32>().unwrap()).sqrt();
             assert!(rel < 0.03, "whole cache, layer {l}: relative error {rel}");
         }
     }

@@ -233,9 +233,11 @@ pub fn pack(
     }))
 }
 
-/// Un-rotated, conditioned keys and values of source layer `l` at `start..end`, as rows
-/// [end − start, heads·hd], read straight from the cache where it is f32 on the CPU.
-fn source_rows(
+/// Un-rotated, conditioned keys and values of source layer `l` at `start..end`, written
+/// as rows [end − start, heads·hd] into `kr` and `vr`, read straight from the cache where
+/// it is f32 on the CPU.
+#[allow(clippy::too_many_arguments)]
+fn source_rows_into(
     src: &KvCache,
     rope: &Rope,
     tables: &(Vec<f32>, Vec<f32>),
@@ -243,68 +245,70 @@ fn source_rows(
     l: usize,
     start: usize,
     end: usize,
-) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    kr: &mut [f32],
+    vr: &mut [f32],
+) -> Result<(), ModelError> {
     let shape = src.shape();
     let (heads, hd) = (shape.n_kv_head, shape.head_dim);
     let width = heads * hd;
     let rows = end - start;
     let (km, ks) = scales.layer(l, width, true);
     let (vm, vs) = scales.layer(l, width, false);
-    let condition = |x: &mut [f32], m: &[f32], s: &[f32]| {
-        for r in x.chunks_exact_mut(width) {
-            for ((v, m), s) in r.iter_mut().zip(m).zip(s) {
-                *v = (*v - m) * s;
-            }
-        }
-    };
-    let direct = if rope.half_width() * 2 != hd {
-        None
-    } else {
-        src.with_layer_f32(l, |k, v, cap| {
-            let mut kr = vec![0f32; rows * width];
-            let mut vr = vec![0f32; rows * width];
-            let half = hd / 2;
-            let (cos, sin) = tables;
-            for r in 0..rows {
-                let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
-                for h in 0..heads {
-                    let at = (h * cap + start + r) * hd;
-                    let (ki, vi) = (&k[at..at + hd], &v[at..at + hd]);
-                    let o = r * width + h * hd;
-                    let ko = &mut kr[o..o + hd];
-                    // Rotation by the negated angle.
-                    match rope.layout() {
-                        RopeLayout::RotateHalf => {
-                            for i in 0..half {
-                                let (a, b) = (ki[i], ki[i + half]);
-                                ko[i] = a * c[i] + b * s[i];
-                                ko[i + half] = b * c[i] - a * s[i];
+    let direct = rope.half_width() * 2 == hd
+        && src
+            .with_layer_f32(l, |k, v, cap| {
+                let half = hd / 2;
+                let (cos, sin) = tables;
+                for r in 0..rows {
+                    let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
+                    for h in 0..heads {
+                        let at = (h * cap + start + r) * hd;
+                        let (ki, vi) = (&k[at..at + hd], &v[at..at + hd]);
+                        let o = r * width + h * hd;
+                        let ko = &mut kr[o..o + hd];
+                        let (kmh, ksh) = (&km[h * hd..][..hd], &ks[h * hd..][..hd]);
+                        // Rotation by the negated angle, then centring and scaling.
+                        match rope.layout() {
+                            RopeLayout::RotateHalf => {
+                                for i in 0..half {
+                                    let (a, b) = (ki[i], ki[i + half]);
+                                    ko[i] = (a * c[i] + b * s[i] - kmh[i]) * ksh[i];
+                                    ko[i + half] =
+                                        (b * c[i] - a * s[i] - kmh[i + half]) * ksh[i + half];
+                                }
+                            }
+                            RopeLayout::Interleaved => {
+                                for i in 0..half {
+                                    let (a, b) = (ki[2 * i], ki[2 * i + 1]);
+                                    ko[2 * i] = (a * c[i] + b * s[i] - kmh[2 * i]) * ksh[2 * i];
+                                    ko[2 * i + 1] =
+                                        (b * c[i] - a * s[i] - kmh[2 * i + 1]) * ksh[2 * i + 1];
+                                }
                             }
                         }
-                        RopeLayout::Interleaved => {
-                            for i in 0..half {
-                                let (a, b) = (ki[2 * i], ki[2 * i + 1]);
-                                ko[2 * i] = a * c[i] + b * s[i];
-                                ko[2 * i + 1] = b * c[i] - a * s[i];
-                            }
+                        let vo = &mut vr[o..o + hd];
+                        let (vmh, vsh) = (&vm[h * hd..][..hd], &vs[h * hd..][..hd]);
+                        for i in 0..hd {
+                            vo[i] = (vi[i] - vmh[i]) * vsh[i];
                         }
                     }
-                    vr[o..o + hd].copy_from_slice(vi);
+                }
+            })?
+            .is_some();
+    if !direct {
+        let f = layer_features(src, rope, l, start, end, 1)?;
+        for (out, x, m, s) in [
+            (&mut *kr, f32_rows(&f.k)?, &km, &ks),
+            (&mut *vr, f32_rows(&f.v)?, &vm, &vs),
+        ] {
+            for (o, r) in out.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
+                for i in 0..width {
+                    o[i] = (r[i] - m[i]) * s[i];
                 }
             }
-            (kr, vr)
-        })?
-    };
-    let (mut kr, mut vr) = match direct {
-        Some(kv) => kv,
-        None => {
-            let f = layer_features(src, rope, l, start, end, 1)?;
-            (f32_rows(&f.k)?, f32_rows(&f.v)?)
         }
-    };
-    condition(&mut kr, &km, &ks);
-    condition(&mut vr, &vm, &vs);
-    Ok((kr, vr))
+    }
+    Ok(())
 }
 
 fn f32_rows(t: &Tensor) -> Result<Vec<f32>, ModelError> {
@@ -314,7 +318,8 @@ fn f32_rows(t: &Tensor) -> Result<Vec<f32>, ModelError> {
 }
 
 /// [rows, heads·hd] → [heads, cap, hd] (rows `0..rows` written), rotating each row at
-/// position `row` of the tables.
+/// position `row` of the tables. Rows are spread over the thread pool: the output is
+/// fresh memory, and its first touch costs about as much as the arithmetic.
 fn rotate_into_heads(
     y: &[f32],
     rows: usize,
@@ -325,11 +330,15 @@ fn rotate_into_heads(
 ) -> Vec<f32> {
     // Zeroed by the allocator (calloc): the unused capacity costs no writes.
     let mut out = vec![0f32; cap * heads * hd];
+    let base = out.as_mut_ptr() as usize;
     let half = hd / 2;
-    for r in 0..rows {
+    let one = |r: usize| {
         for h in 0..heads {
             let src = &y[r * heads * hd + h * hd..][..hd];
-            let dst = &mut out[(h * cap + r) * hd..][..hd];
+            // SAFETY: row r of head h is written by this call alone, inside `out`.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut((base as *mut f32).add((h * cap + r) * hd), hd)
+            };
             match tables {
                 None => dst.copy_from_slice(src),
                 Some((cos, sin, layout)) => {
@@ -353,9 +362,22 @@ fn rotate_into_heads(
                 }
             }
         }
+    };
+    if rows * heads * hd < 1 << 16 {
+        (0..rows).for_each(one);
+    } else {
+        candle_core::utils::barrier_pool().execute_chunked(rows, |range| range.for_each(one));
     }
     out
 }
+
+thread_local! {
+    /// Source features of the last map on this thread, kept for the next one: fresh
+    /// pages cost a fault each on first touch, as much as the un-rotation itself.
+    static FEATURES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+/// Larger feature buffers are returned to the allocator after the map.
+const KEEP_FEATURES: usize = 32 << 20;
 
 /// The mapped positions' context: what every target layer's product reads.
 pub struct MapInput<'a> {
@@ -428,12 +450,61 @@ fn map_buffers(
         }
     }
     let src_tables = src_rope.tables(start, rows)?;
-    let mut feats = BTreeMap::new();
-    for &s in needed.keys() {
-        let f = source_rows(src, src_rope, &src_tables, &packed.scales, s, start, end)?;
-        feats.insert(s, f);
-    }
     let width = src.shape().n_kv_head * src.shape().head_dim;
+    let layers: Vec<usize> = needed.keys().copied().collect();
+    let per = rows * width;
+    let mut buf = FEATURES.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    if buf.len() < 2 * per * layers.len() {
+        buf = vec![0f32; 2 * per * layers.len()];
+    }
+    let failed = std::sync::Mutex::new(None);
+    {
+        let base = buf.as_mut_ptr() as usize;
+        let one = |i: usize| {
+            // SAFETY: layer i owns elements [2i·per, (2i+2)·per) of `buf`, which is that long.
+            let (kr, vr) = unsafe {
+                let p = (base as *mut f32).add(2 * i * per);
+                (
+                    std::slice::from_raw_parts_mut(p, per),
+                    std::slice::from_raw_parts_mut(p.add(per), per),
+                )
+            };
+            let r = source_rows_into(
+                src,
+                src_rope,
+                &src_tables,
+                &packed.scales,
+                layers[i],
+                start,
+                end,
+                kr,
+                vr,
+            );
+            if let Err(e) = r {
+                if let Ok(mut f) = failed.lock() {
+                    f.get_or_insert(e);
+                }
+            }
+        };
+        if per < 1 << 14 {
+            (0..layers.len()).for_each(one);
+        } else {
+            candle_core::utils::barrier_pool()
+                .execute_chunked(layers.len(), |range| range.for_each(one));
+        }
+    }
+    if let Some(e) = failed.into_inner().ok().flatten() {
+        return Err(e);
+    }
+    let feats: BTreeMap<usize, (&[f32], &[f32])> = layers
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            let k = &buf[2 * i * per..(2 * i + 1) * per];
+            let v = &buf[(2 * i + 1) * per..(2 * i + 2) * per];
+            (l, (k, v))
+        })
+        .collect();
     let (cos, sin) = tgt_rope.tables(start, rows)?;
     let layout = tgt_rope.layout();
     let run = |pm: &PackedMap, m: &TargetLayerMap, keys: bool| -> Result<Vec<f32>, ModelError> {
@@ -443,9 +514,9 @@ fn map_buffers(
             .map(|s| {
                 let f = &feats[s];
                 if keys {
-                    f.0.as_slice()
+                    f.0
                 } else {
-                    f.1.as_slice()
+                    f.1
                 }
             })
             .collect();
@@ -459,6 +530,10 @@ fn map_buffers(
         let v = run(&p.v, vm, false)?;
         let v = rotate_into_heads(&v, rows, cap, heads, hd, None);
         out.push((k, v));
+    }
+    drop(feats);
+    if buf.len() <= KEEP_FEATURES {
+        FEATURES.with(|c| *c.borrow_mut() = buf);
     }
     Ok(out)
 }
