@@ -419,6 +419,9 @@ pub fn map_cache(packed: &PackedMapper, input: &MapInput<'_>) -> Result<KvCache,
     KvCache::from_f32_buffers(input.target, len, cap, bufs)
 }
 
+/// One target layer's keys and values, each laid out [heads, cap, hd].
+type LayerBuffers = (Vec<f32>, Vec<f32>);
+
 /// Per target layer, keys and values laid out [heads, cap, hd] with rows
 /// `0..end − start` written.
 fn map_buffers(
@@ -427,7 +430,7 @@ fn map_buffers(
     start: usize,
     end: usize,
     cap: usize,
-) -> Result<Vec<(Vec<f32>, Vec<f32>)>, ModelError> {
+) -> Result<Vec<LayerBuffers>, ModelError> {
     let MapInput {
         maps,
         target,
