@@ -3,7 +3,7 @@
 //! at a glance.
 
 use super::bench::BenchPoint;
-use crate::session::plot::{drawing_error, register_font, FAMILY, SIZE};
+use crate::session::plot::{drawing_error, register_font, write_svg_or_png, FAMILY, SIZE};
 use crate::session::PlotError;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -19,29 +19,17 @@ const COLORS: [RGBColor; 2] = [RGBColor(31, 119, 180), RGBColor(214, 39, 40)];
 
 /// Writes the chart to `path`, as SVG or PNG by its extension.
 pub fn write_bench_plot(series: &[BenchSeries<'_>], path: &Path) -> Result<(), PlotError> {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    match ext.as_deref() {
-        Some("svg") => {
-            let svg = render_bench_svg(series)?;
-            std::fs::write(path, svg).map_err(|source| PlotError::Write {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-        Some("png") => {
+    write_svg_or_png(
+        path,
+        || render_bench_svg(series),
+        |path| {
             register_font()?;
             let root = BitMapBackend::new(path, SIZE).into_drawing_area();
             draw(&root, series)
                 .and_then(|()| root.present())
                 .map_err(|e| drawing_error(path, e))
-        }
-        _ => Err(PlotError::UnsupportedFormat {
-            path: path.to_path_buf(),
-        }),
-    }
+        },
+    )
 }
 
 /// The chart as an SVG document.

@@ -1250,10 +1250,6 @@ pub(crate) mod qmm {
     }
 
     fn quantize(x: Rows<'_>, m: usize, k: usize, a256: bool, acts: &mut Acts) {
-        let x = match x {
-            Rows::Whole(x) => x,
-            Rows::Parts { parts, width } => return quantize_parts(parts, width, m, acts),
-        };
         acts.a256 = a256;
         acts.m = m;
         acts.k = k;
@@ -1264,39 +1260,24 @@ pub(crate) mod qmm {
         let rb = acts.row_bytes();
         let base = acts.buf.as_mut_ptr() as usize;
         let one = |r: usize| unsafe {
-            let row = &x[r * k..(r + 1) * k];
             let dst = (base + r * rb) as *mut u8;
-            if a256 {
-                quantize_a256(row, dst as *mut A256)
-            } else {
-                quantize_a32(row, dst as *mut A32)
-            }
-        };
-        if m * k < 1 << 16 {
-            (0..m).for_each(one);
-        } else {
-            candle_core::utils::barrier_pool().execute_chunked(m, |range| range.for_each(one));
-        }
-    }
-
-    /// [`quantize`] for rows given as parts: each part's 32-value blocks land where the
-    /// joined row's would, so the kernels see one ordinary row.
-    fn quantize_parts(parts: &[&[f32]], width: usize, m: usize, acts: &mut Acts) {
-        let k = parts.len() * width;
-        acts.a256 = false;
-        acts.m = m;
-        acts.k = k;
-        let need = (m * acts.row_bytes()).div_ceil(64);
-        if acts.buf.len() < need {
-            acts.buf = lines(need * 64);
-        }
-        let rb = acts.row_bytes();
-        let pb = width / 32 * std::mem::size_of::<A32>();
-        let base = acts.buf.as_mut_ptr() as usize;
-        let one = |r: usize| unsafe {
-            for (j, p) in parts.iter().enumerate() {
-                let dst = (base + r * rb + j * pb) as *mut A32;
-                quantize_a32(&p[r * width..(r + 1) * width], dst)
+            match x {
+                Rows::Whole(x) => {
+                    let row = &x[r * k..(r + 1) * k];
+                    if a256 {
+                        quantize_a256(row, dst as *mut A256)
+                    } else {
+                        quantize_a32(row, dst as *mut A32)
+                    }
+                }
+                // Each part's 32-value blocks land where the joined row's would, so the
+                // kernels see one ordinary row.
+                Rows::Parts { parts, width } => {
+                    for (j, p) in parts.iter().enumerate() {
+                        let at = (dst as *mut A32).add(j * width / 32);
+                        quantize_a32(&p[r * width..(r + 1) * width], at)
+                    }
+                }
             }
         };
         if m * k < 1 << 16 {

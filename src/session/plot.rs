@@ -25,26 +25,36 @@ const REPREFILL: RGBColor = RGBColor(255, 127, 14);
 
 /// Writes the chart to `path`, as SVG or PNG by its extension.
 pub fn write_plot(report: &Report, path: &Path) -> Result<(), PlotError> {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    match ext.as_deref() {
-        Some("svg") => {
-            let svg = render_svg(report)?;
-            std::fs::write(path, svg).map_err(|source| PlotError::Write {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-        Some("png") => {
+    write_svg_or_png(
+        path,
+        || render_svg(report),
+        |path| {
             let series = Series::of(report)?;
             register_font()?;
             let root = BitMapBackend::new(path, SIZE).into_drawing_area();
             draw(&root, &series)
                 .and_then(|()| root.present())
                 .map_err(|e| drawing_error(path, e))
-        }
+        },
+    )
+}
+
+/// Writes `svg()` to a .svg `path`, or has `png` draw a .png one; refuses other names.
+pub(crate) fn write_svg_or_png(
+    path: &Path,
+    svg: impl FnOnce() -> Result<String, PlotError>,
+    png: impl FnOnce(&Path) -> Result<(), PlotError>,
+) -> Result<(), PlotError> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("svg") => std::fs::write(path, svg()?).map_err(|source| PlotError::Write {
+            path: path.to_path_buf(),
+            source,
+        }),
+        Some("png") => png(path),
         _ => Err(PlotError::UnsupportedFormat {
             path: path.to_path_buf(),
         }),
