@@ -83,6 +83,9 @@ pub struct LoadedMapper {
     pub calibration_cosine: f64,
     /// Calibration windows it was fitted on (a quick first-run mapper has few).
     pub sequences: usize,
+    /// Whether the artifact holds the source statistics the int8 map needs (older
+    /// artifacts map in f32).
+    pub has_source_scales: bool,
 }
 
 pub fn mapper_dir(configured: &Option<PathBuf>) -> PathBuf {
@@ -172,5 +175,6 @@ pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, Eng
         },
         calibration_cosine: cos.iter().sum::<f64>() / cos.len().max(1) as f64,
         sequences: art.meta.corpus.sequences,
+        has_source_scales: art.source_scales.is_some(),
     })
 }

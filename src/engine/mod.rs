@@ -174,6 +174,17 @@ pub fn build(
     out.emit(ready);
     let full = crate::mapper::calibrate::CalibrateOptions::default().sequences;
     for m in &mappers {
+        if !m.has_source_scales
+            && config.device.is_cpu()
+            && crate::model::weights::fast_cpu_kernels()
+        {
+            out.emit(Event::Notice {
+                message: format!(
+                    "mapper {} -> {} predates the int8 map (it has no source statistics), so it maps in f32, several times slower; `baton calibrate` refits it",
+                    m.info.source, m.info.target
+                ),
+            });
+        }
         if m.sequences < full {
             out.emit(Event::Notice {
                 message: format!(
