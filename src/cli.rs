@@ -218,9 +218,14 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 128)]
     pub continuation: usize,
     /// Leading positions the target computes itself (attention sinks) instead of
-    /// receiving them mapped; 0 maps everything.
+    /// receiving them mapped, in text windows and task contexts; 0 maps everything.
     #[arg(long, default_value_t = 0)]
     pub anchor: usize,
+    /// Task contexts: the target computes the last N tokens itself on top of the mapped
+    /// cache (a re-read question over a mapped background); their cost counts as
+    /// mapping time. 0 maps the whole context.
+    #[arg(long, default_value_t = 0)]
+    pub tail: usize,
     /// Task retention on these benchmarks, comma-separated, each `name` or `name:items`
     /// (hellaswag, arc_challenge, arc_easy, winogrande, piqa, gsm8k; `all` for every one).
     #[arg(long, value_delimiter = ',')]
@@ -272,6 +277,11 @@ pub struct CalibrateArgs {
     /// Keep every N-th position of a window as an observation.
     #[arg(long, default_value_t = 4)]
     pub stride: usize,
+    /// Leave the first N positions of every window out of the fit (attention sinks,
+    /// outliers by orders of magnitude) and score held-out windows with the target's own
+    /// first N positions: a mapper for use behind `--anchor N` (the workbench anchors 1).
+    #[arg(long, default_value_t = 0)]
+    pub skip_first: usize,
     /// Held-out windows used to choose k and lambda by attention-output cosine.
     #[arg(long, default_value_t = 8)]
     pub select_sequences: usize,

@@ -366,6 +366,7 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
         sequences,
         seq_len,
         stride: a.stride,
+        skip_first: a.skip_first,
         select_sequences: a.select_sequences,
         k_sweep,
         lambdas: a.lambda.clone(),
@@ -617,7 +618,11 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
                 &mapper,
                 def,
                 items,
-                &TaskEvalOptions::default(),
+                &TaskEvalOptions {
+                    anchor: a.anchor,
+                    tail: a.tail,
+                    ..TaskEvalOptions::default()
+                },
                 &mut |n| bar.set_position(n as u64),
             )?;
             bar.finish_and_clear();
@@ -637,6 +642,9 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
             "direction": direction,
             "mapper": path,
             "k": art.meta.k,
+            "precision": mapper.precision(),
+            "anchor": a.anchor,
+            "tail": a.tail,
             "text": text,
             "tasks": task_results,
         }));

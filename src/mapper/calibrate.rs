@@ -144,6 +144,10 @@ pub struct CalibrationReport {
     pub sequences: usize,
     pub seq_len: usize,
     pub stride: usize,
+    /// Leading positions of each window left out of the fit; held-out windows were
+    /// scored with the target's own cache of them (the anchor the mapper is meant for).
+    #[serde(default)]
+    pub skip_first: usize,
     pub select_sequences: usize,
     pub sweep: Vec<SweepPoint>,
     /// Candidate k values not tried, and why.
@@ -245,11 +249,27 @@ fn heldout_cosine(
     src_caps: &[Captured],
     tgt_caps: &[Captured],
     probes: &[usize],
+    anchor: usize,
 ) -> Result<Vec<f64>, CalibrateError> {
     let l_t = tgt.config().n_layer;
     let mut per_layer = vec![0f64; l_t];
     for (s, t) in src_caps.iter().zip(tgt_caps) {
-        let mapped = mapper.map_cache(&s.cache, src.decoder.rope(), tgt.decoder.rope())?;
+        // A mapper fitted without the first positions is used behind an anchor: the
+        // target's own cache of them, as the workbench and eval hold it.
+        let mapped = if anchor == 0 {
+            mapper.map_cache(&s.cache, src.decoder.rope(), tgt.decoder.rope())?
+        } else {
+            let mut c = t.cache.try_clone()?;
+            c.truncate(anchor);
+            c.extend_with(&mapper.map_range(
+                &s.cache,
+                src.decoder.rope(),
+                tgt.decoder.rope(),
+                anchor,
+                s.cache.len(),
+            )?)?;
+            c
+        };
         for (l, slot) in per_layer.iter_mut().enumerate() {
             let tr = t.cache.layer(l)?;
             let mp = mapped.layer(l)?;
@@ -293,6 +313,15 @@ pub fn calibrate(
             "need at least one direction, one sequence, a window of 16+ tokens and a stride of 1+"
                 .into(),
         ));
+    }
+    // Probes start at an eighth of the window; skipped positions must stay before them.
+    if opts.skip_first >= opts.seq_len / 8 {
+        return Err(CalibrateError::Options(format!(
+            "--skip-first {} leaves too little of a {}-token window; use fewer than {}",
+            opts.skip_first,
+            opts.seq_len,
+            opts.seq_len / 8
+        )));
     }
     let check_cancel = || {
         if cancel.load(Ordering::Relaxed) {
@@ -473,7 +502,15 @@ pub fn calibrate(
                     .map(|j| ridge::fit_layer(sv, j, &sel_v[j], &ro))
                     .collect::<Result<_, _>>()?;
                 let mapper = to_cache_mapper(src, tgt, &keys, &values, &scales)?;
-                let cos = heldout_cosine(&mapper, src, tgt, src_caps, tgt_caps, &probes)?;
+                let cos = heldout_cosine(
+                    &mapper,
+                    src,
+                    tgt,
+                    src_caps,
+                    tgt_caps,
+                    &probes,
+                    opts.skip_first,
+                )?;
                 let mean_cos = cos.iter().sum::<f64>() / cos.len() as f64;
                 let mean_r2 = |st: &PairStats, maps: &[LayerMap]| -> Result<f64, CalibrateError> {
                     let mut s = 0.0;
@@ -537,7 +574,15 @@ pub fn calibrate(
                     let rk = reduce(sk, &keys)?;
                     let rv = reduce(sv, &values)?;
                     let mapper = to_cache_mapper(src, tgt, &rk, &rv, &scales)?;
-                    let cos = heldout_cosine(&mapper, src, tgt, src_caps, tgt_caps, &probes)?;
+                    let cos = heldout_cosine(
+                        &mapper,
+                        src,
+                        tgt,
+                        src_caps,
+                        tgt_caps,
+                        &probes,
+                        opts.skip_first,
+                    )?;
                     let mean = cos.iter().sum::<f64>() / cos.len().max(1) as f64;
                     let macs = rk
                         .iter()
@@ -599,6 +644,7 @@ pub fn calibrate(
                 sequences: opts.sequences,
                 seq_len: opts.seq_len,
                 stride: opts.stride,
+                skip_first: opts.skip_first,
                 select_sequences: opts.select_sequences,
                 sweep,
                 skipped_k,

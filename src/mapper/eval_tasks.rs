@@ -29,6 +29,13 @@ use std::time::Instant;
 pub struct TaskEvalOptions {
     pub bootstrap_resamples: usize,
     pub seed: u64,
+    /// Leading context positions the target computes itself instead of receiving them
+    /// mapped (attention sinks); 0 maps everything.
+    pub anchor: usize,
+    /// Final context tokens (before the last one) the target computes itself on top of
+    /// the mapped cache: tells whether a mapped background plus a re-read question
+    /// keeps what the mapped question alone loses. 0 maps the whole context.
+    pub tail: usize,
 }
 
 impl Default for TaskEvalOptions {
@@ -36,6 +43,8 @@ impl Default for TaskEvalOptions {
         Self {
             bootstrap_resamples: 2000,
             seed: 20_261_130,
+            anchor: 0,
+            tail: 0,
         }
     }
 }
@@ -53,6 +62,16 @@ pub struct ItemOutcome {
     pub same_answer: bool,
     /// Both paths generated the same tokens (generation tasks only).
     pub identical_generation: Option<bool>,
+    /// What each path generated (generation tasks only): where and how the mapped
+    /// answer departs from the reference is the thing to read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generations: Option<Generations>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Generations {
+    pub reference: String,
+    pub mapped: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -113,6 +132,7 @@ fn prepare(
     mapper: &CacheMapper,
     shared: &Shared,
     prefix: &[u32],
+    (anchor, tail): (usize, usize),
 ) -> Result<Prepared, CalibrateError> {
     let suffix = &prefix[shared.len..];
     let mut reference = shared.target.try_clone()?;
@@ -137,6 +157,12 @@ fn prepare(
         )?;
         mapped.extend_with(&layers)?;
     }
+    if tail > 0 {
+        let from = prefix.len().saturating_sub(tail).max(anchor);
+        mapped.truncate(from);
+        tgt.decoder
+            .forward(&prefix[from..], &mut mapped, &no_logits())?;
+    }
     Ok(Prepared {
         reference,
         mapped,
@@ -150,8 +176,17 @@ fn build_shared(
     tgt: &Model,
     mapper: &CacheMapper,
     prefixes: &[&[u32]],
+    anchor: usize,
 ) -> Result<Shared, CalibrateError> {
-    let len = common_prefix_len(prefixes);
+    // Every item then starts from the anchored prefix, so it must be shared too.
+    let len = common_prefix_len(prefixes).max(anchor);
+    if let Some(short) = prefixes.iter().find(|p| p.len() < len) {
+        return Err(CalibrateError::Options(format!(
+            "an anchor of {anchor} positions is longer than a context of {} tokens; \
+             use a smaller --anchor",
+            short.len() + 1
+        )));
+    }
     let ids = prefixes.first().map(|p| &p[..len]).unwrap_or(&[]);
     let mut target = tgt.decoder.new_cache();
     let mut source = src.decoder.new_cache();
@@ -159,7 +194,19 @@ fn build_shared(
     if len > 0 {
         tgt.decoder.forward(ids, &mut target, &no_logits())?;
         src.decoder.forward(ids, &mut source, &no_logits())?;
-        mapped = mapper.map_cache(&source, src.decoder.rope(), tgt.decoder.rope())?;
+        if anchor == 0 {
+            mapped = mapper.map_cache(&source, src.decoder.rope(), tgt.decoder.rope())?;
+        } else {
+            tgt.decoder
+                .forward(&ids[..anchor], &mut mapped, &no_logits())?;
+            mapped.extend_with(&mapper.map_range(
+                &source,
+                src.decoder.rope(),
+                tgt.decoder.rope(),
+                anchor,
+                len,
+            )?)?;
+        }
     }
     Ok(Shared {
         len,
@@ -295,7 +342,7 @@ pub fn eval_task(
         }
     }
     let prefixes: Vec<&[u32]> = contexts.values().map(|v| &v[..v.len() - 1]).collect();
-    let shared = build_shared(src, tgt, mapper, &prefixes)?;
+    let shared = build_shared(src, tgt, mapper, &prefixes, opts.anchor)?;
     tracing::info!(
         task = def.name,
         items = items.len(),
@@ -318,7 +365,8 @@ pub fn eval_task(
                     let ids = &contexts[c.context.as_str()];
                     let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
                     if !prepared.contains_key(c.context.as_str()) {
-                        let p = prepare(src, tgt, mapper, &shared, prefix)?;
+                        let p =
+                            prepare(src, tgt, mapper, &shared, prefix, (opts.anchor, opts.tail))?;
                         map_s += p.map_seconds;
                         pre_s += p.reprefill_seconds;
                         prepared.insert(c.context.as_str(), p);
@@ -337,6 +385,7 @@ pub fn eval_task(
                     floor_correct: f == *gold,
                     same_answer: r == m,
                     identical_generation: None,
+                    generations: None,
                 }
             }
             TaskItem::Generate {
@@ -348,7 +397,7 @@ pub fn eval_task(
             } => {
                 let ids = &contexts[context.as_str()];
                 let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
-                let p = prepare(src, tgt, mapper, &shared, prefix)?;
+                let p = prepare(src, tgt, mapper, &shared, prefix, (opts.anchor, opts.tail))?;
                 map_s += p.map_seconds;
                 pre_s += p.reprefill_seconds;
                 let (ids_r, text_r) = generate_until(tgt, p.reference, last, stop, *max_tokens)?;
@@ -363,6 +412,10 @@ pub fn eval_task(
                     floor_correct: false,
                     same_answer: ar == am,
                     identical_generation: Some(ids_r == ids_m),
+                    generations: Some(Generations {
+                        reference: text_r,
+                        mapped: text_m,
+                    }),
                 }
             }
         };

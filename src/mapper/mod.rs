@@ -17,6 +17,7 @@ pub use select::{select_layers, single_layer_r2, top_k};
 pub use stats::PairStats;
 
 pub mod apply;
+pub mod arrow_stream;
 pub mod artifact;
 pub mod bench;
 pub mod bench_plot;
