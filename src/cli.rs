@@ -288,9 +288,19 @@ pub struct CalibrateArgs {
     /// Candidate k values (source layers per target layer); `all` for every layer.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,12,16,all")]
     pub k: Vec<String>,
-    /// Candidate ridge penalties.
-    #[arg(long, value_delimiter = ',', default_value = "0.01")]
+    /// Candidate ridge penalties, absolute on the standardised Gram (whose diagonal is
+    /// the observation count): every (k, λ) pair is scored on the held-out windows.
+    #[arg(long, value_delimiter = ',', default_value = "0.01,1000")]
     pub lambda: Vec<f64>,
+    /// The largest k the mapper may use (`all` for no limit). Larger k are still swept
+    /// and the report says what they would reach; each doubling of k doubles the map's
+    /// time.
+    #[arg(long, default_value = "8")]
+    pub max_k: String,
+    /// Held-out cosine a smaller (faster) k may give up against the best and still be
+    /// chosen.
+    #[arg(long, default_value_t = 0.01)]
+    pub k_tolerance: f64,
     /// Fit on raw instead of standardised features.
     #[arg(long)]
     pub no_standardize: bool,

@@ -370,6 +370,13 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
         select_sequences: a.select_sequences,
         k_sweep,
         lambdas: a.lambda.clone(),
+        max_k: match a.max_k.as_str() {
+            "all" => usize::MAX,
+            m => m
+                .parse()
+                .with_context(|| format!("--max-k takes a number or `all`, got `{m}`"))?,
+        },
+        k_tolerance: a.k_tolerance,
         standardize: !a.no_standardize,
         rank: match a.rank.as_deref() {
             None => None,

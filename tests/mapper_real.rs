@@ -25,6 +25,8 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         probes: 16,
         k_sweep: vec![1, 2, 4],
         lambdas: vec![0.01],
+        max_k: usize::MAX,
+        k_tolerance: 0.0,
         standardize: true,
         skip_first: 0,
         rank: None,

@@ -53,6 +53,8 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
         probes: 8,
         k_sweep: k,
         lambdas: vec![0.01],
+        max_k: usize::MAX,
+        k_tolerance: 0.0,
         standardize: true,
         skip_first: 0,
         rank: None,
@@ -100,6 +102,60 @@ fn mapping_a_model_to_itself_with_all_layers_is_near_exact() {
         r.r2_v
     );
     assert!(r.cosine.iter().all(|&c| c > 0.999), "{:?}", r.cosine);
+}
+
+#[test]
+fn k_above_the_cap_is_swept_and_reported_but_not_chosen() {
+    // Two unrelated models: one source layer explains a target layer less well than all.
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new("llama");
+    write_model(&tiny, &dir.path().join("a"), &tiny.weights(3));
+    write_model(&tiny, &dir.path().join("b"), &tiny.weights(4));
+    let (a, b) = (
+        load(&dir.path().join("a"), "a"),
+        load(&dir.path().join("b"), "b"),
+    );
+    let all = a.config().n_layer;
+    let fit = |max_k: usize, k_tolerance: f64| {
+        let o = CalibrateOptions {
+            max_k,
+            k_tolerance,
+            ..opts(vec![1, usize::MAX])
+        };
+        calibrate(
+            &a,
+            &b,
+            &docs(&tiny),
+            &[Direction::Forward],
+            &o,
+            &NoProgress,
+            &AtomicBool::new(false),
+        )
+        .unwrap()
+        .remove(0)
+    };
+    let capped = fit(1, 0.0);
+    let r = &capped.report;
+    eprintln!("{:?}", r.sweep);
+    assert_eq!(capped.k, 1);
+    assert_eq!(r.sweep.len(), 2, "both k are swept: {:?}", r.sweep);
+    let above = r
+        .best_above_max_k
+        .as_ref()
+        .expect("the better k is reported");
+    assert_eq!(above.k, all);
+    let one = r.sweep.iter().find(|p| p.k == 1).unwrap();
+    assert!(above.cosine > one.cosine + 0.01, "{:?}", r.sweep);
+    assert_eq!(r.max_k, Some(1));
+
+    // Without a cap the best wins; with a tolerance wider than the gap the cheaper k
+    // wins, and its report is that of the k actually fitted.
+    assert_eq!(fit(usize::MAX, 0.0).k, all);
+    let tolerant = fit(usize::MAX, 1.0);
+    assert_eq!(tolerant.k, 1);
+    let mean = tolerant.report.cosine.iter().sum::<f64>() / tolerant.report.cosine.len() as f64;
+    assert!((mean - one.cosine).abs() < 1e-6, "{mean} vs {}", one.cosine);
+    assert!(tolerant.report.best_above_max_k.is_none());
 }
 
 #[test]
