@@ -159,6 +159,43 @@ fn k_above_the_cap_is_swept_and_reported_but_not_chosen() {
 }
 
 #[test]
+fn a_mapper_fitted_behind_an_anchor_skips_the_first_positions() {
+    let (_dir, tiny, a, b) = same_model_twice();
+    let fit = |skip_first: usize| {
+        let o = CalibrateOptions {
+            skip_first,
+            ..opts(vec![usize::MAX])
+        };
+        calibrate(
+            &a,
+            &b,
+            &docs(&tiny),
+            &[Direction::Forward],
+            &o,
+            &NoProgress,
+            &AtomicBool::new(false),
+        )
+    };
+    let f = fit(2).unwrap().remove(0);
+    assert_eq!(f.report.skip_first, 2);
+    // Two positions fewer per window at stride 1.
+    let plain = fit(0).unwrap().remove(0);
+    assert_eq!(
+        plain.report.observations - f.report.observations,
+        2 * plain.report.sequences as u64
+    );
+    assert!(
+        f.report.cosine.iter().all(|&c| c > 0.999),
+        "{:?}",
+        f.report.cosine
+    );
+    match fit(8) {
+        Err(e) => assert!(e.to_string().contains("--skip-first 8"), "{e}"),
+        Ok(_) => panic!("a skip past the first probe was accepted"),
+    }
+}
+
+#[test]
 fn a_known_linear_relation_between_caches_is_recovered() {
     // The target is the source re-parameterised: keys of layer l scaled by c_l (queries by
     // 1/c_l, which commutes with RoPE), values of each KV head multiplied by an invertible
@@ -435,6 +472,65 @@ fn task_retention_of_a_model_mapped_to_itself_is_complete() {
         "{:?}",
         r.outcomes
     );
+}
+
+#[test]
+fn a_context_the_target_rereads_whole_matches_its_own_prefill() {
+    use baton::mapper::eval_tasks::{eval_task, TaskEvalOptions};
+    use baton::mapper::tasks::{task_def, TaskItem};
+    // Unrelated models and one source layer per target layer: a poor map, so only the
+    // target's own reading of the context can make the two paths agree.
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new("llama");
+    write_model(&tiny, &dir.path().join("a"), &tiny.weights(3));
+    write_model(&tiny, &dir.path().join("b"), &tiny.weights(4));
+    let (a, b) = (
+        load(&dir.path().join("a"), "a"),
+        load(&dir.path().join("b"), "b"),
+    );
+    let mapper = run(&a, &b, vec![1], &tiny).cache_mapper(&a, &b).unwrap();
+    let shots = tiny.text(30, 5);
+    let gen: Vec<TaskItem> = (0..3u64)
+        .map(|i| TaskItem::Generate {
+            doc_id: i,
+            context: format!("{shots} {}", tiny.text(6, 300 + i)),
+            stop: vec![],
+            max_tokens: 8,
+            answer: "1".into(),
+        })
+        .collect();
+    let def = task_def("gsm8k").unwrap();
+    let eval = |anchor: usize, tail: usize| {
+        let o = TaskEvalOptions {
+            anchor,
+            tail,
+            ..TaskEvalOptions::default()
+        };
+        eval_task(&a, &b, &mapper, def, &gen, &o, &mut |_| {})
+    };
+    let whole = eval(2, 10_000).unwrap();
+    assert!(
+        whole
+            .outcomes
+            .iter()
+            .all(|o| o.identical_generation == Some(true)),
+        "{:?}",
+        whole.outcomes
+    );
+    let texts = whole.outcomes[0].generations.as_ref().unwrap();
+    assert_eq!(texts.reference, texts.mapped);
+    // The mapped path without the re-read differs somewhere, or the test shows nothing.
+    let mapped = eval(0, 0).unwrap();
+    assert!(
+        mapped
+            .outcomes
+            .iter()
+            .any(|o| o.identical_generation == Some(false)),
+        "{:?}",
+        mapped.outcomes
+    );
+    let err = eval(100_000, 0).unwrap_err().to_string();
+    assert!(err.contains("--anchor"), "{err}");
 }
 
 #[test]
