@@ -61,18 +61,40 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
     }
 }
 
-fn run(a: &Model, b: &Model, k: Vec<usize>, tiny: &Tiny) -> Fitted {
+fn forward(
+    a: &Model,
+    b: &Model,
+    tiny: &Tiny,
+    o: &CalibrateOptions,
+) -> Result<Fitted, CalibrateError> {
     let mut f = calibrate(
         a,
         b,
         &docs(tiny),
         &[Direction::Forward],
-        &opts(k),
+        o,
         &NoProgress,
         &AtomicBool::new(false),
-    )
-    .unwrap();
-    f.remove(0)
+    )?;
+    Ok(f.remove(0))
+}
+
+fn run(a: &Model, b: &Model, k: Vec<usize>, tiny: &Tiny) -> Fitted {
+    forward(a, b, tiny, &opts(k)).unwrap()
+}
+
+/// Two tiny models of one shape with different weights: no source layer explains a
+/// target layer exactly.
+fn two_unrelated_models() -> (tempfile::TempDir, Tiny, Model, Model) {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new("llama");
+    write_model(&tiny, &dir.path().join("a"), &tiny.weights(3));
+    write_model(&tiny, &dir.path().join("b"), &tiny.weights(4));
+    let (a, b) = (
+        load(&dir.path().join("a"), "a"),
+        load(&dir.path().join("b"), "b"),
+    );
+    (dir, tiny, a, b)
 }
 
 /// One tiny model written and loaded twice, as a source and a target.
@@ -107,14 +129,7 @@ fn mapping_a_model_to_itself_with_all_layers_is_near_exact() {
 #[test]
 fn k_above_the_cap_is_swept_and_reported_but_not_chosen() {
     // Two unrelated models: one source layer explains a target layer less well than all.
-    let dir = tempfile::tempdir().unwrap();
-    let tiny = Tiny::new("llama");
-    write_model(&tiny, &dir.path().join("a"), &tiny.weights(3));
-    write_model(&tiny, &dir.path().join("b"), &tiny.weights(4));
-    let (a, b) = (
-        load(&dir.path().join("a"), "a"),
-        load(&dir.path().join("b"), "b"),
-    );
+    let (_dir, tiny, a, b) = two_unrelated_models();
     let all = a.config().n_layer;
     let fit = |max_k: usize, k_tolerance: f64| {
         let o = CalibrateOptions {
@@ -122,17 +137,7 @@ fn k_above_the_cap_is_swept_and_reported_but_not_chosen() {
             k_tolerance,
             ..opts(vec![1, usize::MAX])
         };
-        calibrate(
-            &a,
-            &b,
-            &docs(&tiny),
-            &[Direction::Forward],
-            &o,
-            &NoProgress,
-            &AtomicBool::new(false),
-        )
-        .unwrap()
-        .remove(0)
+        forward(&a, &b, &tiny, &o).unwrap()
     };
     let capped = fit(1, 0.0);
     let r = &capped.report;
@@ -166,20 +171,12 @@ fn a_mapper_fitted_behind_an_anchor_skips_the_first_positions() {
             skip_first,
             ..opts(vec![usize::MAX])
         };
-        calibrate(
-            &a,
-            &b,
-            &docs(&tiny),
-            &[Direction::Forward],
-            &o,
-            &NoProgress,
-            &AtomicBool::new(false),
-        )
+        forward(&a, &b, &tiny, &o)
     };
-    let f = fit(2).unwrap().remove(0);
+    let f = fit(2).unwrap();
     assert_eq!(f.report.skip_first, 2);
     // Two positions fewer per window at stride 1.
-    let plain = fit(0).unwrap().remove(0);
+    let plain = fit(0).unwrap();
     assert_eq!(
         plain.report.observations - f.report.observations,
         2 * plain.report.sequences as u64
@@ -480,14 +477,7 @@ fn a_context_the_target_rereads_whole_matches_its_own_prefill() {
     use baton::mapper::tasks::{task_def, TaskItem};
     // Unrelated models and one source layer per target layer: a poor map, so only the
     // target's own reading of the context can make the two paths agree.
-    let dir = tempfile::tempdir().unwrap();
-    let tiny = Tiny::new("llama");
-    write_model(&tiny, &dir.path().join("a"), &tiny.weights(3));
-    write_model(&tiny, &dir.path().join("b"), &tiny.weights(4));
-    let (a, b) = (
-        load(&dir.path().join("a"), "a"),
-        load(&dir.path().join("b"), "b"),
-    );
+    let (_dir, tiny, a, b) = two_unrelated_models();
     let mapper = run(&a, &b, vec![1], &tiny).cache_mapper(&a, &b).unwrap();
     let shots = tiny.text(30, 5);
     let gen: Vec<TaskItem> = (0..3u64)

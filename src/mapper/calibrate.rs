@@ -237,6 +237,9 @@ pub enum CalibrateError {
     Options(String),
 }
 
+/// Key maps, value maps, and the held-out attention cosine per target layer.
+type ScoredMaps = (Vec<LayerMap>, Vec<LayerMap>, Vec<f64>);
+
 struct Captured {
     cache: KvCache,
     /// Per layer [n_head, probes, hd], the model's own queries at the probe positions.
@@ -485,6 +488,29 @@ pub fn calibrate(
         let scales = SourceScales::from_stats(sk, sv);
         let r2k = single_layer_r2(sk, &base)?;
         let r2v = single_layer_r2(sv, &base)?;
+        // Fit every target layer from its top-k source layers and score the map on the
+        // held-out windows as it will run.
+        let fit_and_score = |k: usize, lambda: f64| -> Result<ScoredMaps, CalibrateError> {
+            let ro = RidgeOptions { lambda, ..base };
+            let (sel_k, sel_v) = (select_layers(&r2k, k), select_layers(&r2v, k));
+            let keys: Vec<LayerMap> = (0..lt)
+                .map(|j| ridge::fit_layer(sk, j, &sel_k[j], &ro))
+                .collect::<Result<_, _>>()?;
+            let values: Vec<LayerMap> = (0..lt)
+                .map(|j| ridge::fit_layer(sv, j, &sel_v[j], &ro))
+                .collect::<Result<_, _>>()?;
+            let mapper = to_cache_mapper(src, tgt, &keys, &values, &scales)?;
+            let cos = heldout_cosine(
+                &mapper,
+                src,
+                tgt,
+                src_caps,
+                tgt_caps,
+                &probes,
+                opts.skip_first,
+            )?;
+            Ok((keys, values, cos))
+        };
         let mut ks: Vec<usize> = opts.k_sweep.iter().map(|&k| k.min(ls)).collect();
         ks.sort_unstable();
         ks.dedup();
@@ -522,26 +548,8 @@ pub fn calibrate(
         let mut best: Option<(f64, usize, f64, Vec<LayerMap>, Vec<LayerMap>, Vec<f64>)> = None;
         for &k in &ks {
             check_cancel()?;
-            let sel_k = select_layers(&r2k, k);
-            let sel_v = select_layers(&r2v, k);
             for &lambda in &opts.lambdas {
-                let ro = RidgeOptions { lambda, ..base };
-                let keys: Vec<LayerMap> = (0..lt)
-                    .map(|j| ridge::fit_layer(sk, j, &sel_k[j], &ro))
-                    .collect::<Result<_, _>>()?;
-                let values: Vec<LayerMap> = (0..lt)
-                    .map(|j| ridge::fit_layer(sv, j, &sel_v[j], &ro))
-                    .collect::<Result<_, _>>()?;
-                let mapper = to_cache_mapper(src, tgt, &keys, &values, &scales)?;
-                let cos = heldout_cosine(
-                    &mapper,
-                    src,
-                    tgt,
-                    src_caps,
-                    tgt_caps,
-                    &probes,
-                    opts.skip_first,
-                )?;
+                let (keys, values, cos) = fit_and_score(k, lambda)?;
                 let mean_cos = cos.iter().sum::<f64>() / cos.len() as f64;
                 let mean_r2 = |st: &PairStats, maps: &[LayerMap]| -> Result<f64, CalibrateError> {
                     let mut s = 0.0;
@@ -592,30 +600,7 @@ pub fn calibrate(
                  within {} at less map time",
                 cheaper.k, cheaper.lambda, cheaper.cosine, full_mean, opts.k_tolerance
             ));
-            let ro = RidgeOptions {
-                lambda: cheaper.lambda,
-                ..base
-            };
-            let (sel_k, sel_v) = (
-                select_layers(&r2k, cheaper.k),
-                select_layers(&r2v, cheaper.k),
-            );
-            keys = (0..lt)
-                .map(|j| ridge::fit_layer(sk, j, &sel_k[j], &ro))
-                .collect::<Result<_, _>>()?;
-            values = (0..lt)
-                .map(|j| ridge::fit_layer(sv, j, &sel_v[j], &ro))
-                .collect::<Result<_, _>>()?;
-            let mapper = to_cache_mapper(src, tgt, &keys, &values, &scales)?;
-            cosine = heldout_cosine(
-                &mapper,
-                src,
-                tgt,
-                src_caps,
-                tgt_caps,
-                &probes,
-                opts.skip_first,
-            )?;
+            (keys, values, cosine) = fit_and_score(cheaper.k, cheaper.lambda)?;
             (full_mean, k, lambda) = (cheaper.cosine, cheaper.k, cheaper.lambda);
         }
         if let Some(p) = &best_above_max_k {
