@@ -290,7 +290,7 @@ pub struct CalibrateArgs {
     pub k: Vec<String>,
     /// Candidate ridge penalties, absolute on the standardised Gram (whose diagonal is
     /// the observation count): every (k, λ) pair is scored on the held-out windows.
-    #[arg(long, value_delimiter = ',', default_value = "0.01,1000")]
+    #[arg(long, value_delimiter = ',', default_value = "0.01")]
     pub lambda: Vec<f64>,
     /// The largest k the mapper may use (`all` for no limit). Larger k are still swept
     /// and the report says what they would reach; each doubling of k doubles the map's
