@@ -178,13 +178,12 @@ fn build_shared(
     prefixes: &[&[u32]],
     anchor: usize,
 ) -> Result<Shared, CalibrateError> {
-    // Every item then starts from the anchored prefix, so it must be shared too.
-    let len = common_prefix_len(prefixes).max(anchor);
-    if let Some(short) = prefixes.iter().find(|p| p.len() < len) {
+    // The anchor is computed once, in the shared prefix, so it must lie within it.
+    let len = common_prefix_len(prefixes);
+    if anchor > len {
         return Err(CalibrateError::Options(format!(
-            "an anchor of {anchor} positions is longer than a context of {} tokens; \
-             use a smaller --anchor",
-            short.len() + 1
+            "an anchor of {anchor} positions is longer than the {len} tokens every context \
+             of this task shares; use --anchor {len} or less"
         )));
     }
     let ids = prefixes.first().map(|p| &p[..len]).unwrap_or(&[]);
