@@ -298,8 +298,8 @@ pub struct CalibrateArgs {
     #[arg(long, default_value = "8")]
     pub max_k: String,
     /// Held-out cosine a smaller (faster) k may give up against the best and still be
-    /// chosen.
-    #[arg(long, default_value_t = 0.01)]
+    /// chosen (e.g. 0.01; default none).
+    #[arg(long, default_value_t = 0.0)]
     pub k_tolerance: f64,
     /// Fit on raw instead of standardised features.
     #[arg(long)]
