@@ -16,6 +16,14 @@ use cli::{
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
 
+/// Human-readable output of a command that can also print JSON: with `--json` it goes
+/// to stderr, so stdout is one JSON document.
+macro_rules! human {
+    ($json:expr, $($arg:tt)*) => {
+        if $json { eprintln!($($arg)*) } else { println!($($arg)*) }
+    };
+}
+
 fn main() {
     let cli = Cli::parse();
     let _log = baton::logging::init_file_logging(&baton::logging::default_log_dir()).ok();
@@ -565,12 +573,6 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         DirectionArg::SourceToTarget => vec![(&first, &second)],
         DirectionArg::TargetToSource => vec![(&second, &first)],
     };
-    // With --json the summaries go to stderr, so stdout is one JSON document.
-    macro_rules! summary {
-        ($($arg:tt)*) => {
-            if a.json { eprintln!($($arg)*) } else { println!($($arg)*) }
-        };
-    }
     let mut results = Vec::new();
     for (s, t) in pairs {
         let (art, mapper) = artifact::open_for(a.mapper_dir.as_deref(), s, t)?;
@@ -589,7 +591,7 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
             );
             let r = eval_text(s, t, &mapper, &windows, &opts)?;
             let m = TextEval::mean;
-            summary!(
+            human!(a.json,
                 "{direction} (k={}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | key-error concentration {:.2} | top-1 {:.3} (no prefix {:.3}) KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} | map {:.1} ms vs re-prefill {:.0} ms",
                 art.meta.k,
                 m(&r.r2_k), m(&r.r2_v), m(&r.cosine_prefix), m(&r.cosine_continuation),
@@ -633,7 +635,7 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
                 &mut |n| bar.set_position(n as u64),
             )?;
             bar.finish_and_clear();
-            summary!(
+            human!(a.json,
                 "{direction} {:<14} n={:<4} reference {:.3} [{:.3}, {:.3}]  mapped {:.3} [{:.3}, {:.3}]  floor ({}) {:.3}  retention {:.3} [{:.3}, {:.3}]  floor-normalised {:.3} [{:.3}, {:.3}]  same answer {:.3}",
                 r.task, r.items,
                 r.accuracy_reference.value, r.accuracy_reference.ci95[0], r.accuracy_reference.ci95[1],
@@ -907,12 +909,6 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
         suffix: a.suffix,
     };
     let mut out = Vec::new();
-    // With --json the table goes to stderr, so stdout is one JSON document.
-    macro_rules! table {
-        ($($arg:tt)*) => {
-            if a.json { eprintln!($($arg)*) } else { println!($($arg)*) }
-        };
-    }
     let mut plotted = Vec::new();
     for (s, t) in pairs {
         let (art, mapper) = artifact::open_for(a.mapper_dir.as_deref(), s, t)?;
@@ -920,7 +916,7 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
         let path = art.path.clone();
         let cost = mapper_cost(&mapper);
         let direction = format!("{} -> {}", s.identity.name, t.identity.name);
-        table!(
+        human!(a.json,
             "{direction} (k={}{}, {:?}): mapper {:.1} MFLOP/token, {:.1} MB of weights, {:.1} KB of features per token",
             art.meta.k,
             cost.rank.map(|r| format!(", rank {r}")).unwrap_or_default(),
@@ -929,14 +925,15 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
             cost.weight_bytes / 1e6,
             cost.activation_bytes_per_token / 1e3
         );
-        table!(
+        human!(a.json,
             "{:>7} {:>11} {:>11} {:>9} {:>8} {:>11} {:>9} {:>8} {:>9}  (median ms, [min–max] in --json)",
             "tokens", "src prefill", "re-prefill", "map", "speedup", "re-pf sfx", "map sfx", "speedup", "switch"
         );
         let mut points = Vec::new();
         for &n in &a.lengths {
             let p = bench_point(s, t, &mapper, n, &opts)?;
-            table!(
+            human!(
+                a.json,
                 "{:>7} {:>11.1} {:>11.1} {:>9.2} {:>7.1}x {:>11.1} {:>9.2} {:>7.1}x {:>9.1}",
                 p.tokens,
                 p.source_prefill.median_ms,
@@ -958,7 +955,8 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
             slope(&|p| p.map_full.median_ms),
             slope(&|p| p.reprefill_full.median_ms),
         );
-        table!(
+        human!(
+            a.json,
             "growth: map {:.4} ms/token ({:.1} GFLOP/s), re-prefill {:.4} ms/token",
             map_slope,
             cost.flops_per_token / (map_slope * 1e-3) / 1e9,

@@ -69,6 +69,7 @@ pub const DEFAULT_MAX_K: usize = 8;
 /// call (`--k-tolerance`).
 pub const K_TOLERANCE: f64 = 0.0;
 
+/// Options saved before the cap existed chose among every k.
 fn default_max_k() -> usize {
     usize::MAX
 }
@@ -183,10 +184,11 @@ pub struct CalibrationReport {
     /// Candidate k values not tried, and why.
     #[serde(default)]
     pub skipped_k: Vec<SkippedK>,
-    /// The k and λ chosen, and the best swept point when it lies above `max_k` (what a
-    /// larger, slower mapper would reach).
+    /// The cap on k the choice was made under (`None`: no cap below all layers).
     #[serde(default)]
     pub max_k: Option<usize>,
+    /// The best swept point above the cap, when it beats the one chosen: what a larger,
+    /// slower mapper would reach.
     #[serde(default)]
     pub best_above_max_k: Option<SweepPoint>,
     /// Per target layer, on the held-out windows, for the chosen k and λ.
@@ -298,8 +300,7 @@ fn heldout_cosine(
         let mapped = if anchor == 0 {
             mapper.map_cache(&s.cache, src.decoder.rope(), tgt.decoder.rope())?
         } else {
-            let mut c = t.cache.try_clone()?;
-            c.truncate(anchor);
+            let mut c = t.cache.try_clone_prefix(anchor)?;
             c.extend_with(&mapper.map_range(
                 &s.cache,
                 src.decoder.rope(),
@@ -493,8 +494,20 @@ pub fn calibrate(
         let scales = SourceScales::from_stats(sk, sv);
         let r2k = single_layer_r2(sk, &base)?;
         let r2v = single_layer_r2(sv, &base)?;
-        // Fit every target layer from its top-k source layers and score the map on the
-        // held-out windows as it will run.
+        // Score maps on the held-out windows as they will run.
+        let score = |keys: &[LayerMap], values: &[LayerMap]| -> Result<Vec<f64>, CalibrateError> {
+            let mapper = to_cache_mapper(src, tgt, keys, values, &scales)?;
+            heldout_cosine(
+                &mapper,
+                src,
+                tgt,
+                src_caps,
+                tgt_caps,
+                &probes,
+                opts.skip_first,
+            )
+        };
+        // Fit every target layer from its top-k source layers, and score the result.
         let fit_and_score = |k: usize, lambda: f64| -> Result<ScoredMaps, CalibrateError> {
             let ro = RidgeOptions { lambda, ..base };
             let (sel_k, sel_v) = (select_layers(&r2k, k), select_layers(&r2v, k));
@@ -504,16 +517,7 @@ pub fn calibrate(
             let values: Vec<LayerMap> = (0..lt)
                 .map(|j| ridge::fit_layer(sv, j, &sel_v[j], &ro))
                 .collect::<Result<_, _>>()?;
-            let mapper = to_cache_mapper(src, tgt, &keys, &values, &scales)?;
-            let cos = heldout_cosine(
-                &mapper,
-                src,
-                tgt,
-                src_caps,
-                tgt_caps,
-                &probes,
-                opts.skip_first,
-            )?;
+            let cos = score(&keys, &values)?;
             Ok((keys, values, cos))
         };
         let mut ks: Vec<usize> = opts.k_sweep.iter().map(|&k| k.min(ls)).collect();
@@ -652,16 +656,7 @@ pub fn calibrate(
                     };
                     let rk = reduce(sk, &keys)?;
                     let rv = reduce(sv, &values)?;
-                    let mapper = to_cache_mapper(src, tgt, &rk, &rv, &scales)?;
-                    let cos = heldout_cosine(
-                        &mapper,
-                        src,
-                        tgt,
-                        src_caps,
-                        tgt_caps,
-                        &probes,
-                        opts.skip_first,
-                    )?;
+                    let cos = score(&rk, &rv)?;
                     let mean = cos.iter().sum::<f64>() / cos.len().max(1) as f64;
                     let macs = rk
                         .iter()

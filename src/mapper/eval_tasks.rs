@@ -136,32 +136,38 @@ fn prepare(
 ) -> Result<Prepared, CalibrateError> {
     let suffix = &prefix[shared.len..];
     let mut reference = shared.target.try_clone()?;
-    let mut source = shared.source.try_clone()?;
-    let mut mapped = shared.mapped.try_clone()?;
     let t0 = Instant::now();
     if !suffix.is_empty() {
         tgt.decoder.forward(suffix, &mut reference, &no_logits())?;
     }
     let reprefill_seconds = t0.elapsed().as_secs_f64();
-    if !suffix.is_empty() {
-        src.decoder.forward(suffix, &mut source, &no_logits())?;
-    }
-    let t1 = Instant::now();
-    if !suffix.is_empty() {
-        let layers = mapper.map_range(
+    // Mapped up to `map_end`; the target reads the tail after it itself, so neither the
+    // source nor the mapper works on it.
+    let map_end = if tail > 0 {
+        prefix.len().saturating_sub(tail).max(anchor)
+    } else {
+        prefix.len()
+    };
+    let (mut mapped, t1) = if map_end <= shared.len {
+        (shared.mapped.try_clone_prefix(map_end)?, Instant::now())
+    } else {
+        let mut source = shared.source.try_clone()?;
+        src.decoder
+            .forward(&prefix[shared.len..map_end], &mut source, &no_logits())?;
+        let t1 = Instant::now();
+        let mut mapped = shared.mapped.try_clone()?;
+        mapped.extend_with(&mapper.map_range(
             &source,
             src.decoder.rope(),
             tgt.decoder.rope(),
             shared.len,
-            prefix.len(),
-        )?;
-        mapped.extend_with(&layers)?;
-    }
-    if tail > 0 {
-        let from = prefix.len().saturating_sub(tail).max(anchor);
-        mapped.truncate(from);
+            map_end,
+        )?)?;
+        (mapped, t1)
+    };
+    if map_end < prefix.len() {
         tgt.decoder
-            .forward(&prefix[from..], &mut mapped, &no_logits())?;
+            .forward(&prefix[map_end..], &mut mapped, &no_logits())?;
     }
     Ok(Prepared {
         reference,
@@ -196,8 +202,8 @@ fn build_shared(
         if anchor == 0 {
             mapped = mapper.map_cache(&source, src.decoder.rope(), tgt.decoder.rope())?;
         } else {
-            tgt.decoder
-                .forward(&ids[..anchor], &mut mapped, &no_logits())?;
+            // The target's own cache of the anchor is already in `target`.
+            mapped = target.try_clone_prefix(anchor)?;
             mapped.extend_with(&mapper.map_range(
                 &source,
                 src.decoder.rope(),

@@ -97,9 +97,15 @@ impl KvCache {
 
     /// Contiguous copies of every layer, positions `0..len`.
     pub fn export(&self) -> Result<Vec<LayerKv>> {
+        self.export_prefix(self.len)
+    }
+
+    /// Contiguous copies of every layer, positions `0..len` (at most the cache's own).
+    fn export_prefix(&self, len: usize) -> Result<Vec<LayerKv>> {
+        let len = len.min(self.len);
         (0..self.shape.n_layer)
             .map(|l| {
-                let kv = self.layer(l)?;
+                let kv = self.layer_range(l, 0, len)?;
                 Ok(LayerKv {
                     k: kv.k.contiguous()?,
                     v: kv.v.contiguous()?,
@@ -203,12 +209,23 @@ impl KvCache {
 
     /// A deep copy: the two caches can then be extended independently.
     pub fn try_clone(&self) -> Result<Self> {
-        if self.len == 0 {
-            // Nothing allocated yet: there is nothing to export.
+        self.try_clone_prefix(self.len)
+    }
+
+    /// A deep copy of positions `0..len` only (e.g. the model's own cache of an anchor),
+    /// without copying the rest.
+    pub fn try_clone_prefix(&self, len: usize) -> Result<Self> {
+        let len = len.min(self.len);
+        if len == 0 {
+            // Nothing allocated yet, or nothing wanted: there is nothing to export.
             return Ok(Self::new(self.shape, self.dtype, &self.device));
         }
-        let layers = self.export()?;
-        Self::import(self.shape, layers, self.dtype, &self.device)
+        Self::import(
+            self.shape,
+            self.export_prefix(len)?,
+            self.dtype,
+            &self.device,
+        )
     }
 
     /// Layer `l`'s keys and values as the raw f32 CPU buffers they live in (each
@@ -320,6 +337,23 @@ mod tests {
         let head = out[1].k.narrow(1, 0, 300)?;
         let diff = (head - &first[1].k)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert_eq!(diff, 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_prefix_clone_holds_only_the_first_positions() -> Result<()> {
+        let c = KvCache::import(shape(), chunk(10, 1.0)?, DType::F32, &Device::Cpu)?;
+        let p = c.try_clone_prefix(4)?;
+        assert_eq!(p.len(), 4);
+        for l in 0..2 {
+            let want = c.layer_range(l, 0, 4)?;
+            let got = p.layer(l)?;
+            let dk = (got.k - want.k)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let dv = (got.v - want.v)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert_eq!((dk, dv), (0.0, 0.0));
+        }
+        assert_eq!(c.try_clone_prefix(99)?.len(), 10);
+        assert!(c.try_clone_prefix(0)?.is_empty());
         Ok(())
     }
 
