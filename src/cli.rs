@@ -254,6 +254,14 @@ pub enum DirectionArg {
     TargetToSource,
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum SelectByArg {
+    /// Held-out attention-output cosine, mean over target layers.
+    Cosine,
+    /// Held-out next-token top-1 agreement on the windows' last quarter.
+    Agreement,
+}
+
 #[derive(Debug, Args)]
 pub struct CalibrateArgs {
     #[arg(long, default_value = "qwen2.5-coder-0.5b")]
@@ -282,7 +290,7 @@ pub struct CalibrateArgs {
     /// first N positions: a mapper for use behind `--anchor N` (the workbench anchors 1).
     #[arg(long, default_value_t = 0)]
     pub skip_first: usize,
-    /// Held-out windows used to choose k and lambda by attention-output cosine.
+    /// Held-out windows used to choose k and lambda.
     #[arg(long, default_value_t = 8)]
     pub select_sequences: usize,
     /// Candidate k values (source layers per target layer); `all` for every layer.
@@ -297,8 +305,13 @@ pub struct CalibrateArgs {
     /// time.
     #[arg(long, default_value = "8")]
     pub max_k: String,
-    /// Held-out cosine a smaller (faster) k may give up against the best and still be
-    /// chosen (e.g. 0.01; default none).
+    /// What chooses k and λ on the held-out windows: the attention-output cosine, or the
+    /// next-token top-1 agreement of the target continuing from the mapped prefix (both
+    /// are always measured and reported).
+    #[arg(long, value_enum, default_value = "cosine")]
+    pub select_by: SelectByArg,
+    /// Held-out score (in the `--select-by` measure) a smaller, faster k may give up
+    /// against the best and still be chosen (e.g. 0.01; default none).
     #[arg(long, default_value_t = 0.0)]
     pub k_tolerance: f64,
     /// Fit on raw instead of standardised features.

@@ -385,6 +385,10 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
                 .with_context(|| format!("--max-k takes a number or `all`, got `{m}`"))?,
         },
         k_tolerance: a.k_tolerance,
+        select_by: match a.select_by {
+            cli::SelectByArg::Cosine => baton::mapper::calibrate::SelectBy::Cosine,
+            cli::SelectByArg::Agreement => baton::mapper::calibrate::SelectBy::Agreement,
+        },
         standardize: !a.no_standardize,
         rank: match a.rank.as_deref() {
             None => None,

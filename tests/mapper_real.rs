@@ -3,7 +3,7 @@
 
 mod common;
 
-use baton::mapper::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress};
+use baton::mapper::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::mapper::corpus::{self, Split};
 use baton::mapper::eval_text::{eval_text, TextEval, TextEvalOptions};
 use baton::model::Model;
@@ -30,6 +30,7 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         standardize: true,
         skip_first: 0,
         rank: None,
+        select_by: SelectBy::Cosine,
     };
     let fitted = calibrate(
         &src,

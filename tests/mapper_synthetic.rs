@@ -8,7 +8,7 @@ mod common;
 
 use baton::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
 use baton::mapper::calibrate::{
-    calibrate, CalibrateError, CalibrateOptions, Direction, Fitted, NoProgress,
+    calibrate, CalibrateError, CalibrateOptions, Direction, Fitted, NoProgress, SelectBy,
 };
 use baton::mapper::corpus::Document;
 use baton::model::{LoadOptions, Model, ResolvedModel};
@@ -58,6 +58,7 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
         standardize: true,
         skip_first: 0,
         rank: None,
+        select_by: SelectBy::Cosine,
     }
 }
 
@@ -124,6 +125,49 @@ fn mapping_a_model_to_itself_with_all_layers_is_near_exact() {
         r.r2_v
     );
     assert!(r.cosine.iter().all(|&c| c > 0.999), "{:?}", r.cosine);
+    // The target continues from the mapped prefix as from its own.
+    let agreement = r.agreement.expect("held-out agreement is measured");
+    assert!(agreement.positions > 0);
+    assert!(agreement.top1 > 0.99, "{agreement:?}");
+    assert!(agreement.kl < 1e-3, "{agreement:?}");
+}
+
+#[test]
+fn selecting_by_agreement_chooses_the_point_the_continuations_prefer() {
+    let (_dir, tiny, a, b) = two_unrelated_models();
+    let fit = |select_by: SelectBy| {
+        let o = CalibrateOptions {
+            select_by,
+            ..opts(vec![1, 2, usize::MAX])
+        };
+        forward(&a, &b, &tiny, &o).unwrap()
+    };
+    let f = fit(SelectBy::Agreement);
+    let r = &f.report;
+    eprintln!("{:?}", r.sweep);
+    let top1 = |p: &baton::mapper::calibrate::SweepPoint| p.agreement.unwrap().top1;
+    let best = r
+        .sweep
+        .iter()
+        .max_by(|x, y| top1(x).total_cmp(&top1(y)))
+        .unwrap();
+    let chosen = r.sweep.iter().find(|p| p.k == f.k).unwrap();
+    assert_eq!(top1(chosen), top1(best), "{:?}", r.sweep);
+    assert_eq!(r.agreement, chosen.agreement);
+    // Unrelated models: the mapped continuations do disagree somewhere.
+    assert!(r.sweep.iter().all(|p| top1(p) < 1.0), "{:?}", r.sweep);
+    // By cosine the same sweep is scored alike and the cosine's best is chosen.
+    let c = fit(SelectBy::Cosine);
+    let best_cos = c
+        .report
+        .sweep
+        .iter()
+        .max_by(|x, y| x.cosine.total_cmp(&y.cosine))
+        .unwrap();
+    assert_eq!(c.k, best_cos.k);
+    for (x, y) in c.report.sweep.iter().zip(&r.sweep) {
+        assert_eq!(x.agreement, y.agreement);
+    }
 }
 
 #[test]

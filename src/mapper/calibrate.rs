@@ -10,7 +10,7 @@ use super::ridge::{self, LayerMap, RidgeOptions};
 use super::select::{select_layers, single_layer_r2};
 use super::stats::PairStats;
 use super::MapperError;
-use crate::metrics::attention_output_cosine;
+use crate::metrics::{self, attention_output_cosine, NextTokenAgreement};
 use crate::model::{ForwardOptions, KvCache, Logits, Model, ModelError, ModelIdentity};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -48,6 +48,9 @@ pub struct CalibrateOptions {
     /// Fit a reduced (low-rank) mapper after the full one; `None` keeps the full one.
     #[serde(default)]
     pub rank: Option<RankChoice>,
+    /// The held-out number k and λ are chosen by.
+    #[serde(default)]
+    pub select_by: SelectBy,
 }
 
 /// How the reduced mapper's rank is chosen.
@@ -86,6 +89,8 @@ pub struct RankPoint {
     pub rank: usize,
     /// Held-out attention-output cosine, mean over target layers.
     pub cosine: f64,
+    #[serde(default)]
+    pub agreement: Option<NextTokenAgreement>,
     /// Multiply-adds per mapped token, all target layers, K and V.
     pub macs_per_token: usize,
 }
@@ -111,6 +116,7 @@ impl Default for CalibrateOptions {
             standardize: true,
             skip_first: 0,
             rank: None,
+            select_by: SelectBy::Cosine,
         }
     }
 }
@@ -161,6 +167,39 @@ pub struct SweepPoint {
     pub cosine: f64,
     pub r2_k: f64,
     pub r2_v: f64,
+    /// Held-out next-token agreement of the target continuing from the mapped prefix
+    /// (absent in artifacts from before it was measured).
+    #[serde(default)]
+    pub agreement: Option<NextTokenAgreement>,
+}
+
+impl SweepPoint {
+    /// The number the choice of k and λ maximises.
+    pub fn merit(&self, by: SelectBy) -> f64 {
+        match by {
+            SelectBy::Cosine => self.cosine,
+            SelectBy::Agreement => self.agreement.map_or(f64::NEG_INFINITY, |a| a.top1),
+        }
+    }
+}
+
+/// What held-out number chooses k and λ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum SelectBy {
+    /// Attention-output cosine, mean over target layers.
+    #[default]
+    Cosine,
+    /// Next-token top-1 agreement on the windows' continuations.
+    Agreement,
+}
+
+impl SelectBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            SelectBy::Cosine => "attention cosine",
+            SelectBy::Agreement => "top-1 agreement",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -195,6 +234,9 @@ pub struct CalibrationReport {
     pub r2_k: Vec<f64>,
     pub r2_v: Vec<f64>,
     pub cosine: Vec<f64>,
+    /// Held-out next-token agreement of the chosen mapper.
+    #[serde(default)]
+    pub agreement: Option<NextTokenAgreement>,
     /// Single-layer R² used for ranking, [target layer][source layer].
     pub single_layer_r2_k: Vec<Vec<f64>>,
     pub single_layer_r2_v: Vec<Vec<f64>>,
@@ -244,8 +286,12 @@ pub enum CalibrateError {
     Options(String),
 }
 
-/// Key maps, value maps, and the held-out attention cosine per target layer.
-type ScoredMaps = (Vec<LayerMap>, Vec<LayerMap>, Vec<f64>);
+/// Key maps, value maps, and how they do on the held-out windows.
+type ScoredMaps = (Vec<LayerMap>, Vec<LayerMap>, HeldOut);
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
 
 struct Captured {
     cache: KvCache,
@@ -281,20 +327,60 @@ pub fn probe_positions(len: usize, count: usize) -> Vec<usize> {
     (0..count).map(|i| lo + i * span / count).collect()
 }
 
-/// Map each held-out window with `mapper` and score it against the true target cache.
-/// Returns the per-target-layer mean cosine.
-fn heldout_cosine(
+/// Where a held-out window splits into the mapped prefix and the continuation the target
+/// reads on top of it: three quarters in, as eval's 384 + 128 tokens of a 512 window.
+pub fn continuation_start(seq_len: usize) -> usize {
+    seq_len * 3 / 4
+}
+
+/// The target's logits over the continuation of one held-out window, read on top of
+/// `cache` cut to the prefix.
+fn continuation_logits(
+    tgt: &Model,
+    cache: &KvCache,
+    window: &[u32],
+) -> Result<Tensor, CalibrateError> {
+    let start = continuation_start(window.len());
+    let mut c = cache.try_clone_prefix(start)?;
+    let out = tgt.decoder.forward(
+        &window[start..],
+        &mut c,
+        &ForwardOptions {
+            logits: Logits::All,
+            probe_positions: vec![],
+        },
+    )?;
+    out.logits
+        .ok_or_else(|| CalibrateError::Options("no logits for the continuation".into()))
+}
+
+/// How a map does on the held-out windows.
+struct HeldOut {
+    /// Attention-output cosine per target layer, mean over windows.
+    cosine: Vec<f64>,
+    /// Next-token agreement of the target continuing from the mapped prefix with the
+    /// target continuing from its own, over every window's continuation.
+    agreement: NextTokenAgreement,
+}
+
+/// Map each held-out window with `mapper` and score it against the true target cache:
+/// attention cosine at the probes, and next-token agreement on the continuation.
+#[allow(clippy::too_many_arguments)]
+fn heldout_scores(
     mapper: &CacheMapper,
     src: &Model,
     tgt: &Model,
+    windows: &[Vec<u32>],
     src_caps: &[Captured],
     tgt_caps: &[Captured],
+    true_logits: &[Tensor],
     probes: &[usize],
     anchor: usize,
-) -> Result<Vec<f64>, CalibrateError> {
+) -> Result<HeldOut, CalibrateError> {
     let l_t = tgt.config().n_layer;
     let mut per_layer = vec![0f64; l_t];
-    for (s, t) in src_caps.iter().zip(tgt_caps) {
+    let (mut top1, mut kl, mut positions) = (0.0, 0.0, 0);
+    for (((s, t), w), truth) in src_caps.iter().zip(tgt_caps).zip(windows).zip(true_logits) {
         // A mapper fitted without the first positions is used behind an anchor: the
         // target's own cache of them, as the workbench and eval hold it.
         let mapped = if anchor == 0 {
@@ -315,9 +401,21 @@ fn heldout_cosine(
             let mp = mapped.layer(l)?;
             *slot += attention_output_cosine(&t.queries[l], probes, &tr.k, &tr.v, &mp.k, &mp.v)?;
         }
+        let a = metrics::logits::agreement(truth, &continuation_logits(tgt, &mapped, w)?)?;
+        top1 += a.top1 * a.positions as f64;
+        kl += a.kl * a.positions as f64;
+        positions += a.positions;
     }
     let n = src_caps.len().max(1) as f64;
-    Ok(per_layer.into_iter().map(|c| c / n).collect())
+    let p = positions.max(1) as f64;
+    Ok(HeldOut {
+        cosine: per_layer.into_iter().map(|c| c / n).collect(),
+        agreement: NextTokenAgreement {
+            top1: top1 / p,
+            kl: kl / p,
+            positions,
+        },
+    })
 }
 
 fn to_cache_mapper(
@@ -494,15 +592,23 @@ pub fn calibrate(
         let scales = SourceScales::from_stats(sk, sv);
         let r2k = single_layer_r2(sk, &base)?;
         let r2v = single_layer_r2(sv, &base)?;
+        // The target's own continuations of the held-out windows, once per direction.
+        let true_logits: Vec<Tensor> = tgt_caps
+            .iter()
+            .zip(&sel_windows)
+            .map(|(t, w)| continuation_logits(tgt, &t.cache, w))
+            .collect::<Result<_, _>>()?;
         // Score maps on the held-out windows as they will run.
-        let score = |keys: &[LayerMap], values: &[LayerMap]| -> Result<Vec<f64>, CalibrateError> {
+        let score = |keys: &[LayerMap], values: &[LayerMap]| -> Result<HeldOut, CalibrateError> {
             let mapper = to_cache_mapper(src, tgt, keys, values, &scales)?;
-            heldout_cosine(
+            heldout_scores(
                 &mapper,
                 src,
                 tgt,
+                &sel_windows,
                 src_caps,
                 tgt_caps,
+                &true_logits,
                 &probes,
                 opts.skip_first,
             )
@@ -517,8 +623,8 @@ pub fn calibrate(
             let values: Vec<LayerMap> = (0..lt)
                 .map(|j| ridge::fit_layer(sv, j, &sel_v[j], &ro))
                 .collect::<Result<_, _>>()?;
-            let cos = score(&keys, &values)?;
-            Ok((keys, values, cos))
+            let held = score(&keys, &values)?;
+            Ok((keys, values, held))
         };
         let mut ks: Vec<usize> = opts.k_sweep.iter().map(|&k| k.min(ls)).collect();
         ks.sort_unstable();
@@ -552,14 +658,14 @@ pub fn calibrate(
             &format!("sweep {} -> {}", src.identity.name, tgt.identity.name),
             total,
         );
-        let mut sweep = Vec::new();
-        #[allow(clippy::type_complexity)]
-        let mut best: Option<(f64, usize, f64, Vec<LayerMap>, Vec<LayerMap>, Vec<f64>)> = None;
+        let mut sweep: Vec<SweepPoint> = Vec::new();
+        // (merit, k, λ, maps and their held-out scores) of the best allowed point.
+        let mut best: Option<(f64, usize, f64, ScoredMaps)> = None;
         for &k in &ks {
             check_cancel()?;
             for &lambda in &opts.lambdas {
-                let (keys, values, cos) = fit_and_score(k, lambda)?;
-                let mean_cos = cos.iter().sum::<f64>() / cos.len() as f64;
+                let scored = fit_and_score(k, lambda)?;
+                let (keys, values, held) = &scored;
                 let mean_r2 = |st: &PairStats, maps: &[LayerMap]| -> Result<f64, CalibrateError> {
                     let mut s = 0.0;
                     for (j, m) in maps.iter().enumerate() {
@@ -570,62 +676,72 @@ pub fn calibrate(
                 let point = SweepPoint {
                     k,
                     lambda,
-                    cosine: mean_cos,
-                    r2_k: mean_r2(&hk, &keys)?,
-                    r2_v: mean_r2(&hv, &values)?,
+                    cosine: mean(&held.cosine),
+                    r2_k: mean_r2(&hk, keys)?,
+                    r2_v: mean_r2(&hv, values)?,
+                    agreement: Some(held.agreement),
                 };
                 tracing::info!(?point, "sweep point");
                 progress.note(&format!(
-                    "k={k:<3} λ={lambda:<8} held-out cosine {:.4}  R² K {:.3} V {:.3}",
-                    point.cosine, point.r2_k, point.r2_v
+                    "k={k:<3} λ={lambda:<8} held-out cosine {:.4}  top-1 {:.4}  KL {:.3}  R² K {:.3} V {:.3}",
+                    point.cosine, held.agreement.top1, held.agreement.kl, point.r2_k, point.r2_v
                 ));
+                let merit = point.merit(opts.select_by);
                 sweep.push(point);
                 let allowed = k <= opts.max_k || k == ks[0];
-                if allowed && best.as_ref().is_none_or(|b| mean_cos > b.0) {
-                    best = Some((mean_cos, k, lambda, keys, values, cos));
+                if allowed && best.as_ref().is_none_or(|b| merit > b.0) {
+                    best = Some((merit, k, lambda, scored));
                 }
                 progress.advance(1);
             }
         }
-        let Some((mut full_mean, mut k, mut lambda, mut keys, mut values, mut cosine)) = best
+        let Some((mut best_merit, mut k, mut lambda, (mut keys, mut values, mut held))) = best
         else {
             return Err(CalibrateError::Options("empty k sweep".into()));
         };
+        let by = opts.select_by;
         let best_above_max_k = sweep
             .iter()
-            .filter(|p| p.k > k && p.k > opts.max_k && p.cosine > full_mean)
-            .max_by(|a, b| a.cosine.total_cmp(&b.cosine))
+            .filter(|p| p.k > k && p.k > opts.max_k && p.merit(by) > best_merit)
+            .max_by(|a, b| a.merit(by).total_cmp(&b.merit(by)))
             .cloned();
         // The cheapest point close enough to the best allowed one: a larger k must buy
         // more than the tolerance to be worth its map time.
         if let Some(cheaper) = sweep
             .iter()
-            .filter(|p| p.k < k && p.cosine >= full_mean - opts.k_tolerance)
-            .min_by(|a, b| a.k.cmp(&b.k).then(b.cosine.total_cmp(&a.cosine)))
+            .filter(|p| p.k < k && p.merit(by) >= best_merit - opts.k_tolerance)
+            .min_by(|a, b| a.k.cmp(&b.k).then(b.merit(by).total_cmp(&a.merit(by))))
             .cloned()
         {
             progress.note(&format!(
-                "k={} λ={} chosen over k={k} λ={lambda}: held-out cosine {:.4} against {:.4}, \
+                "k={} λ={} chosen over k={k} λ={lambda}: held-out {} {:.4} against {:.4}, \
                  within {} at less map time",
-                cheaper.k, cheaper.lambda, cheaper.cosine, full_mean, opts.k_tolerance
+                cheaper.k,
+                cheaper.lambda,
+                by.name(),
+                cheaper.merit(by),
+                best_merit,
+                opts.k_tolerance
             ));
-            (keys, values, cosine) = fit_and_score(cheaper.k, cheaper.lambda)?;
-            (full_mean, k, lambda) = (cheaper.cosine, cheaper.k, cheaper.lambda);
+            (keys, values, held) = fit_and_score(cheaper.k, cheaper.lambda)?;
+            (best_merit, k, lambda) = (cheaper.merit(by), cheaper.k, cheaper.lambda);
         }
         if let Some(p) = &best_above_max_k {
             progress.note(&format!(
-                "k={} λ={} would reach a held-out cosine of {:.4} (+{:.4}) at {:.1}x the map's \
+                "k={} λ={} would reach a held-out {} of {:.4} (+{:.4}) at {:.1}x the map's \
                  work; calibrate with --max-k {} to choose it",
                 p.k,
                 p.lambda,
-                p.cosine,
-                p.cosine - full_mean,
+                by.name(),
+                p.merit(by),
+                p.merit(by) - best_merit,
                 p.k as f64 / k as f64,
                 p.k
             ));
         }
-        let (keys, values, cosine, rank_sweep) = match opts.rank {
-            None => (keys, values, cosine, Vec::new()),
+        let full_mean = mean(&held.cosine);
+        let (keys, values, held, rank_sweep) = match opts.rank {
+            None => (keys, values, held, Vec::new()),
             Some(choice) => {
                 let dt = tgt.config().kv_width();
                 let ranks: Vec<usize> = match choice {
@@ -656,40 +772,43 @@ pub fn calibrate(
                     };
                     let rk = reduce(sk, &keys)?;
                     let rv = reduce(sv, &values)?;
-                    let cos = score(&rk, &rv)?;
-                    let mean = cos.iter().sum::<f64>() / cos.len().max(1) as f64;
+                    let held_r = score(&rk, &rv)?;
+                    let cos_mean = mean(&held_r.cosine);
                     let macs = rk
                         .iter()
                         .chain(&rv)
                         .filter_map(|m| m.factors.as_ref().map(|f| f.macs()))
                         .sum();
                     progress.note(&format!(
-                        "rank {r:<4} held-out cosine {mean:.4} (full {full_mean:.4}), {:.1} MFLOP/token",
+                        "rank {r:<4} held-out cosine {cos_mean:.4} (full {full_mean:.4}), top-1 {:.4}, \
+                         {:.1} MFLOP/token",
+                        held_r.agreement.top1,
                         2.0 * macs as f64 / 1e6
                     ));
                     sweep.push(RankPoint {
                         rank: r,
-                        cosine: mean,
+                        cosine: cos_mean,
+                        agreement: Some(held_r.agreement),
                         macs_per_token: macs,
                     });
                     progress.advance(1);
                     let good = match choice {
                         RankChoice::Fixed(_) => true,
-                        RankChoice::Auto => mean >= full_mean - RANK_TOLERANCE,
+                        RankChoice::Auto => cos_mean >= full_mean - RANK_TOLERANCE,
                     };
                     if good {
-                        chosen = Some((rk, rv, cos));
+                        chosen = Some((rk, rv, held_r));
                         break;
                     }
                 }
                 match chosen {
-                    Some((rk, rv, cos)) => (rk, rv, cos, sweep),
+                    Some((rk, rv, held_r)) => (rk, rv, held_r, sweep),
                     None => {
                         progress.note(&format!(
                             "no rank in {ranks:?} comes within {RANK_TOLERANCE} of the full \
                              mapper's cosine: keeping the full mapper"
                         ));
-                        (keys, values, cosine, sweep)
+                        (keys, values, held, sweep)
                     }
                 }
             }
@@ -726,7 +845,8 @@ pub fn calibrate(
                 best_above_max_k,
                 r2_k,
                 r2_v,
-                cosine,
+                cosine: held.cosine,
+                agreement: Some(held.agreement),
                 single_layer_r2_k: r2k,
                 single_layer_r2_v: r2v,
                 capture_seconds,
