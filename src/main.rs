@@ -959,13 +959,16 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
             slope(&|p| p.map_full.median_ms),
             slope(&|p| p.reprefill_full.median_ms),
         );
-        human!(
-            a.json,
-            "growth: map {:.4} ms/token ({:.1} GFLOP/s), re-prefill {:.4} ms/token",
-            map_slope,
-            cost.flops_per_token / (map_slope * 1e-3) / 1e9,
-            pre_slope
-        );
+        // A slope needs two lengths; with one the JSON carries null.
+        if points.len() >= 2 {
+            human!(
+                a.json,
+                "growth: map {:.4} ms/token ({:.1} GFLOP/s), re-prefill {:.4} ms/token",
+                map_slope,
+                cost.flops_per_token / (map_slope * 1e-3) / 1e9,
+                pre_slope
+            );
+        }
         out.push(serde_json::json!({
             "direction": direction,
             "mapper": path,
