@@ -84,31 +84,36 @@ fn run(a: &Model, b: &Model, k: Vec<usize>, tiny: &Tiny) -> Fitted {
     forward(a, b, tiny, &opts(k)).unwrap()
 }
 
-/// Two tiny models of one shape with different weights: no source layer explains a
-/// target layer exactly.
-fn two_unrelated_models() -> (tempfile::TempDir, Tiny, Model, Model) {
+/// Two tiny models of `tiny`'s shape with these weights, written and loaded as `a` and
+/// `b` (the directory must outlive them).
+fn model_pair(
+    tiny: &Tiny,
+    a: &HashMap<String, Tensor>,
+    b: &HashMap<String, Tensor>,
+) -> (tempfile::TempDir, Model, Model) {
     let dir = tempfile::tempdir().unwrap();
-    let tiny = Tiny::new("llama");
-    write_model(&tiny, &dir.path().join("a"), &tiny.weights(3));
-    write_model(&tiny, &dir.path().join("b"), &tiny.weights(4));
+    write_model(tiny, &dir.path().join("a"), a);
+    write_model(tiny, &dir.path().join("b"), b);
     let (a, b) = (
         load(&dir.path().join("a"), "a"),
         load(&dir.path().join("b"), "b"),
     );
+    (dir, a, b)
+}
+
+/// Two tiny models of one shape with different weights: no source layer explains a
+/// target layer exactly.
+fn two_unrelated_models() -> (tempfile::TempDir, Tiny, Model, Model) {
+    let tiny = Tiny::new("llama");
+    let (dir, a, b) = model_pair(&tiny, &tiny.weights(3), &tiny.weights(4));
     (dir, tiny, a, b)
 }
 
 /// One tiny model written and loaded twice, as a source and a target.
 fn same_model_twice() -> (tempfile::TempDir, Tiny, Model, Model) {
-    let dir = tempfile::tempdir().unwrap();
     let tiny = Tiny::new("llama");
     let w = tiny.weights(3);
-    write_model(&tiny, &dir.path().join("a"), &w);
-    write_model(&tiny, &dir.path().join("b"), &w);
-    let (a, b) = (
-        load(&dir.path().join("a"), "a"),
-        load(&dir.path().join("b"), "b"),
-    );
+    let (dir, a, b) = model_pair(&tiny, &w, &w);
     (dir, tiny, a, b)
 }
 
@@ -242,7 +247,6 @@ fn a_known_linear_relation_between_caches_is_recovered() {
     // 1/c_l, which commutes with RoPE), values of each KV head multiplied by an invertible
     // matrix M (undone in the output projection). It computes the same function, and its
     // cache is exactly K_t = c_l K_s, V_t = M V_s per layer.
-    let dir = tempfile::tempdir().unwrap();
     let tiny = Tiny::new("llama");
     let src_w = tiny.weights(5);
     let mut tgt_w = src_w.clone();
@@ -284,12 +288,7 @@ fn a_known_linear_relation_between_caches_is_recovered() {
             .collect();
         tgt_w.insert(format!("{p}.o_proj.weight"), Tensor::cat(&cols, 1).unwrap());
     }
-    write_model(&tiny, &dir.path().join("s"), &src_w);
-    write_model(&tiny, &dir.path().join("t"), &tgt_w);
-    let (s, t) = (
-        load(&dir.path().join("s"), "s"),
-        load(&dir.path().join("t"), "t"),
-    );
+    let (_dir, s, t) = model_pair(&tiny, &src_w, &tgt_w);
     let f = run(&s, &t, vec![1], &tiny);
     let r = &f.report;
     eprintln!("R² K {:?} V {:?} cosine {:?}", r.r2_k, r.r2_v, r.cosine);
@@ -358,14 +357,8 @@ fn invert(a: &[Vec<f32>]) -> Vec<Vec<f32>> {
 
 #[test]
 fn artifact_round_trips_and_refuses_other_models() {
-    let dir = tempfile::tempdir().unwrap();
     let tiny = Tiny::new("qwen2");
-    write_model(&tiny, &dir.path().join("a"), &tiny.weights(1));
-    write_model(&tiny, &dir.path().join("b"), &tiny.weights(2));
-    let (a, b) = (
-        load(&dir.path().join("a"), "a"),
-        load(&dir.path().join("b"), "b"),
-    );
+    let (dir, a, b) = model_pair(&tiny, &tiny.weights(1), &tiny.weights(2));
     let f = run(&a, &b, vec![1, 2], &tiny);
     let (sr, tr) = (
         ModelRef::new(&a.identity, a.config()),
@@ -430,14 +423,8 @@ fn artifact_round_trips_and_refuses_other_models() {
 
 #[test]
 fn a_cancelled_calibration_returns_cancelled() {
-    let dir = tempfile::tempdir().unwrap();
     let tiny = Tiny::new("qwen3");
-    write_model(&tiny, &dir.path().join("a"), &tiny.weights(1));
-    write_model(&tiny, &dir.path().join("b"), &tiny.weights(2));
-    let (a, b) = (
-        load(&dir.path().join("a"), "a"),
-        load(&dir.path().join("b"), "b"),
-    );
+    let (_dir, a, b) = model_pair(&tiny, &tiny.weights(1), &tiny.weights(2));
     let e = calibrate(
         &a,
         &b,

@@ -334,17 +334,17 @@ pub fn continuation_start(seq_len: usize) -> usize {
 }
 
 /// The target's logits over the continuation of one held-out window, read on top of
-/// `cache` cut to the prefix.
+/// `cache` cut to the prefix (truncating is free; the cache then holds the window again).
 fn continuation_logits(
     tgt: &Model,
-    cache: &KvCache,
+    cache: &mut KvCache,
     window: &[u32],
 ) -> Result<Tensor, CalibrateError> {
     let start = continuation_start(window.len());
-    let mut c = cache.try_clone_prefix(start)?;
+    cache.truncate(start);
     let out = tgt.decoder.forward(
         &window[start..],
-        &mut c,
+        cache,
         &ForwardOptions {
             logits: Logits::All,
             probe_positions: vec![],
@@ -383,7 +383,7 @@ fn heldout_scores(
     for (((s, t), w), truth) in src_caps.iter().zip(tgt_caps).zip(windows).zip(true_logits) {
         // A mapper fitted without the first positions is used behind an anchor: the
         // target's own cache of them, as the workbench and eval hold it.
-        let mapped = if anchor == 0 {
+        let mut mapped = if anchor == 0 {
             mapper.map_cache(&s.cache, src.decoder.rope(), tgt.decoder.rope())?
         } else {
             let mut c = t.cache.try_clone_prefix(anchor)?;
@@ -401,7 +401,8 @@ fn heldout_scores(
             let mp = mapped.layer(l)?;
             *slot += attention_output_cosine(&t.queries[l], probes, &tr.k, &tr.v, &mp.k, &mp.v)?;
         }
-        let a = metrics::logits::agreement(truth, &continuation_logits(tgt, &mapped, w)?)?;
+        // The mapped cache is not needed after this, so it is cut in place, not copied.
+        let a = metrics::logits::agreement(truth, &continuation_logits(tgt, &mut mapped, w)?)?;
         top1 += a.top1 * a.positions as f64;
         kl += a.kl * a.positions as f64;
         positions += a.positions;
@@ -596,7 +597,10 @@ pub fn calibrate(
         let true_logits: Vec<Tensor> = tgt_caps
             .iter()
             .zip(&sel_windows)
-            .map(|(t, w)| continuation_logits(tgt, &t.cache, w))
+            .map(|(t, w)| {
+                let mut own = t.cache.try_clone_prefix(continuation_start(w.len()))?;
+                continuation_logits(tgt, &mut own, w)
+            })
             .collect::<Result<_, _>>()?;
         // Score maps on the held-out windows as they will run.
         let score = |keys: &[LayerMap], values: &[LayerMap]| -> Result<HeldOut, CalibrateError> {
@@ -723,6 +727,8 @@ pub fn calibrate(
                 best_merit,
                 opts.k_tolerance
             ));
+            // Fitted again rather than kept from the sweep: holding every point's maps
+            // would cost hundreds of MB for a choice only a tolerance makes.
             (keys, values, held) = fit_and_score(cheaper.k, cheaper.lambda)?;
             (best_merit, k, lambda) = (cheaper.merit(by), cheaper.k, cheaper.lambda);
         }
