@@ -2,12 +2,16 @@
 //! mapping the source model's KV cache into the target's, and measure what that costs and
 //! how faithful it is.
 
+pub mod bench;
+pub mod data;
 pub mod engine;
+pub mod eval;
 pub mod fetch;
 pub mod logging;
 pub mod mapper;
 pub mod metrics;
 pub mod model;
+pub mod plot;
 pub mod protocol;
 pub mod session;
 pub mod text;

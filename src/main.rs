@@ -280,7 +280,7 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
             a.prompt_len, a.decode_len, a.repeats
         );
         let rows =
-            model::bench::bench_model(&resolved.path, a.prompt_len, a.decode_len, a.repeats)?;
+            baton::bench::decoder::bench_model(&resolved.path, a.prompt_len, a.decode_len, a.repeats)?;
         for r in &rows {
             if !a.json {
                 println!(
@@ -290,8 +290,8 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
             }
         }
         if let (Some(ours), Some(peer)) = (
-            rows.iter().find(|r| r.engine == model::bench::BATON),
-            rows.iter().find(|r| r.engine != model::bench::BATON),
+            rows.iter().find(|r| r.engine == baton::bench::decoder::BATON),
+            rows.iter().find(|r| r.engine != baton::bench::decoder::BATON),
         ) {
             if !a.json {
                 println!(
@@ -347,7 +347,7 @@ impl baton::mapper::calibrate::CalibrationProgress for CalibrationBars {
 fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
     use baton::mapper::artifact::{self, CorpusInfo, MapperMeta};
     use baton::mapper::calibrate::{self as cal, CalibrateOptions, Direction};
-    use baton::mapper::corpus;
+    use baton::data::corpus;
     let cancel = std::sync::Arc::new(AtomicBool::new(false));
     {
         let c = cancel.clone();
@@ -511,10 +511,10 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
 
 fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
     use baton::mapper::artifact;
-    use baton::mapper::corpus::{self, Split};
-    use baton::mapper::eval_tasks::{eval_task, TaskEvalOptions};
-    use baton::mapper::eval_text::{eval_text, TextEval, TextEvalOptions};
-    use baton::mapper::tasks;
+    use baton::data::corpus::{self, Split};
+    use baton::eval::tasks::{eval_task, TaskEvalOptions};
+    use baton::eval::text::{eval_text, TextEval, TextEvalOptions};
+    use baton::data::tasks;
     // Task files are checked before any model loads: a typo costs nothing.
     let mut task_list = Vec::new();
     for spec in &a.tasks {
@@ -674,7 +674,8 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
 }
 
 fn report_cmd(a: ReportArgs) -> Result<()> {
-    use baton::session::{plot, read_session, Report};
+    use baton::plot;
+    use baton::session::{read_session, Report};
     let session = read_session(&a.session)?;
     let report = Report::from_session(&session);
     if a.json {
@@ -891,7 +892,7 @@ fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
 
 fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
     use baton::mapper::artifact;
-    use baton::mapper::bench::{bench_point, linear_fit, mapper_cost, BenchOptions};
+    use baton::bench::{bench_point, linear_fit, mapper_cost, BenchOptions};
     let progress = BarProgress::new();
     let first = Model::open(&a.source, dev, &progress)?;
     let second = Model::open(&a.target, dev, &progress)?;
@@ -952,7 +953,7 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
             points.push(p);
         }
         let x: Vec<f64> = points.iter().map(|p| p.tokens as f64).collect();
-        let slope = |f: &dyn Fn(&baton::mapper::bench::BenchPoint) -> f64| {
+        let slope = |f: &dyn Fn(&baton::bench::BenchPoint) -> f64| {
             linear_fit(&x, &points.iter().map(f).collect::<Vec<_>>()).0
         };
         let (map_slope, pre_slope) = (
@@ -983,12 +984,12 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
     if let Some(p) = &a.plot {
         let series: Vec<_> = plotted
             .iter()
-            .map(|(d, pts)| baton::mapper::bench_plot::BenchSeries {
+            .map(|(d, pts)| baton::plot::bench::BenchSeries {
                 direction: d,
                 points: pts,
             })
             .collect();
-        baton::mapper::bench_plot::write_bench_plot(&series, p)?;
+        baton::plot::bench::write_bench_plot(&series, p)?;
         eprintln!("plot written to {}", p.display());
     }
     if a.json {

@@ -4,8 +4,8 @@
 mod common;
 
 use baton::mapper::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
-use baton::mapper::corpus::{self, Split};
-use baton::mapper::eval_text::{eval_text, TextEval, TextEvalOptions};
+use baton::data::corpus::{self, Split};
+use baton::eval::text::{eval_text, TextEval, TextEvalOptions};
 use baton::model::Model;
 use candle_core::Device;
 use std::sync::atomic::AtomicBool;

@@ -33,7 +33,7 @@ pub enum EngineError {
     #[error(transparent)]
     Calibrate(#[from] crate::mapper::calibrate::CalibrateError),
     #[error(transparent)]
-    Corpus(#[from] crate::mapper::corpus::CorpusError),
+    Corpus(#[from] crate::data::corpus::CorpusError),
     #[error(transparent)]
     Metric(#[from] crate::metrics::MetricError),
     #[error(transparent)]

@@ -3,7 +3,7 @@
 //! λ) by attention-output cosine on held-out windows, not by R².
 
 use super::apply::CacheMapper;
-use super::corpus::{self, Document, Split};
+use crate::data::corpus::{self, Document, Split};
 use super::features::all_layer_features;
 use super::packed::SourceScales;
 use super::ridge::{self, LayerMap, RidgeOptions};

@@ -1,7 +1,27 @@
-//! The KV-cache mapper's math: streaming sufficient statistics of paired source/target
-//! features ([`stats`]), closed-form ridge fits and their evaluation from statistics
-//! alone ([`ridge`]), and per-target-layer source selection ([`select`]). See
-//! DESIGN.md §1 for the method.
+//! The method: a closed-form linear map from the source model's KV cache to the target's.
+//!
+//! - **Features** ([`features`]). Per layer and position, the concatenation of all KV
+//!   heads, keys with the model's RoPE undone first (`K̄(t) = R(t)⁻¹ K(t)`; RoPE is an
+//!   orthogonal rotation per position, so this is exact). Values carry no position.
+//! - **Statistics** ([`stats`]). Streaming sufficient statistics of paired source/target
+//!   features: counts, means and the Gram matrices `XᵀX`, `XᵀY`, `YᵀY`, accumulated in
+//!   f64. They add up, so corpora can be merged and the fit re-solved without the data.
+//! - **Selection** ([`select`]). For each target layer `j`, the `k` source layers whose
+//!   single-layer ridge explains it best (R², separately for K and V).
+//! - **Ridge** ([`ridge`]). With `X_j = [x^i1 | … | x^ik]` centred:
+//!   `W_j = (XᵀX + λI)⁻¹ XᵀY`, solved by Cholesky in f64, with the intercept from the
+//!   means; held-out R² and residuals from statistics alone.
+//! - **Reduced rank** ([`low_rank`]): the fit projected onto its top singular directions,
+//!   run as two thinner products.
+//! - **Apply** ([`apply`], [`packed`]). `K̂^j(t) = R_T(t)(x_K(t) W_K^j + b_K^j)` with the
+//!   target's RoPE at the same absolute position, `V̂^j(t) = x_V(t) W_V^j + b_V^j`; each
+//!   source layer is un-rotated once however many target layers read it. The int8 path
+//!   quantises the weights to Q8_0 and runs on [`crate::kernels`].
+//! - **Artifact** ([`artifact`]): the fitted maps with the identities of both models and
+//!   the calibration report, found and checked by pair.
+//!
+//! Calibration (capture, sweep, choice) lives above this in `calibrate`; measuring a
+//! mapper in `eval` and `bench`.
 
 pub mod error;
 pub mod ridge;
@@ -17,17 +37,10 @@ pub use select::{select_layers, single_layer_r2, top_k};
 pub use stats::PairStats;
 
 pub mod apply;
-pub mod arrow_stream;
 pub mod artifact;
-pub mod bench;
-pub mod bench_plot;
 pub mod calibrate;
-pub mod corpus;
-pub mod eval_tasks;
-pub mod eval_text;
 pub mod features;
 pub mod low_rank;
 pub mod packed;
-pub mod tasks;
 
 pub use apply::{CacheMapper, MapPrecision, TargetLayerMap};

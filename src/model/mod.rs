@@ -1,7 +1,6 @@
 //! The model runtime: configs, weights, a decoder whose KV cache the caller owns.
 
 pub mod attention;
-pub mod bench;
 pub mod config;
 pub mod decoder;
 pub mod error;

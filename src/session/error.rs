@@ -42,20 +42,3 @@ pub enum SessionError {
     #[error("cannot encode a session line: {0}")]
     Encode(#[from] serde_json::Error),
 }
-
-#[derive(Debug, thiserror::Error)]
-pub enum PlotError {
-    #[error("the session has no switch and no compared turn: nothing to plot")]
-    NothingToPlot,
-    #[error("cannot plot to {}: only .svg and .png files are written", path.display())]
-    UnsupportedFormat { path: PathBuf },
-    #[error("cannot write the plot {}: {source}", path.display())]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("the font compiled into baton for plot labels did not load")]
-    Font,
-    #[error("cannot draw the plot {}: {detail}", path.display())]
-    Draw { path: PathBuf, detail: String },
-}

@@ -1,6 +1,6 @@
 //! Session files: an append-only JSON Lines record of one conversation's protocol events,
 //! written as they happen so a crash loses at most the line being written, and read back
-//! for reports, plots and replays.
+//! for reports, replays and the charts of [`crate::plot`].
 //!
 //! Line 1 is a [`SessionHeader`]; every further line is a [`RecordedEvent`]: one
 //! [`Event`](crate::protocol::Event) with its sequence number and its time since the
@@ -10,17 +10,16 @@ mod clock;
 pub mod diff;
 mod error;
 mod header;
-pub mod plot;
 mod reader;
 pub mod report;
 mod report_table;
 mod writer;
 
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 
 pub use diff::{diff_sessions, DiffOptions, SessionDiff};
-pub use error::{PlotError, SessionError};
+pub use error::SessionError;
 pub use header::{RecordedEvent, SessionHeader, FORMAT, VERSION};
 pub use reader::{parse_session, read_session, Session};
 pub use report::Report;

@@ -6,7 +6,7 @@
 //! built here, in the lm-evaluation-harness format. The files are only read, never
 //! executed.
 
-use super::arrow_stream::{ArrowError, ArrowTable};
+use super::arrow::{ArrowError, ArrowTable};
 use flate2::read::GzDecoder;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -73,7 +73,7 @@ pub struct TaskDef {
 }
 
 /// The tasks of the evaluation package: request files, and MMLU, which ships only as
-/// Arrow tables and is read through [`super::arrow_stream`].
+/// Arrow tables and is read through [`super::arrow`].
 pub const TASKS: &[TaskDef] = &[
     TaskDef {
         name: "hellaswag",

@@ -1,21 +1,13 @@
 //! Drift across a session as a chart: how faithful the mapped cache stayed turn after
 //! turn, and what each switch cost against a re-prefill.
-//!
-//! The labels use a font compiled into the binary, so neither SVG nor PNG needs a system
-//! font library.
 
-use super::error::PlotError;
-use super::report::Report;
+use super::{drawing_error, register_font, write_svg_or_png, PlotError, FAMILY, SIZE};
+use crate::session::Report;
 use plotters::coord::types::RangedCoordi64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::OnceLock;
-
-pub(crate) const SIZE: (u32, u32) = (960, 720);
-const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans-subset.ttf");
-pub(crate) const FAMILY: &str = "sans-serif";
 
 const COSINE_MEAN: RGBColor = RGBColor(31, 119, 180);
 const COSINE_MIN: RGBColor = RGBColor(214, 39, 40);
@@ -39,28 +31,6 @@ pub fn write_plot(report: &Report, path: &Path) -> Result<(), PlotError> {
     )
 }
 
-/// Writes `svg()` to a .svg `path`, or has `png` draw a .png one; refuses other names.
-pub(crate) fn write_svg_or_png(
-    path: &Path,
-    svg: impl FnOnce() -> Result<String, PlotError>,
-    png: impl FnOnce(&Path) -> Result<(), PlotError>,
-) -> Result<(), PlotError> {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    match ext.as_deref() {
-        Some("svg") => std::fs::write(path, svg()?).map_err(|source| PlotError::Write {
-            path: path.to_path_buf(),
-            source,
-        }),
-        Some("png") => png(path),
-        _ => Err(PlotError::UnsupportedFormat {
-            path: path.to_path_buf(),
-        }),
-    }
-}
-
 /// The chart as an SVG document.
 pub fn render_svg(report: &Report) -> Result<String, PlotError> {
     let series = Series::of(report)?;
@@ -73,23 +43,6 @@ pub fn render_svg(report: &Report) -> Result<String, PlotError> {
             .map_err(|e| drawing_error(Path::new("<svg>"), e))?;
     }
     Ok(svg)
-}
-
-pub(crate) fn register_font() -> Result<(), PlotError> {
-    static REGISTERED: OnceLock<bool> = OnceLock::new();
-    let ok = *REGISTERED
-        .get_or_init(|| plotters::style::register_font(FAMILY, FontStyle::Normal, FONT).is_ok());
-    ok.then_some(()).ok_or(PlotError::Font)
-}
-
-pub(crate) fn drawing_error<E: std::error::Error + Send + Sync>(
-    path: &Path,
-    e: DrawingAreaErrorKind<E>,
-) -> PlotError {
-    PlotError::Draw {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    }
 }
 
 /// The points to draw, x being the turn: a switch sits at the first turn the new model
@@ -106,7 +59,7 @@ struct Series {
 impl Series {
     fn of(report: &Report) -> Result<Self, PlotError> {
         let finite = |(x, y): (i64, Option<f64>)| y.filter(|y| y.is_finite()).map(|y| (x, y));
-        let per_switch = |f: &dyn Fn(&super::report::SwitchRow) -> Option<f64>| -> Vec<(i64, f64)> {
+        let per_switch = |f: &dyn Fn(&crate::session::report::SwitchRow) -> Option<f64>| -> Vec<(i64, f64)> {
             report
                 .switches
                 .iter()

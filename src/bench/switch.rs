@@ -5,8 +5,8 @@
 //! device-synchronised, repeated with the variants interleaved so machine noise hits
 //! them alike; rows report the median and the spread (min–max).
 
-use super::apply::CacheMapper;
-use crate::model::bench::bench_tokens;
+use crate::mapper::CacheMapper;
+use crate::bench::decoder::bench_tokens;
 use crate::model::{ForwardOptions, KvCache, Logits, Model, ModelError};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -68,7 +68,7 @@ pub struct MapperCost {
     pub weight_bytes: f64,
     /// Source features read and target K/V written per token (f32).
     pub activation_bytes_per_token: f64,
-    pub precision: super::MapPrecision,
+    pub precision: crate::mapper::MapPrecision,
     /// The reduced mapper's rank; `None` for the full one.
     pub rank: Option<usize>,
 }
@@ -77,8 +77,8 @@ pub fn mapper_cost(m: &CacheMapper) -> MapperCost {
     let precision = m.precision();
     // Q8_0 stores 32 weights in 34 bytes.
     let per_weight = match precision {
-        super::MapPrecision::Int8 => 34.0 / 32.0,
-        super::MapPrecision::F32 => 4.0,
+        crate::mapper::MapPrecision::Int8 => 34.0 / 32.0,
+        crate::mapper::MapPrecision::F32 => 4.0,
     };
     let mut macs = 0usize;
     let mut weights = 0f64;

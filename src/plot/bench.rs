@@ -2,9 +2,8 @@
 //! logarithmic, one pair of lines per direction, so the gap and how each grows are seen
 //! at a glance.
 
-use super::bench::BenchPoint;
-use crate::session::plot::{drawing_error, register_font, write_svg_or_png, FAMILY, SIZE};
-use crate::session::PlotError;
+use super::{drawing_error, register_font, write_svg_or_png, PlotError, FAMILY, SIZE};
+use crate::bench::BenchPoint;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
@@ -132,7 +131,7 @@ fn draw<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapper::bench::Spread;
+    use crate::bench::Spread;
 
     fn point(tokens: usize, map: f64, reprefill: f64) -> BenchPoint {
         let s = |ms: f64| Spread {

@@ -12,9 +12,9 @@
 //! mapped once and each item only extends it (mapping is per position, so the mapped
 //! prefix is the same either way).
 
-use super::apply::CacheMapper;
-use super::calibrate::CalibrateError;
-use super::tasks::{extract_number, normalize_number, Choice, TaskDef, TaskItem, TaskKind};
+use crate::mapper::CacheMapper;
+use crate::mapper::calibrate::CalibrateError;
+use crate::data::tasks::{extract_number, normalize_number, Choice, TaskDef, TaskItem, TaskKind};
 use crate::metrics::interval::{
     floor_normalised_retention, paired_bootstrap, raw_retention, wilson, Estimate, PairedOutcome,
 };

@@ -2,9 +2,9 @@
 //! replaces the target's own, and the target continues teacher-forced. Every metric of
 //! the metrics module, per target layer where it has layers.
 
-use super::apply::CacheMapper;
-use super::calibrate::{probe_positions, CalibrateError};
-use super::features::{layer_features, rows_to_heads};
+use crate::mapper::CacheMapper;
+use crate::mapper::calibrate::{probe_positions, CalibrateError};
+use crate::mapper::features::{layer_features, rows_to_heads};
 use crate::metrics::{self, ContinuationScores, QueryGram};
 use crate::model::{ForwardOptions, KvCache, Logits, Model};
 use candle_core::Tensor;

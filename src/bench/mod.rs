@@ -1,0 +1,8 @@
+//! Latency, measured in one process with the variants interleaved: the map against a
+//! re-prefill across context lengths ([`switch`]) and the decoder's own throughput against
+//! candle-transformers' on the same file ([`decoder`]).
+
+pub mod decoder;
+pub mod switch;
+
+pub use switch::{bench_point, linear_fit, mapper_cost, BenchOptions, BenchPoint, MapperCost, Spread};
