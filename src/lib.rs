@@ -3,6 +3,7 @@
 //! how faithful it is.
 
 pub mod bench;
+pub mod console;
 pub mod data;
 pub mod engine;
 pub mod eval;
@@ -17,3 +18,6 @@ pub mod session;
 pub mod text;
 pub mod tui;
 pub mod workbench;
+
+#[cfg(test)]
+mod test_support;

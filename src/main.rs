@@ -279,8 +279,12 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
             "timing {name} ({} prompt tokens, {} decode steps, {} repeats)...",
             a.prompt_len, a.decode_len, a.repeats
         );
-        let rows =
-            baton::bench::decoder::bench_model(&resolved.path, a.prompt_len, a.decode_len, a.repeats)?;
+        let rows = baton::bench::decoder::bench_model(
+            &resolved.path,
+            a.prompt_len,
+            a.decode_len,
+            a.repeats,
+        )?;
         for r in &rows {
             if !a.json {
                 println!(
@@ -290,8 +294,10 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
             }
         }
         if let (Some(ours), Some(peer)) = (
-            rows.iter().find(|r| r.engine == baton::bench::decoder::BATON),
-            rows.iter().find(|r| r.engine != baton::bench::decoder::BATON),
+            rows.iter()
+                .find(|r| r.engine == baton::bench::decoder::BATON),
+            rows.iter()
+                .find(|r| r.engine != baton::bench::decoder::BATON),
         ) {
             if !a.json {
                 println!(
@@ -345,9 +351,9 @@ impl baton::mapper::calibrate::CalibrationProgress for CalibrationBars {
 }
 
 fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
+    use baton::data::corpus;
     use baton::mapper::artifact::{self, CorpusInfo, MapperMeta};
     use baton::mapper::calibrate::{self as cal, CalibrateOptions, Direction};
-    use baton::data::corpus;
     let cancel = std::sync::Arc::new(AtomicBool::new(false));
     {
         let c = cancel.clone();
@@ -510,50 +516,23 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
 }
 
 fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
-    use baton::mapper::artifact;
     use baton::data::corpus::{self, Split};
-    use baton::eval::tasks::{eval_task, TaskEvalOptions};
-    use baton::eval::text::{eval_text, TextEval, TextEvalOptions};
     use baton::data::tasks;
-    // Task files are checked before any model loads: a typo costs nothing.
-    let mut task_list = Vec::new();
-    for spec in &a.tasks {
-        let (name, limit) = match spec.split_once(':') {
-            Some((n, l)) => (
-                n.trim(),
-                l.trim().parse::<usize>().with_context(|| {
-                    format!("`{spec}`: the item count after `:` must be a number")
-                })?,
-            ),
-            None => (spec.trim(), a.task_limit),
-        };
-        if name == "all" {
-            task_list.extend(tasks::TASKS.iter().map(|d| (d, limit)));
-        } else {
-            task_list.push((tasks::task_def(name)?, limit));
-        }
-    }
+    use baton::eval::{evaluate, EvalPlan};
+    use baton::eval::{tasks::TaskEvalOptions, text::TextEvalOptions};
+    // Task names are checked before any model loads: a typo costs nothing.
+    let task_list = tasks::parse_specs(&a.tasks, a.task_limit)?;
     let progress = BarProgress::new();
-    let task_root = if task_list.is_empty() {
-        None
-    } else {
-        Some(fetch::ensure_by_name("eval-tasks", &progress)?.path)
-    };
     let mut task_items = Vec::new();
-    if let Some(root) = &task_root {
+    if !task_list.is_empty() {
+        let root = fetch::ensure_by_name("eval-tasks", &progress)?.path;
         for (def, limit) in &task_list {
-            task_items.push((*def, tasks::load_items(root, def, *limit)?));
+            task_items.push((*def, tasks::load_items(&root, def, *limit)?));
         }
     }
     let first = Model::open(&a.source, dev, &progress)?;
     let second = Model::open(&a.target, dev, &progress)?;
     drop(progress);
-    let opts = TextEvalOptions {
-        prefix: a.prefix,
-        continuation: a.continuation,
-        anchor: a.anchor,
-        ..TextEvalOptions::default()
-    };
     let len = a.prefix + a.continuation;
     let windows = if a.no_text {
         Vec::new()
@@ -572,105 +551,45 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
     if a.no_text && task_items.is_empty() {
         bail!("--no-text with no --tasks leaves nothing to evaluate: name tasks, e.g. --tasks hellaswag,gsm8k");
     }
-    let pairs: Vec<(&Model, &Model)> = match a.direction {
-        DirectionArg::Both => vec![(&first, &second), (&second, &first)],
-        DirectionArg::SourceToTarget => vec![(&first, &second)],
-        DirectionArg::TargetToSource => vec![(&second, &first)],
+    let plan = EvalPlan {
+        windows: &windows,
+        text: TextEvalOptions {
+            prefix: a.prefix,
+            continuation: a.continuation,
+            anchor: a.anchor,
+            ..TextEvalOptions::default()
+        },
+        tasks: &task_items,
+        task_options: TaskEvalOptions {
+            anchor: a.anchor,
+            tail: a.tail,
+            ..TaskEvalOptions::default()
+        },
+        mapper_dir: a.mapper_dir.as_deref(),
+        precision: a.precision.into(),
     };
-    let mut results = Vec::new();
-    for (s, t) in pairs {
-        let (art, mapper) = artifact::open_for(a.mapper_dir.as_deref(), s, t)?;
-        let mapper = mapper.with_precision(a.precision.into())?;
-        let path = art.path.clone();
-        let direction = format!("{} -> {}", s.identity.name, t.identity.name);
-        eprintln!("{direction}: the map runs in {:?}", mapper.precision());
-        let text = if windows.is_empty() {
-            None
-        } else {
-            eprintln!(
-                "evaluating {direction} on {} windows ({} + {} tokens)",
-                windows.len(),
-                a.prefix,
-                a.continuation
-            );
-            let r = eval_text(s, t, &mapper, &windows, &opts)?;
-            let m = TextEval::mean;
-            human!(a.json,
-                "{direction} (k={}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | key-error concentration {:.2} | top-1 {:.3} (no prefix {:.3}) KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} | map {:.1} ms vs re-prefill {:.0} ms",
-                art.meta.k,
-                m(&r.r2_k), m(&r.r2_v), m(&r.cosine_prefix), m(&r.cosine_continuation),
-                m(&r.key_error_concentration),
-                r.scores.agreement.top1, r.scores.agreement_no_prefix.top1, r.scores.agreement.kl,
-                r.scores.ppl_mapped, r.scores.ppl_true, r.scores.ppl_no_prefix,
-                r.map_seconds * 1e3, r.reprefill_seconds * 1e3
-            );
-            Some(r)
-        };
-        let mut task_results = Vec::new();
-        for (def, items) in &task_items {
-            let bar = indicatif::ProgressBar::new(items.len() as u64);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{msg:>28} [{bar:30}] {pos}/{len} elapsed {elapsed} ETA {eta}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                .progress_chars("=> "),
-            );
-            bar.set_message(format!(
-                "{} {}",
-                def.name,
-                if s.config().n_layer < t.config().n_layer {
-                    "(to larger)"
-                } else {
-                    "(to smaller)"
-                }
-            ));
-            let r = eval_task(
-                s,
-                t,
-                &mapper,
-                def,
-                items,
-                &TaskEvalOptions {
-                    anchor: a.anchor,
-                    tail: a.tail,
-                    ..TaskEvalOptions::default()
-                },
-                &mut |n| bar.set_position(n as u64),
-            )?;
-            bar.finish_and_clear();
-            human!(a.json,
-                "{direction} {:<14} n={:<4} reference {:.3} [{:.3}, {:.3}]  mapped {:.3} [{:.3}, {:.3}]  floor ({}) {:.3}  retention {:.3} [{:.3}, {:.3}]  floor-normalised {:.3} [{:.3}, {:.3}]  same answer {:.3}",
-                r.task, r.items,
-                r.accuracy_reference.value, r.accuracy_reference.ci95[0], r.accuracy_reference.ci95[1],
-                r.accuracy_mapped.value, r.accuracy_mapped.ci95[0], r.accuracy_mapped.ci95[1],
-                r.floor, r.accuracy_floor.value,
-                r.retention_raw.value, r.retention_raw.ci95[0], r.retention_raw.ci95[1],
-                r.retention_floor_normalised.value, r.retention_floor_normalised.ci95[0], r.retention_floor_normalised.ci95[1],
-                r.answer_agreement,
-            );
-            task_results.push(r);
-        }
-        results.push(serde_json::json!({
-            "direction": direction,
-            "mapper": path,
-            "k": art.meta.k,
-            "precision": mapper.precision(),
-            "anchor": a.anchor,
-            "tail": a.tail,
-            "text": text,
-            "tasks": task_results,
-        }));
-    }
+    let report = evaluate(
+        &directions(a.direction, &first, &second),
+        &plan,
+        &baton::console::PhaseBars::new(a.json),
+    )?;
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &serde_json::json!({"format": "baton.eval", "version": 2, "results": results})
-            )?
-        );
+        println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
+}
+
+/// The (source, target) pairs a `--direction` asks for.
+fn directions<'m>(
+    d: DirectionArg,
+    first: &'m Model,
+    second: &'m Model,
+) -> Vec<(&'m Model, &'m Model)> {
+    match d {
+        DirectionArg::Both => vec![(first, second), (second, first)],
+        DirectionArg::SourceToTarget => vec![(first, second)],
+        DirectionArg::TargetToSource => vec![(second, first)],
+    }
 }
 
 fn report_cmd(a: ReportArgs) -> Result<()> {
@@ -891,17 +810,14 @@ fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
 }
 
 fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
+    use baton::bench::{
+        bench_point, mapper_cost, report, BenchOptions, BenchReport, DirectionBench,
+    };
     use baton::mapper::artifact;
-    use baton::bench::{bench_point, linear_fit, mapper_cost, BenchOptions};
     let progress = BarProgress::new();
     let first = Model::open(&a.source, dev, &progress)?;
     let second = Model::open(&a.target, dev, &progress)?;
     drop(progress);
-    let pairs: Vec<(&Model, &Model)> = match a.direction {
-        DirectionArg::Both => vec![(&first, &second), (&second, &first)],
-        DirectionArg::SourceToTarget => vec![(&first, &second)],
-        DirectionArg::TargetToSource => vec![(&second, &first)],
-    };
     let max_ctx = first
         .config()
         .context_length
@@ -913,94 +829,54 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
         repeats: a.repeats.max(1),
         suffix: a.suffix,
     };
-    let mut out = Vec::new();
-    let mut plotted = Vec::new();
-    for (s, t) in pairs {
+    let mut results = Vec::new();
+    for (s, t) in directions(a.direction, &first, &second) {
         let (art, mapper) = artifact::open_for(a.mapper_dir.as_deref(), s, t)?;
         let mapper = mapper.with_precision(a.precision.into())?;
-        let path = art.path.clone();
-        let cost = mapper_cost(&mapper);
         let direction = format!("{} -> {}", s.identity.name, t.identity.name);
-        human!(a.json,
-            "{direction} (k={}{}, {:?}): mapper {:.1} MFLOP/token, {:.1} MB of weights, {:.1} KB of features per token",
+        let cost = mapper_cost(&mapper);
+        let header = DirectionBench::new(
+            direction.clone(),
+            art.path.clone(),
             art.meta.k,
-            cost.rank.map(|r| format!(", rank {r}")).unwrap_or_default(),
-            cost.precision,
-            cost.flops_per_token / 1e6,
-            cost.weight_bytes / 1e6,
-            cost.activation_bytes_per_token / 1e3
+            cost,
+            Vec::new(),
         );
-        human!(a.json,
-            "{:>7} {:>11} {:>11} {:>9} {:>8} {:>11} {:>9} {:>8} {:>9}  (median ms, [min–max] in --json)",
-            "tokens", "src prefill", "re-prefill", "map", "speedup", "re-pf sfx", "map sfx", "speedup", "switch"
-        );
+        human!(a.json, "{}", header.cost_line());
+        human!(a.json, "{}", report::table_header());
         let mut points = Vec::new();
         for &n in &a.lengths {
             let p = bench_point(s, t, &mapper, n, &opts)?;
-            human!(
-                a.json,
-                "{:>7} {:>11.1} {:>11.1} {:>9.2} {:>7.1}x {:>11.1} {:>9.2} {:>7.1}x {:>9.1}",
-                p.tokens,
-                p.source_prefill.median_ms,
-                p.reprefill_full.median_ms,
-                p.map_full.median_ms,
-                p.speedup_full,
-                p.reprefill_suffix.median_ms,
-                p.map_suffix.median_ms,
-                p.speedup_suffix,
-                p.switch_end_to_end.median_ms
-            );
+            human!(a.json, "{}", report::table_row(&p));
             points.push(p);
         }
-        let x: Vec<f64> = points.iter().map(|p| p.tokens as f64).collect();
-        let slope = |f: &dyn Fn(&baton::bench::BenchPoint) -> f64| {
-            linear_fit(&x, &points.iter().map(f).collect::<Vec<_>>()).0
-        };
-        let (map_slope, pre_slope) = (
-            slope(&|p| p.map_full.median_ms),
-            slope(&|p| p.reprefill_full.median_ms),
-        );
-        // A slope needs two lengths; with one the JSON carries null.
-        if points.len() >= 2 {
-            human!(
-                a.json,
-                "growth: map {:.4} ms/token ({:.1} GFLOP/s), re-prefill {:.4} ms/token",
-                map_slope,
-                cost.flops_per_token / (map_slope * 1e-3) / 1e9,
-                pre_slope
-            );
+        let d = DirectionBench::new(direction, art.path.clone(), art.meta.k, cost, points);
+        if let Some(line) = d.growth_line() {
+            human!(a.json, "{line}");
         }
-        out.push(serde_json::json!({
-            "direction": direction,
-            "mapper": path,
-            "k": art.meta.k,
-            "mapper_cost": cost,
-            "points": points,
-            "map_ms_per_token": map_slope,
-            "reprefill_ms_per_token": pre_slope,
-        }));
-        plotted.push((direction, points));
+        results.push(d);
     }
     if let Some(p) = &a.plot {
-        let series: Vec<_> = plotted
+        let series: Vec<_> = results
             .iter()
-            .map(|(d, pts)| baton::plot::bench::BenchSeries {
-                direction: d,
-                points: pts,
+            .map(|d| baton::plot::BenchSeries {
+                direction: &d.direction,
+                points: &d.points,
             })
             .collect();
-        baton::plot::bench::write_bench_plot(&series, p)?;
+        baton::plot::write_bench_plot(&series, p)?;
         eprintln!("plot written to {}", p.display());
     }
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "format": "baton.bench", "version": 1,
-                "device": format!("{:?}", dev.location()).to_lowercase(),
-                "repeats": opts.repeats, "suffix": opts.suffix, "results": out
-            }))?
-        );
+        let doc = BenchReport {
+            format: report::FORMAT.into(),
+            version: report::VERSION,
+            device: format!("{:?}", dev.location()).to_lowercase(),
+            repeats: opts.repeats,
+            suffix: opts.suffix,
+            results,
+        };
+        println!("{}", serde_json::to_string_pretty(&doc)?);
     }
     Ok(())
 }

@@ -6,11 +6,11 @@
 
 mod common;
 
+use baton::data::corpus::Document;
 use baton::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
 use baton::mapper::calibrate::{
     calibrate, CalibrateError, CalibrateOptions, Direction, Fitted, NoProgress, SelectBy,
 };
-use baton::data::corpus::Document;
 use baton::model::{LoadOptions, Model, ResolvedModel};
 use candle_core::{Device, Tensor};
 use common::synthetic::Tiny;
@@ -439,8 +439,8 @@ fn a_cancelled_calibration_returns_cancelled() {
 
 #[test]
 fn task_retention_of_a_model_mapped_to_itself_is_complete() {
-    use baton::eval::tasks::{eval_task, TaskEvalOptions};
     use baton::data::tasks::{task_def, Choice, TaskItem};
+    use baton::eval::tasks::{eval_task, TaskEvalOptions};
     let (_dir, tiny, a, b) = same_model_twice();
     let f = run(&a, &b, vec![usize::MAX], &tiny);
     let mapper = f.cache_mapper(&a, &b).unwrap();
@@ -504,8 +504,8 @@ fn task_retention_of_a_model_mapped_to_itself_is_complete() {
 
 #[test]
 fn a_context_the_target_rereads_whole_matches_its_own_prefill() {
-    use baton::eval::tasks::{eval_task, TaskEvalOptions};
     use baton::data::tasks::{task_def, TaskItem};
+    use baton::eval::tasks::{eval_task, TaskEvalOptions};
     // Unrelated models and one source layer per target layer: a poor map, so only the
     // target's own reading of the context can make the two paths agree.
     let (_dir, tiny, a, b) = two_unrelated_models();

@@ -6,10 +6,10 @@
 //! builds any lazily repacked weight layouts), the engines alternate per repeat so drift in
 //! machine load hits both alike, and each row reports the median over the repeats.
 
-use crate::model::{ModelError, Result};
 use crate::model::load::{load_decoder, read_gguf_header, ModelFormat};
-use crate::model::LoadOptions;
 use crate::model::Decoder;
+use crate::model::LoadOptions;
+use crate::model::{ModelError, Result};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_qwen2;
 use std::path::Path;

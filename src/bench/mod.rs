@@ -1,8 +1,13 @@
 //! Latency, measured in one process with the variants interleaved: the map against a
 //! re-prefill across context lengths ([`switch`]) and the decoder's own throughput against
-//! candle-transformers' on the same file ([`decoder`]).
+//! candle-transformers' on the same file ([`decoder`]). [`report`] is the JSON document
+//! `baton bench` prints.
 
 pub mod decoder;
+pub mod report;
 pub mod switch;
 
-pub use switch::{bench_point, linear_fit, mapper_cost, BenchOptions, BenchPoint, MapperCost, Spread};
+pub use report::{BenchReport, DirectionBench};
+pub use switch::{
+    bench_point, linear_fit, mapper_cost, BenchOptions, BenchPoint, MapperCost, Spread,
+};

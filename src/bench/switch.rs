@@ -5,8 +5,8 @@
 //! device-synchronised, repeated with the variants interleaved so machine noise hits
 //! them alike; rows report the median and the spread (min–max).
 
-use crate::mapper::CacheMapper;
 use crate::bench::decoder::bench_tokens;
+use crate::mapper::CacheMapper;
 use crate::model::{ForwardOptions, KvCache, Logits, Model, ModelError};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;

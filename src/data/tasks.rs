@@ -38,6 +38,8 @@ pub enum TaskError {
     Arrow(#[from] ArrowError),
     #[error("unknown task `{0}`; known tasks: {1}")]
     Unknown(String, String),
+    #[error("`{0}`: the item count after `:` must be a number (e.g. gsm8k:20)")]
+    BadCount(String),
 }
 
 /// How a task is scored.
@@ -128,6 +130,33 @@ pub fn task_def(name: &str) -> Result<&'static TaskDef, TaskError> {
             TASKS.iter().map(|t| t.name).collect::<Vec<_>>().join(", "),
         )
     })
+}
+
+/// Reads `--tasks` specs: `name`, `name:N` (the first N items) or `all`; a spec without a
+/// count takes `default_limit` items. Checked before any model loads, so a typo costs
+/// nothing.
+pub fn parse_specs(
+    specs: &[String],
+    default_limit: usize,
+) -> Result<Vec<(&'static TaskDef, usize)>, TaskError> {
+    let mut out = Vec::new();
+    for spec in specs {
+        let (name, limit) = match spec.split_once(':') {
+            Some((n, l)) => (
+                n.trim(),
+                l.trim()
+                    .parse::<usize>()
+                    .map_err(|_| TaskError::BadCount(spec.clone()))?,
+            ),
+            None => (spec.trim(), default_limit),
+        };
+        if name == "all" {
+            out.extend(TASKS.iter().map(|d| (d, limit)));
+        } else {
+            out.push((task_def(name)?, limit));
+        }
+    }
+    Ok(out)
 }
 
 /// One answer option: the text scored after `context`.
@@ -607,6 +636,28 @@ pub fn normalize_number(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_specs_take_counts_all_and_a_default() {
+        let specs = ["gsm8k:20".to_string(), "hellaswag".to_string()];
+        let got = parse_specs(&specs, 7).map_err(|e| e.to_string());
+        let got: Vec<(&str, usize)> = got
+            .unwrap_or_default()
+            .iter()
+            .map(|(d, n)| (d.name, *n))
+            .collect();
+        assert_eq!(got, vec![("gsm8k", 20), ("hellaswag", 7)]);
+        let all = parse_specs(&["all:3".to_string()], 7).map_err(|e| e.to_string());
+        assert_eq!(all.map(|v| v.len()), Ok(TASKS.len()));
+    }
+
+    #[test]
+    fn a_task_spec_with_a_bad_count_or_name_is_refused_by_name() {
+        let bad = parse_specs(&["gsm8k:x".to_string()], 7).map(|_| ());
+        assert!(matches!(bad, Err(TaskError::BadCount(s)) if s == "gsm8k:x"));
+        let unknown = parse_specs(&["gsm9k".to_string()], 7).map(|_| ());
+        assert!(matches!(unknown, Err(TaskError::Unknown(n, _)) if n == "gsm9k"));
+    }
 
     fn line(doc_id: u64, idx: usize, ctx: &str, cont: &str, label: usize) -> String {
         serde_json::json!({

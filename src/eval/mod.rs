@@ -1,6 +1,14 @@
 //! How faithful a mapper is, measured: on held-out text ([`text`]: attention cosine per
 //! layer, next-token agreement, continuation perplexity) and on benchmark tasks
 //! ([`tasks`]: retention against the target's own prefill, raw and floor-normalised).
+//! [`run`] does all of it for `baton eval`; [`report`] is the JSON document it prints.
 
+mod error;
+pub mod report;
+pub mod run;
 pub mod tasks;
 pub mod text;
+
+pub use error::EvalError;
+pub use report::{DirectionEval, EvalReport};
+pub use run::{evaluate, EvalPlan, EvalProgress};

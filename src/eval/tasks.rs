@@ -12,9 +12,9 @@
 //! mapped once and each item only extends it (mapping is per position, so the mapped
 //! prefix is the same either way).
 
-use crate::mapper::CacheMapper;
-use crate::mapper::calibrate::CalibrateError;
+use super::EvalError;
 use crate::data::tasks::{extract_number, normalize_number, Choice, TaskDef, TaskItem, TaskKind};
+use crate::mapper::CacheMapper;
 use crate::metrics::interval::{
     floor_normalised_retention, paired_bootstrap, raw_retention, wilson, Estimate, PairedOutcome,
 };
@@ -133,7 +133,7 @@ fn prepare(
     shared: &Shared,
     prefix: &[u32],
     (anchor, tail): (usize, usize),
-) -> Result<Prepared, CalibrateError> {
+) -> Result<Prepared, EvalError> {
     let suffix = &prefix[shared.len..];
     let mut reference = shared.target.try_clone()?;
     let t0 = Instant::now();
@@ -183,11 +183,11 @@ fn build_shared(
     mapper: &CacheMapper,
     prefixes: &[&[u32]],
     anchor: usize,
-) -> Result<Shared, CalibrateError> {
+) -> Result<Shared, EvalError> {
     // The anchor is computed once, in the shared prefix, so it must lie within it.
     let len = common_prefix_len(prefixes);
     if anchor > len {
-        return Err(CalibrateError::Options(format!(
+        return Err(EvalError::Input(format!(
             "an anchor of {anchor} positions is longer than the {len} tokens every context \
              of this task shares; use --anchor {len} or less"
         )));
@@ -246,7 +246,7 @@ fn continuation_logprob(
     cache: &KvCache,
     last: u32,
     cont: &[u32],
-) -> Result<f64, CalibrateError> {
+) -> Result<f64, EvalError> {
     let mut c = cache.try_clone()?;
     let mut ids = Vec::with_capacity(cont.len() + 1);
     ids.push(last);
@@ -261,7 +261,7 @@ fn continuation_logprob(
     )?;
     let logits = out
         .logits
-        .ok_or_else(|| CalibrateError::Options("no logits for the continuation".into()))?;
+        .ok_or_else(|| EvalError::Input("no logits for the continuation".into()))?;
     let lp = log_softmax(&logits)?;
     let mut total = 0f64;
     for (row, &tok) in cont.iter().enumerate() {
@@ -288,7 +288,7 @@ fn generate_until(
     last: u32,
     stop: &[String],
     max_tokens: usize,
-) -> Result<(Vec<u32>, String), CalibrateError> {
+) -> Result<(Vec<u32>, String), EvalError> {
     let eos = tgt.tokenizer.eos_ids().to_vec();
     let mut ids = Vec::new();
     let mut next = last;
@@ -320,7 +320,7 @@ pub fn eval_task(
     items: &[TaskItem],
     opts: &TaskEvalOptions,
     on_item: &mut dyn FnMut(usize),
-) -> Result<TaskResult, CalibrateError> {
+) -> Result<TaskResult, EvalError> {
     let tok = &tgt.tokenizer;
     // Token ids of every distinct context, all but the last token (the target computes
     // that one).
@@ -336,7 +336,7 @@ pub fn eval_task(
             if !contexts.contains_key(c) {
                 let ids = tok.encode_raw(c)?;
                 if ids.is_empty() {
-                    return Err(CalibrateError::Options(format!(
+                    return Err(EvalError::Input(format!(
                         "{}: document {} has an empty context",
                         def.name,
                         item.doc_id()

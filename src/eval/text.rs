@@ -2,9 +2,10 @@
 //! replaces the target's own, and the target continues teacher-forced. Every metric of
 //! the metrics module, per target layer where it has layers.
 
-use crate::mapper::CacheMapper;
-use crate::mapper::calibrate::{probe_positions, CalibrateError};
+use super::EvalError;
+use crate::mapper::calibrate::probe_positions;
 use crate::mapper::features::{layer_features, rows_to_heads};
+use crate::mapper::CacheMapper;
 use crate::metrics::{self, ContinuationScores, QueryGram};
 use crate::model::{ForwardOptions, KvCache, Logits, Model};
 use candle_core::Tensor;
@@ -72,7 +73,7 @@ fn all_logits(
     ids: &[u32],
     cache: &mut KvCache,
     probes: Vec<usize>,
-) -> Result<(Tensor, Vec<Tensor>), CalibrateError> {
+) -> Result<(Tensor, Vec<Tensor>), EvalError> {
     let out = m.decoder.forward(
         ids,
         cache,
@@ -83,7 +84,7 @@ fn all_logits(
     )?;
     let logits = out
         .logits
-        .ok_or_else(|| CalibrateError::Options("no logits for the continuation".into()))?;
+        .ok_or_else(|| EvalError::Input("no logits for the continuation".into()))?;
     Ok((logits, out.queries))
 }
 
@@ -93,7 +94,7 @@ pub fn eval_text(
     mapper: &CacheMapper,
     windows: &[Vec<u32>],
     opts: &TextEvalOptions,
-) -> Result<TextEval, CalibrateError> {
+) -> Result<TextEval, EvalError> {
     let (p, c) = (opts.prefix, opts.continuation);
     let mut out = TextEval {
         prefix: p,
@@ -117,10 +118,10 @@ pub fn eval_text(
             let wq = w.q.dense_weight(cfg.hidden, tgt.decoder.device())?;
             Ok(QueryGram::new(&wq, cfg.n_head, cfg.head_dim)?)
         })
-        .collect::<Result<_, CalibrateError>>()?;
+        .collect::<Result<_, EvalError>>()?;
     for w in windows {
         if w.len() < p + c {
-            return Err(CalibrateError::Options(format!(
+            return Err(EvalError::Input(format!(
                 "a window of {} tokens is shorter than prefix + continuation ({})",
                 w.len(),
                 p + c

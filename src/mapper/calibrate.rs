@@ -3,13 +3,13 @@
 //! λ) by attention-output cosine on held-out windows, not by R².
 
 use super::apply::CacheMapper;
-use crate::data::corpus::{self, Document, Split};
 use super::features::all_layer_features;
 use super::packed::SourceScales;
 use super::ridge::{self, LayerMap, RidgeOptions};
 use super::select::{select_layers, single_layer_r2};
 use super::stats::PairStats;
 use super::MapperError;
+use crate::data::corpus::{self, Document, Split};
 use crate::metrics::{self, attention_output_cosine, NextTokenAgreement};
 use crate::model::{ForwardOptions, KvCache, Logits, Model, ModelError, ModelIdentity};
 use candle_core::Tensor;

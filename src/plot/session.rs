@@ -59,13 +59,14 @@ struct Series {
 impl Series {
     fn of(report: &Report) -> Result<Self, PlotError> {
         let finite = |(x, y): (i64, Option<f64>)| y.filter(|y| y.is_finite()).map(|y| (x, y));
-        let per_switch = |f: &dyn Fn(&crate::session::report::SwitchRow) -> Option<f64>| -> Vec<(i64, f64)> {
-            report
-                .switches
-                .iter()
-                .filter_map(|s| finite((i64::from(s.turn), f(s))))
-                .collect()
-        };
+        let per_switch =
+            |f: &dyn Fn(&crate::session::report::SwitchRow) -> Option<f64>| -> Vec<(i64, f64)> {
+                report
+                    .switches
+                    .iter()
+                    .filter_map(|s| finite((i64::from(s.turn), f(s))))
+                    .collect()
+            };
         let series = Self {
             turns: 0..0,
             cosine_mean: per_switch(&|s| s.cosine_mean),

@@ -1,0 +1,30 @@
+//! What can stop an evaluation, said so the message names the problem and the fix.
+
+use crate::data::corpus::CorpusError;
+use crate::data::tasks::TaskError;
+use crate::mapper::artifact::ArtifactError;
+use crate::mapper::MapperError;
+use crate::model::ModelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Mapper(#[from] MapperError),
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    #[error(transparent)]
+    Corpus(#[from] CorpusError),
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    #[error(transparent)]
+    Metric(#[from] crate::metrics::MetricError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::text::TokenizerError),
+    /// Options or inputs that cannot be evaluated, with what to change.
+    #[error("{0}")]
+    Input(String),
+}

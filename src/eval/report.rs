@@ -1,0 +1,194 @@
+//! The document `baton eval --json` prints: one [`EvalReport`], versioned so that scripts
+//! reading it break only on a version bump. Field names and nesting are held by a
+//! snapshot test; change them only with [`VERSION`].
+//!
+//! ```text
+//! {format: "baton.eval", version, results: [{direction, mapper, k, precision, anchor,
+//!  tail, text: null | TextEval, tasks: [TaskResult]}]}
+//! ```
+
+use super::tasks::TaskResult;
+use super::text::TextEval;
+use crate::mapper::MapPrecision;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+pub const FORMAT: &str = "baton.eval";
+/// 2: `anchor`, `tail` and GSM8K `generations` added.
+pub const VERSION: u32 = 2;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalReport {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// [`VERSION`] of this baton.
+    pub version: u32,
+    /// One entry per direction evaluated.
+    pub results: Vec<DirectionEval>,
+}
+
+impl EvalReport {
+    pub fn new(results: Vec<DirectionEval>) -> Self {
+        Self {
+            format: FORMAT.into(),
+            version: VERSION,
+            results,
+        }
+    }
+}
+
+/// Everything measured for one direction (source → target) with one mapper.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirectionEval {
+    /// `"<source> -> <target>"`, the models' names.
+    pub direction: String,
+    /// The mapper artifact evaluated.
+    pub mapper: PathBuf,
+    /// Source layers per target layer in that mapper.
+    pub k: usize,
+    /// What the map ran in.
+    pub precision: MapPrecision,
+    /// Leading positions the target computed itself.
+    pub anchor: usize,
+    /// Final context tokens the target re-read on top of the mapped cache (tasks).
+    pub tail: usize,
+    /// Held-out text, when any was evaluated.
+    pub text: Option<TextEval>,
+    /// One result per task asked for.
+    pub tasks: Vec<TaskResult>,
+}
+
+/// The one-line summary of a text evaluation printed for people.
+pub fn text_line(direction: &str, k: usize, r: &TextEval) -> String {
+    let m = TextEval::mean;
+    format!(
+        "{direction} (k={k}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | key-error concentration {:.2} | top-1 {:.3} (no prefix {:.3}) KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} | map {:.1} ms vs re-prefill {:.0} ms",
+        m(&r.r2_k),
+        m(&r.r2_v),
+        m(&r.cosine_prefix),
+        m(&r.cosine_continuation),
+        m(&r.key_error_concentration),
+        r.scores.agreement.top1,
+        r.scores.agreement_no_prefix.top1,
+        r.scores.agreement.kl,
+        r.scores.ppl_mapped,
+        r.scores.ppl_true,
+        r.scores.ppl_no_prefix,
+        r.map_seconds * 1e3,
+        r.reprefill_seconds * 1e3
+    )
+}
+
+/// The one-line summary of a task result printed for people.
+pub fn task_line(direction: &str, r: &TaskResult) -> String {
+    let ci = |e: &crate::metrics::interval::Estimate| {
+        format!("{:.3} [{:.3}, {:.3}]", e.value, e.ci95[0], e.ci95[1])
+    };
+    format!(
+        "{direction} {:<14} n={:<4} reference {}  mapped {}  floor ({}) {:.3}  retention {}  floor-normalised {}  same answer {:.3}",
+        r.task,
+        r.items,
+        ci(&r.accuracy_reference),
+        ci(&r.accuracy_mapped),
+        r.floor,
+        r.accuracy_floor.value,
+        ci(&r.retention_raw),
+        ci(&r.retention_floor_normalised),
+        r.answer_agreement,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::tasks::TaskKind;
+    use crate::eval::tasks::{Generations, ItemOutcome};
+    use crate::metrics::interval::Estimate;
+    use crate::test_support::json_shape;
+
+    fn estimate(v: f64) -> Estimate {
+        Estimate {
+            value: v,
+            ci95: [v - 0.1, v + 0.1],
+        }
+    }
+
+    fn report() -> EvalReport {
+        let task = TaskResult {
+            task: "gsm8k".into(),
+            kind: TaskKind::GenerateNumber,
+            shots: 8,
+            items: 1,
+            accuracy_reference: estimate(0.5),
+            accuracy_mapped: estimate(0.25),
+            accuracy_floor: estimate(0.0),
+            floor: "zero".into(),
+            chance: None,
+            retention_raw: estimate(0.5),
+            retention_floor_normalised: estimate(0.5),
+            answer_agreement: 0.5,
+            map_seconds: 0.01,
+            reprefill_seconds: 0.5,
+            outcomes: vec![ItemOutcome {
+                doc_id: 3,
+                reference_correct: true,
+                mapped_correct: false,
+                floor_correct: false,
+                same_answer: false,
+                identical_generation: Some(false),
+                generations: Some(Generations {
+                    reference: "42".into(),
+                    mapped: "41".into(),
+                }),
+            }],
+        };
+        EvalReport::new(vec![DirectionEval {
+            direction: "a -> b".into(),
+            mapper: PathBuf::from("m.safetensors"),
+            k: 8,
+            precision: MapPrecision::Int8,
+            anchor: 1,
+            tail: 0,
+            text: Some(TextEval {
+                windows: 2,
+                prefix: 384,
+                continuation: 128,
+                r2_k: vec![0.6],
+                r2_v: vec![0.5],
+                cosine_prefix: vec![0.9],
+                cosine_continuation: vec![0.8],
+                key_error_concentration: vec![1.2],
+                ..TextEval::default()
+            }),
+            tasks: vec![task],
+        }])
+    }
+
+    #[test]
+    fn the_eval_document_keeps_its_field_names_and_nesting() {
+        let v = serde_json::to_value(report()).map_err(|e| e.to_string());
+        insta::assert_snapshot!(json_shape(&v.unwrap_or_default()));
+    }
+
+    #[test]
+    fn the_eval_document_names_its_format_and_version() {
+        let v = serde_json::to_value(report()).unwrap_or_default();
+        assert_eq!(v["format"], "baton.eval");
+        assert_eq!(v["version"], 2);
+    }
+
+    #[test]
+    fn the_summary_lines_carry_the_measured_numbers() {
+        let r = report();
+        let d = &r.results[0];
+        let text = text_line(
+            &d.direction,
+            d.k,
+            d.text.as_ref().unwrap_or(&TextEval::default()),
+        );
+        assert!(text.starts_with("a -> b (k=8): R² K 0.600"), "{text}");
+        let task = task_line(&d.direction, &d.tasks[0]);
+        assert!(task.contains("mapped 0.250 [0.150, 0.350]"), "{task}");
+        assert!(task.contains("same answer 0.500"), "{task}");
+    }
+}

@@ -1,0 +1,102 @@
+//! `baton eval` as a library call: every asked direction through held-out text and the
+//! asked tasks, gathered into one [`EvalReport`]. The binary only parses and prints.
+
+use super::report::{task_line, text_line, DirectionEval, EvalReport};
+use super::tasks::{eval_task, TaskEvalOptions};
+use super::text::{eval_text, TextEvalOptions};
+use super::EvalError;
+use crate::data::tasks::{TaskDef, TaskItem};
+use crate::mapper::{artifact, MapPrecision};
+use crate::model::Model;
+use std::path::Path;
+
+/// What to evaluate, the same for every direction.
+pub struct EvalPlan<'a> {
+    /// Token windows of `text.prefix + text.continuation`; empty for none.
+    pub windows: &'a [Vec<u32>],
+    pub text: TextEvalOptions,
+    pub tasks: &'a [(&'static TaskDef, Vec<TaskItem>)],
+    pub task_options: TaskEvalOptions,
+    /// Where the mappers are (the cache's mappers/ when `None`).
+    pub mapper_dir: Option<&'a Path>,
+    pub precision: MapPrecision,
+}
+
+/// Where an evaluation reports as it goes.
+pub trait EvalProgress {
+    /// A line about what is happening (always for people, never part of the results).
+    fn status(&self, line: &str);
+    /// A result line for people.
+    fn result(&self, line: &str);
+    /// A task of `items` items starts; `label` names it.
+    fn task_started(&self, label: &str, items: usize);
+    fn task_advanced(&self, done: usize);
+    fn task_finished(&self);
+}
+
+/// Evaluates each (source, target) direction in turn with its stored mapper.
+pub fn evaluate(
+    directions: &[(&Model, &Model)],
+    plan: &EvalPlan<'_>,
+    progress: &dyn EvalProgress,
+) -> Result<EvalReport, EvalError> {
+    let mut results = Vec::new();
+    for &(s, t) in directions {
+        results.push(evaluate_direction(s, t, plan, progress)?);
+    }
+    Ok(EvalReport::new(results))
+}
+
+fn evaluate_direction(
+    s: &Model,
+    t: &Model,
+    plan: &EvalPlan<'_>,
+    progress: &dyn EvalProgress,
+) -> Result<DirectionEval, EvalError> {
+    let (art, mapper) = artifact::open_for(plan.mapper_dir, s, t)?;
+    let mapper = mapper.with_precision(plan.precision)?;
+    let direction = format!("{} -> {}", s.identity.name, t.identity.name);
+    progress.status(&format!(
+        "{direction}: the map runs in {:?}",
+        mapper.precision()
+    ));
+    let text = if plan.windows.is_empty() {
+        None
+    } else {
+        progress.status(&format!(
+            "evaluating {direction} on {} windows ({} + {} tokens)",
+            plan.windows.len(),
+            plan.text.prefix,
+            plan.text.continuation
+        ));
+        let r = eval_text(s, t, &mapper, plan.windows, &plan.text)?;
+        progress.result(&text_line(&direction, art.meta.k, &r));
+        Some(r)
+    };
+    let mut tasks = Vec::new();
+    for (def, items) in plan.tasks {
+        let towards = if s.config().n_layer < t.config().n_layer {
+            "(to larger)"
+        } else {
+            "(to smaller)"
+        };
+        progress.task_started(&format!("{} {towards}", def.name), items.len());
+        let r = eval_task(s, t, &mapper, def, items, &plan.task_options, &mut |n| {
+            progress.task_advanced(n)
+        });
+        progress.task_finished();
+        let r = r?;
+        progress.result(&task_line(&direction, &r));
+        tasks.push(r);
+    }
+    Ok(DirectionEval {
+        direction,
+        mapper: art.path.clone(),
+        k: art.meta.k,
+        precision: mapper.precision(),
+        anchor: plan.text.anchor,
+        tail: plan.task_options.tail,
+        text,
+        tasks,
+    })
+}
