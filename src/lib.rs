@@ -4,6 +4,7 @@
 
 pub mod engine;
 pub mod fetch;
+pub mod kernels;
 pub mod logging;
 pub mod mapper;
 pub mod metrics;
