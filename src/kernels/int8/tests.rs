@@ -247,12 +247,17 @@ fn avx512vnni_and_portable_paths_agree_bit_for_bit() {
 fn accurate_and_row_count_invariant(path: KernelPath) -> candle_core::Result<()> {
     let dev = Device::Cpu;
     let (n, k, m) = (48, 512, 70);
-    let run = |x: &[f32], m: usize, w: &Packed, up: Option<&Packed>, ep, bias| {
+    let run = |x: &[f32],
+               m: usize,
+               w: &Packed,
+               up: Option<&Packed>,
+               epilogue: Epilogue<'_>,
+               bias: Option<&[f32]>| {
         let job = Job {
             w,
             up,
             bias,
-            epilogue: ep,
+            epilogue,
         };
         run(path, x, m, &[job], Split::Pool).remove(0)
     };
