@@ -21,6 +21,7 @@
 
 pub mod attention;
 pub mod int8;
+pub mod par;
 mod send_ptr;
 
 use std::sync::OnceLock;
@@ -91,9 +92,8 @@ pub const PORTABLE_ENV: &str = "BATON_PORTABLE_KERNELS";
 /// stop reproducing its prefill's bits.
 pub fn portable_forced() -> bool {
     static FORCED: OnceLock<bool> = OnceLock::new();
-    *FORCED.get_or_init(|| {
-        std::env::var_os(PORTABLE_ENV).is_some_and(|v| !v.is_empty() && v != "0")
-    })
+    *FORCED
+        .get_or_init(|| std::env::var_os(PORTABLE_ENV).is_some_and(|v| !v.is_empty() && v != "0"))
 }
 
 /// The fastest of `simd` and the portable path that may run here.

@@ -38,8 +38,7 @@ fn cpu_exact(q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<Tensor>
     else {
         return Err(ModelError::Cache(shapes()));
     };
-    if khd != hd || total != start + t || nkv == 0 || nh % nkv != 0 || vdims != (nkv, total, hd)
-    {
+    if khd != hd || total != start + t || nkv == 0 || nh % nkv != 0 || vdims != (nkv, total, hd) {
         return Err(ModelError::Cache(shapes()));
     }
     for (name, x) in [("query", q), ("key", k), ("value", v)] {

@@ -51,7 +51,11 @@ impl Causal<'_> {
             Some(w) if w <= len => Ok(()),
             _ => bad(format!("{what}: {len} values for {want:?}")),
         };
-        need("queries", self.q.len(), nh.checked_mul(t).and_then(|x| x.checked_mul(hd)))?;
+        need(
+            "queries",
+            self.q.len(),
+            nh.checked_mul(t).and_then(|x| x.checked_mul(hd)),
+        )?;
         let total = self.start + t;
         if total > 0 {
             // The furthest element read: last head, last position, last dimension.
@@ -214,7 +218,10 @@ mod tests {
         for path in PATHS {
             let ok = causal_on(path, &args(&q, &kv, &kv, n), &mut out);
             if !path.available() {
-                eprintln!("SKIPPED: {path:?} not available on this CPU (needs {})", path.needs());
+                eprintln!(
+                    "SKIPPED: {path:?} not available on this CPU (needs {})",
+                    path.needs()
+                );
                 continue;
             }
             assert_eq!(ok, Ok(()), "{path:?}");
@@ -246,9 +253,19 @@ mod tests {
     fn paths_agree_and_each_is_chunking_invariant() {
         let (nh, nkv, hd, n) = (6, 2, 64, 23);
         let val = |len: usize, s: u32| -> Vec<f32> {
-            (0..len).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(s) >> 8) as f32 / (1u32 << 24) as f32 - 0.5).collect()
+            (0..len)
+                .map(|i| {
+                    ((i as u32).wrapping_mul(2654435761).wrapping_add(s) >> 8) as f32
+                        / (1u32 << 24) as f32
+                        - 0.5
+                })
+                .collect()
         };
-        let (q, k, v) = (val(nh * n * hd, 1), val(nkv * n * hd, 2), val(nkv * n * hd, 3));
+        let (q, k, v) = (
+            val(nh * n * hd, 1),
+            val(nkv * n * hd, 2),
+            val(nkv * n * hd, 3),
+        );
         let whole = |path: KernelPath, start: usize, t: usize| {
             // Queries of rows start..start+t, contiguous per head.
             let qs: Vec<f32> = (0..nh)
@@ -273,7 +290,10 @@ mod tests {
         let mut results = Vec::new();
         for path in PATHS {
             if !path.available() {
-                eprintln!("SKIPPED: {path:?} not available on this CPU (needs {})", path.needs());
+                eprintln!(
+                    "SKIPPED: {path:?} not available on this CPU (needs {})",
+                    path.needs()
+                );
                 continue;
             }
             let all = whole(path, 0, n);
@@ -284,7 +304,10 @@ mod tests {
             results.push(all);
         }
         for r in &results[1..] {
-            let d = r.iter().zip(&results[0]).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            let d = r
+                .iter()
+                .zip(&results[0])
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
             assert!(d < 1e-5, "paths differ by {d}");
         }
     }

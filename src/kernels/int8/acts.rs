@@ -149,7 +149,14 @@ impl Acts {
 
     /// Quantize `m` rows of `k` values (validated by the caller: `x` holds them, `k` is a
     /// multiple of the block).
-    pub(super) fn quantize(&mut self, path: KernelPath, x: Rows<'_>, m: usize, k: usize, a256: bool) {
+    pub(super) fn quantize(
+        &mut self,
+        path: KernelPath,
+        x: Rows<'_>,
+        m: usize,
+        k: usize,
+        a256: bool,
+    ) {
         let bs = if a256 { 256 } else { 32 };
         let kb = k / bs;
         self.kb = kb;

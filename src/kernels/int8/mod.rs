@@ -137,7 +137,10 @@ fn validate(path: KernelPath, x: Rows<'_>, m: usize, jobs: &[Job<'_>]) -> Result
             ));
         }
         if j.bias.is_some_and(|b| b.len() != n) {
-            return bad(format!("a bias of {} for {n} outputs", j.bias.map_or(0, |b| b.len())));
+            return bad(format!(
+                "a bias of {} for {n} outputs",
+                j.bias.map_or(0, |b| b.len())
+            ));
         }
         match j.epilogue {
             Epilogue::SwiGlu => {
@@ -170,7 +173,9 @@ fn validate(path: KernelPath, x: Rows<'_>, m: usize, jobs: &[Job<'_>]) -> Result
                 ));
             }
             if parts.iter().any(|p| p.len() < m * width) {
-                return bad(format!("an activation part shorter than {m} rows of {width}"));
+                return bad(format!(
+                    "an activation part shorter than {m} rows of {width}"
+                ));
             }
         }
     }
@@ -310,7 +315,10 @@ pub(crate) fn matmul_split(
     });
     // SAFETY: the items partition [0, m) x [0, n) of every job and each writes its whole
     // rectangle (a panic in a worker propagates before this point).
-    Ok(outs.into_iter().map(|o| unsafe { assume_init(o) }).collect())
+    Ok(outs
+        .into_iter()
+        .map(|o| unsafe { assume_init(o) })
+        .collect())
 }
 
 thread_local! {

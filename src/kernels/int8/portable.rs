@@ -52,7 +52,8 @@ impl Col {
             Kind::Q8_0 => {
                 for b in 0..kb {
                     let qs = &tile[w.qs_off(b)..];
-                    self.q.extend((0..32).map(|i| qs[((i / 4) * 16 + c) * 4 + i % 4]));
+                    self.q
+                        .extend((0..32).map(|i| qs[((i / 4) * 16 + c) * 4 + i % 4]));
                     self.d.push(f16_at(tile, w.d_off(b) + 2 * c));
                 }
             }
@@ -104,7 +105,11 @@ impl Col {
     fn dot32(&self, kind: Kind, a: &[A32]) -> f32 {
         let mut acc = 0f32;
         for (b, ab) in a.iter().enumerate() {
-            let init = if kind == Kind::Q8_0 { ab.nb128 } else { ab.nb16 };
+            let init = if kind == Kind::Q8_0 {
+                ab.nb128
+            } else {
+                ab.nb16
+            };
             let q = &self.q[32 * b..32 * b + 32];
             let s = q
                 .iter()

@@ -37,10 +37,14 @@ fn depths(dt: GgmlDType) -> &'static [usize] {
 /// Deterministic values in [-1, 1) with a few outliers ten times larger, the shape of
 /// real activations (a handful of channels dominate a block's scale).
 fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..len)
         .map(|i| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let u = ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
             if i % 97 == 13 {
                 10.0 * u
@@ -106,7 +110,11 @@ fn check_against_reference(c: &Case, x: &[f32], m: usize, bias: &[f32], y: &[f32
         let xr = &x[r * c.k..(r + 1) * c.k];
         for j in 0..c.n {
             let wr = &c.deq[j * c.k..(j + 1) * c.k];
-            let exact: f64 = xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>()
+            let exact: f64 = xr
+                .iter()
+                .zip(wr)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>()
                 + bias[j] as f64;
             let mut bound = 0f64;
             let mut mag = 0f64;
@@ -115,7 +123,11 @@ fn check_against_reference(c: &Case, x: &[f32], m: usize, bias: &[f32], y: &[f32
                 let wb = &wr[b * bs..(b + 1) * bs];
                 let step = xb.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
                 bound += step / 2.0 * wb.iter().map(|w| w.abs() as f64).sum::<f64>();
-                mag += xb.iter().zip(wb).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum::<f64>();
+                mag += xb
+                    .iter()
+                    .zip(wb)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum::<f64>();
             }
             let tol = bound * (1.0 + 1e-4) + 1e-5 * (mag + bias[j].abs() as f64) + 1e-6;
             let got = y[r * c.n + j] as f64;
@@ -375,7 +387,11 @@ fn parts_side_by_side_equal_the_joined_rows() {
 fn bad_shapes_and_inputs_are_errors() {
     let raw = |dt: GgmlDType, n: usize, k: usize| {
         let t = Tensor::zeros((n, k), candle_core::DType::F32, &Device::Cpu).expect("zeros");
-        QTensor::quantize(&t, dt).expect("quantize").data().expect("raw").to_vec()
+        QTensor::quantize(&t, dt)
+            .expect("quantize")
+            .data()
+            .expect("raw")
+            .to_vec()
     };
     // One output column, or outputs not a multiple of 16: not packable.
     assert!(Packed::new(GgmlDType::Q8_0, 1, 32, &raw(GgmlDType::Q8_0, 1, 32)).is_err());
@@ -393,7 +409,13 @@ fn bad_shapes_and_inputs_are_errors() {
     let p = KernelPath::Portable;
     let err = |r: Result<Vec<Vec<f32>>, KernelError>| r.expect_err("should be refused");
     assert!(matches!(
-        err(matmul_split(p, Rows::Whole(&x[..100]), 2, &[plain(&c.packed, None)], Split::Pool)),
+        err(matmul_split(
+            p,
+            Rows::Whole(&x[..100]),
+            2,
+            &[plain(&c.packed, None)],
+            Split::Pool
+        )),
         KernelError::Shape(_)
     ));
     assert!(matches!(
@@ -402,7 +424,13 @@ fn bad_shapes_and_inputs_are_errors() {
     ));
     let short_bias = [0f32; 8];
     assert!(matches!(
-        err(matmul_split(p, Rows::Whole(&x), 2, &[plain(&c.packed, Some(&short_bias))], Split::Pool)),
+        err(matmul_split(
+            p,
+            Rows::Whole(&x),
+            2,
+            &[plain(&c.packed, Some(&short_bias))],
+            Split::Pool
+        )),
         KernelError::Shape(_)
     ));
     let res = [0f32; 16];
@@ -424,7 +452,13 @@ fn bad_shapes_and_inputs_are_errors() {
     ));
     // The attention path has no int8 matmul.
     assert!(matches!(
-        err(matmul_split(KernelPath::Avx512, Rows::Whole(&x), 2, &[plain(&c.packed, None)], Split::Pool)),
+        err(matmul_split(
+            KernelPath::Avx512,
+            Rows::Whole(&x),
+            2,
+            &[plain(&c.packed, None)],
+            Split::Pool
+        )),
         KernelError::Unavailable { .. }
     ));
 }
@@ -446,7 +480,12 @@ fn portable_silu_matches_the_avx512_one_bit_for_bit() {
         let got = super::vnni::silu_lanes(lanes);
         for (i, &x) in lanes.iter().enumerate() {
             let want = super::portable::silu(x);
-            assert_eq!(got[i].to_bits(), want.to_bits(), "silu({x}): {} vs {want}", got[i]);
+            assert_eq!(
+                got[i].to_bits(),
+                want.to_bits(),
+                "silu({x}): {} vs {want}",
+                got[i]
+            );
         }
     }
 }

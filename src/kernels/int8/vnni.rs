@@ -26,7 +26,10 @@ const MT: usize = 4;
 /// The CPU has AVX-512 F/BW/VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(super) unsafe fn quantize_a32(x: &[f32], out: &mut [A32]) {
-    assert!(x.len() >= 32 * out.len(), "activation row shorter than its blocks");
+    assert!(
+        x.len() >= 32 * out.len(),
+        "activation row shorter than its blocks"
+    );
     let absmask = _mm512_set1_epi32(0x7fff_ffff);
     for (b, o) in out.iter_mut().enumerate() {
         // SAFETY: values 32b..32b+32 lie inside `x` (asserted above).
@@ -64,7 +67,10 @@ pub(super) unsafe fn quantize_a32(x: &[f32], out: &mut [A32]) {
 /// The CPU has AVX-512 F/BW/VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(super) unsafe fn quantize_a256(x: &[f32], out: &mut [A256]) {
-    assert!(x.len() >= 256 * out.len(), "activation row shorter than its blocks");
+    assert!(
+        x.len() >= 256 * out.len(),
+        "activation row shorter than its blocks"
+    );
     let absmask = _mm512_set1_epi32(0x7fff_ffff);
     for (b, o) in out.iter_mut().enumerate() {
         let p = x[b * 256..(b + 1) * 256].as_ptr();
@@ -269,7 +275,7 @@ unsafe fn q6_pair(p: *const u8, pp: usize) -> __m512i {
             p.add(k_off::Q6K_SC + (2 * pp) * 16) as *const _
         ));
         let y = _mm512_cvtepi8_epi32(_mm_loadu_si128(
-            p.add(k_off::Q6K_SC + (2 * pp + 1) * 16) as *const _,
+            p.add(k_off::Q6K_SC + (2 * pp + 1) * 16) as *const _
         ));
         _mm512_or_si512(
             _mm512_and_si512(_mm512_slli_epi32(x, 5), _mm512_set1_epi32(0xffff)),
@@ -413,8 +419,9 @@ unsafe fn sb_q4k<const M: usize, const N: usize>(
             for g in 0..8 {
                 let mut wv = [_mm512_setzero_si512(); N];
                 for j in 0..N {
-                    wv[j] =
-                        _mm512_load_si512(s.w.as_ptr().add(j * 4096 + (sb * 8 + g) * 64) as *const _);
+                    wv[j] = _mm512_load_si512(
+                        s.w.as_ptr().add(j * 4096 + (sb * 8 + g) * 64) as *const _
+                    );
                 }
                 for i in 0..M {
                     let av = bcast((*a[i]).qs.as_ptr().add(sb * 32 + 4 * g) as *const u8);
@@ -502,8 +509,9 @@ unsafe fn sb_q6k<const M: usize, const N: usize>(
             for g in 0..4 {
                 let mut wv = [_mm512_setzero_si512(); N];
                 for j in 0..N {
-                    wv[j] =
-                        _mm512_load_si512(s.w.as_ptr().add(j * 4096 + (sb * 4 + g) * 64) as *const _);
+                    wv[j] = _mm512_load_si512(
+                        s.w.as_ptr().add(j * 4096 + (sb * 4 + g) * 64) as *const _
+                    );
                 }
                 for i in 0..M {
                     let av = bcast((*a[i]).qs.as_ptr().add(sb * 16 + 4 * g) as *const u8);
@@ -674,7 +682,7 @@ unsafe fn gemv_q4k<const N: usize>(
                     tiles[j].add(b * pb + k_off::Q4K_D) as *const _
                 ));
                 dm[j] = _mm512_cvtph_ps(_mm256_loadu_si256(
-                    tiles[j].add(b * pb + k_off::Q4K_DMIN) as *const _,
+                    tiles[j].add(b * pb + k_off::Q4K_DMIN) as *const _
                 ));
             }
             q4k_finish(i1, i2, d, dm, [ab], acc);
@@ -825,11 +833,20 @@ pub(super) unsafe fn item(r: &JobRef<'_>, it: &Item, acts: &Acts, work: &mut Wor
     let ts = w.tile_bytes();
     let [tw, tu] = r.tiles(it);
     let (tiles, rows) = if it.swiglu {
-        ([tw.base().wrapping_add(it.t0 * ts), tu.base().wrapping_add(it.t0 * ts)], it.r1 - it.r0)
+        (
+            [
+                tw.base().wrapping_add(it.t0 * ts),
+                tu.base().wrapping_add(it.t0 * ts),
+            ],
+            it.r1 - it.r0,
+        )
     } else {
         let second = if it.nt == 2 { it.t0 + 1 } else { it.t0 };
         (
-            [w.base().wrapping_add(it.t0 * ts), w.base().wrapping_add(second * ts)],
+            [
+                w.base().wrapping_add(it.t0 * ts),
+                w.base().wrapping_add(second * ts),
+            ],
             it.r1 - it.r0,
         )
     };
@@ -837,7 +854,16 @@ pub(super) unsafe fn item(r: &JobRef<'_>, it: &Item, acts: &Acts, work: &mut Wor
     // SAFETY: the tiles lie inside the weights (t0 + nt <= n/16, validated shapes), the
     // activation rows r0..r1 exist, and the caller's contract covers the rest.
     unsafe {
-        accumulate(w, acts, tiles, it.nt, it.r0, it.r1, &mut work.scratch, &mut work.acc);
+        accumulate(
+            w,
+            acts,
+            tiles,
+            it.nt,
+            it.r0,
+            it.r1,
+            &mut work.scratch,
+            &mut work.acc,
+        );
         store(r, it, &work.acc);
     }
 }

@@ -84,10 +84,7 @@ impl Linear {
     /// VNNI and no `BATON_PORTABLE_KERNELS`, not on the CPU, or a shape they do not take).
     pub fn packed_q8_0(weight: &Tensor, bias: Option<&Tensor>) -> Result<Option<Self>> {
         let (n, k) = weight.dims2()?;
-        if weight.device().is_cpu()
-            && int8::enabled()
-            && Packed::supports(GgmlDType::Q8_0, n, k)
-        {
+        if weight.device().is_cpu() && int8::enabled() && Packed::supports(GgmlDType::Q8_0, n, k) {
             let q = QTensor::quantize(&weight.to_dtype(DType::F32)?, GgmlDType::Q8_0)?;
             let b = bias.map(|b| b.to_dtype(DType::F32)).transpose()?;
             let l = Self::from_qtensor(q, b, DType::F32, weight.device())?;
@@ -200,12 +197,9 @@ impl Linear {
                 if let candle_core::Storage::Cpu(cs) = &*st {
                     let all = cs.as_slice::<f32>()?;
                     let rs = &all[lay.start_offset()..lay.start_offset() + res.elem_count()];
-                    if let Some(outs) = run_packed(
-                        &ws,
-                        x,
-                        |_| Epilogue::Residual(rs),
-                        Some(res.elem_count()),
-                    )? {
+                    if let Some(outs) =
+                        run_packed(&ws, x, |_| Epilogue::Residual(rs), Some(res.elem_count()))?
+                    {
                         return one_output(outs);
                     }
                 }
@@ -381,4 +375,3 @@ mod dense_weight_tests {
         Ok(())
     }
 }
-
