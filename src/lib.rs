@@ -8,6 +8,7 @@ pub mod data;
 pub mod engine;
 pub mod eval;
 pub mod fetch;
+pub mod kernels;
 pub mod logging;
 pub mod mapper;
 pub mod metrics;

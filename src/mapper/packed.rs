@@ -330,44 +330,34 @@ fn rotate_into_heads(
 ) -> Vec<f32> {
     // Zeroed by the allocator (calloc): the unused capacity costs no writes.
     let mut out = vec![0f32; cap * heads * hd];
-    let base = out.as_mut_ptr() as usize;
     let half = hd / 2;
-    let one = |r: usize| {
-        for h in 0..heads {
-            let src = &y[r * heads * hd + h * hd..][..hd];
-            // SAFETY: row r of head h is written by this call alone, inside `out`.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut((base as *mut f32).add((h * cap + r) * hd), hd)
-            };
-            match tables {
-                None => dst.copy_from_slice(src),
-                Some((cos, sin, layout)) => {
-                    let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
-                    match layout {
-                        RopeLayout::RotateHalf => {
-                            for i in 0..half {
-                                let (a, b) = (src[i], src[i + half]);
-                                dst[i] = a * c[i] - b * s[i];
-                                dst[i + half] = b * c[i] + a * s[i];
-                            }
+    let one = |r: usize, h: usize, dst: &mut [f32]| {
+        let src = &y[r * heads * hd + h * hd..][..hd];
+        match tables {
+            None => dst.copy_from_slice(src),
+            Some((cos, sin, layout)) => {
+                let (c, s) = (&cos[r * half..][..half], &sin[r * half..][..half]);
+                match layout {
+                    RopeLayout::RotateHalf => {
+                        for i in 0..half {
+                            let (a, b) = (src[i], src[i + half]);
+                            dst[i] = a * c[i] - b * s[i];
+                            dst[i + half] = b * c[i] + a * s[i];
                         }
-                        RopeLayout::Interleaved => {
-                            for i in 0..half {
-                                let (a, b) = (src[2 * i], src[2 * i + 1]);
-                                dst[2 * i] = a * c[i] - b * s[i];
-                                dst[2 * i + 1] = a * s[i] + b * c[i];
-                            }
+                    }
+                    RopeLayout::Interleaved => {
+                        for i in 0..half {
+                            let (a, b) = (src[2 * i], src[2 * i + 1]);
+                            dst[2 * i] = a * c[i] - b * s[i];
+                            dst[2 * i + 1] = a * s[i] + b * c[i];
                         }
                     }
                 }
             }
         }
     };
-    if rows * heads * hd < 1 << 16 {
-        (0..rows).for_each(one);
-    } else {
-        candle_core::utils::barrier_pool().execute_chunked(rows, |range| range.for_each(one));
-    }
+    let parallel = rows * heads * hd >= 1 << 16;
+    crate::kernels::par::for_each_row_of_heads(&mut out, (heads, cap, hd), rows, parallel, one);
     out
 }
 
@@ -462,16 +452,8 @@ fn map_buffers(
     }
     let failed = std::sync::Mutex::new(None);
     {
-        let base = buf.as_mut_ptr() as usize;
-        let one = |i: usize| {
-            // SAFETY: layer i owns elements [2i·per, (2i+2)·per) of `buf`, which is that long.
-            let (kr, vr) = unsafe {
-                let p = (base as *mut f32).add(2 * i * per);
-                (
-                    std::slice::from_raw_parts_mut(p, per),
-                    std::slice::from_raw_parts_mut(p.add(per), per),
-                )
-            };
+        let one = |i: usize, part: &mut [f32]| {
+            let (kr, vr) = part.split_at_mut(per);
             let r = source_rows_into(
                 src,
                 src_rope,
@@ -489,12 +471,7 @@ fn map_buffers(
                 }
             }
         };
-        if per < 1 << 14 {
-            (0..layers.len()).for_each(one);
-        } else {
-            candle_core::utils::barrier_pool()
-                .execute_chunked(layers.len(), |range| range.for_each(one));
-        }
+        crate::kernels::par::for_each_chunk(&mut buf, 2 * per, layers.len(), per >= 1 << 14, one);
     }
     if let Some(e) = failed.into_inner().ok().flatten() {
         return Err(e);

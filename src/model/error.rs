@@ -38,6 +38,8 @@ pub enum ModelError {
     ChatTemplate(#[from] crate::text::ChatTemplateError),
     #[error("tensor computation failed: {0}")]
     Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Kernel(#[from] crate::kernels::KernelError),
     #[error("i/o error on {path}: {source}")]
     Io {
         path: PathBuf,

@@ -1,0 +1,106 @@
+//! The crate's hand-written CPU kernels, and with them all of its `unsafe` code: int8
+//! matmuls over Q8_0-style packed weights ([`int8`]) and a causal attention whose result
+//! does not depend on how its input was chunked ([`attention`]).
+//!
+//! Each kernel has a SIMD path for the CPUs the decoder is tuned for and a portable path
+//! in plain Rust that computes the same integer sums in the same float order. The SIMD
+//! path is chosen at run time when the CPU has the features it needs;
+//! `BATON_PORTABLE_KERNELS=1` forces the portable one everywhere (to check a result
+//! against the SIMD code, or to run the packed kernels on a CPU without AVX-512). Tests
+//! pick a path explicitly through [`KernelPath`].
+//!
+//! Nothing here knows about models or mappers: inputs are slices, shapes and strides,
+//! checked before any raw-pointer access, and failures are [`KernelError`]s.
+
+// The unsafe contract of every `unsafe fn` below is stated in its `# Safety` section; an
+// operation inside one still needs its own block, so each use of the contract is visible.
+#![deny(unsafe_op_in_unsafe_fn)]
+// The SIMD kernels index several parallel lane arrays with one counter; iterator chains
+// would hide which lanes pair up.
+#![allow(clippy::needless_range_loop, clippy::type_complexity)]
+
+pub mod attention;
+pub mod int8;
+pub mod par;
+mod send_ptr;
+
+use std::sync::OnceLock;
+
+/// What a kernel call can refuse. Shapes are checked before any memory is read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    #[error("the {path:?} kernel path cannot run here: {reason}")]
+    Unavailable {
+        path: KernelPath,
+        reason: &'static str,
+    },
+    #[error("kernel input mismatch: {0}")]
+    Shape(String),
+}
+
+/// An implementation a kernel can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelPath {
+    /// AVX-512 F/BW/VL with VNNI (Ice Lake, Zen 4 and later): the int8 matmuls.
+    Avx512Vnni,
+    /// AVX-512 F: the attention kernel.
+    Avx512,
+    /// Plain Rust, every CPU.
+    Portable,
+}
+
+impl KernelPath {
+    /// Whether this CPU has what the path needs.
+    pub fn available(self) -> bool {
+        match self {
+            KernelPath::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx512 => {
+                static OK: OnceLock<bool> = OnceLock::new();
+                *OK.get_or_init(|| is_x86_feature_detected!("avx512f"))
+            }
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx512Vnni => {
+                static OK: OnceLock<bool> = OnceLock::new();
+                *OK.get_or_init(|| {
+                    is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vl")
+                        && is_x86_feature_detected!("avx512vnni")
+                })
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The CPU features the path needs, for messages.
+    pub fn needs(self) -> &'static str {
+        match self {
+            KernelPath::Avx512Vnni => "avx512f, avx512bw, avx512vl and avx512vnni",
+            KernelPath::Avx512 => "avx512f",
+            KernelPath::Portable => "nothing",
+        }
+    }
+}
+
+/// The environment variable that forces [`KernelPath::Portable`].
+pub const PORTABLE_ENV: &str = "BATON_PORTABLE_KERNELS";
+
+/// Whether `BATON_PORTABLE_KERNELS` asks for the portable path (any value but empty or
+/// `0`). Read once: a path must not change under a running model, or a decode step would
+/// stop reproducing its prefill's bits.
+pub fn portable_forced() -> bool {
+    static FORCED: OnceLock<bool> = OnceLock::new();
+    *FORCED
+        .get_or_init(|| std::env::var_os(PORTABLE_ENV).is_some_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// The fastest of `simd` and the portable path that may run here.
+fn choose(simd: KernelPath) -> KernelPath {
+    if !portable_forced() && simd.available() {
+        simd
+    } else {
+        KernelPath::Portable
+    }
+}
