@@ -2,6 +2,7 @@
 //! mapping the source model's KV cache into the target's, and measure what that costs and
 //! how faithful it is.
 
+pub mod calibrate;
 pub mod engine;
 pub mod fetch;
 pub mod logging;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use baton::mapper::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
+use baton::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::mapper::corpus::{self, Split};
 use baton::mapper::eval_text::{eval_text, TextEval, TextEvalOptions};
 use baton::model::Model;

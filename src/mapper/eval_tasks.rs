@@ -13,8 +13,8 @@
 //! prefix is the same either way).
 
 use super::apply::CacheMapper;
-use super::calibrate::CalibrateError;
 use super::tasks::{extract_number, normalize_number, Choice, TaskDef, TaskItem, TaskKind};
+use crate::calibrate::CalibrateError;
 use crate::metrics::interval::{
     floor_normalised_retention, paired_bootstrap, raw_retention, wilson, Estimate, PairedOutcome,
 };

@@ -3,9 +3,9 @@
 //! the metrics module, per target layer where it has layers.
 
 use super::apply::CacheMapper;
-use super::calibrate::{probe_positions, CalibrateError};
 use super::features::{layer_features, rows_to_heads};
-use crate::metrics::{self, ContinuationScores, QueryGram};
+use crate::calibrate::CalibrateError;
+use crate::metrics::{self, probe_positions, ContinuationScores, QueryGram};
 use crate::model::{ForwardOptions, KvCache, Logits, Model};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};

@@ -21,7 +21,6 @@ pub mod arrow_stream;
 pub mod artifact;
 pub mod bench;
 pub mod bench_plot;
-pub mod calibrate;
 pub mod corpus;
 pub mod eval_tasks;
 pub mod eval_text;
