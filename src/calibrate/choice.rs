@@ -220,7 +220,9 @@ mod tests {
         assert_eq!((c.best, c.chosen), (3, 2));
         let notes = c.notes(&s, &r);
         assert_eq!(notes.len(), 1, "{notes:?}");
-        assert!(notes[0].starts_with("k=4 λ=0.01 chosen over k=8 λ=0.01: held-out attention cosine 0.7800 against 0.8000, within 0.03"), "{}", notes[0]);
+        let expected = "k=4 λ=0.01 chosen over k=8 λ=0.01: \
+                        held-out attention cosine 0.7800 against 0.8000, within 0.03 ";
+        assert!(notes[0].starts_with(expected), "{}", notes[0]);
         // A wider tolerance reaches the cheapest k it covers.
         let wide = choose(&s, &rule(SelectBy::Cosine, usize::MAX, 0.06)).unwrap();
         assert_eq!(s[wide.chosen].k, 2);

@@ -3,18 +3,19 @@
 //!
 //! The phases, each in its own module:
 //!
-//! 1. [`capture`]: both models prefill the calibration windows; the paired key and value
-//!    features of every kept position accumulate into [`PairStats`](crate::mapper::PairStats) for every requested
-//!    direction at once. Both also read the held-out windows, keeping their caches and
-//!    their own queries at probe positions.
+//! 1. `capture`: both models prefill the calibration windows; the paired key and value
+//!    features of every kept position accumulate into
+//!    [`PairStats`](crate::mapper::PairStats) for every requested direction at once.
+//!    Both also read the held-out windows, keeping their caches and their own queries at
+//!    probe positions.
 //! 2. Per direction, source layers are ranked per target layer by single-layer R², and
-//!    [`sweep`] fits a ridge map from the top-k source layers for every (k, λ) and scores
-//!    it with [`heldout`]: attention-output cosine at the probes and next-token agreement
+//!    `sweep` fits a ridge map from the top-k source layers for every (k, λ) and scores
+//!    it with `heldout`: attention-output cosine at the probes and next-token agreement
 //!    of the target continuing each window from the mapped prefix. R² ranks layers only;
 //!    it does not predict handoff quality, so it never chooses.
 //! 3. [`choice`] picks the point by the chosen held-out measure under the cap on k, and
 //!    prefers a cheaper k within the tolerance. It is pure.
-//! 4. [`rank`] optionally cuts the chosen maps to a reduced rank.
+//! 4. `rank` optionally cuts the chosen maps to a reduced rank.
 //! 5. The maps and a [`CalibrationReport`] of everything measured come back as
 //!    [`Fitted`], which the caller writes as the artifact.
 

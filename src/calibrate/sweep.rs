@@ -409,7 +409,9 @@ mod tests {
         let none = plan_ks(&[4, 8], 10, 64, 300);
         assert_eq!((none.ks, none.fell_back), (vec![1], true));
         assert_eq!(none.skipped.len(), 2);
-        // k = 1 is always tried, however few the observations.
-        assert_eq!(plan_ks(&[1], 10, 64, 2).ks, vec![1]);
+        // k = 1 is always tried, however few the observations, and is no fallback then.
+        let few = plan_ks(&[1, 2], 10, 64, 2);
+        assert_eq!((few.ks, few.fell_back), (vec![1], false));
+        assert_eq!(few.skipped.iter().map(|s| s.k).collect::<Vec<_>>(), vec![2]);
     }
 }
