@@ -3,6 +3,7 @@
 //! how faithful it is.
 
 pub mod bench;
+pub mod calibrate;
 pub mod console;
 pub mod data;
 pub mod engine;

@@ -75,8 +75,8 @@ fn run(cli: Cli) -> Result<()> {
 /// and missing mappers calibrated by the engine, with progress on screen; a first run
 /// gets a quick mapper and a note saying how to fit the full one.
 fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> {
+    use baton::calibrate::CalibrateOptions;
     use baton::engine::{script, EngineConfig};
-    use baton::mapper::calibrate::CalibrateOptions;
     let mut cfg = EngineConfig::new([a.pair.source.clone(), a.pair.target.clone()], dev.clone());
     cfg.mapper_dir = a.pair.mapper_dir.clone();
     cfg.calibrate_missing = Some(CalibrateOptions::quick());
@@ -321,7 +321,7 @@ struct CalibrationBars {
     bar: std::cell::RefCell<Option<indicatif::ProgressBar>>,
 }
 
-impl baton::mapper::calibrate::CalibrationProgress for CalibrationBars {
+impl baton::calibrate::CalibrationProgress for CalibrationBars {
     fn phase(&self, name: &str, total: u64) {
         if let Some(b) = self.bar.borrow_mut().take() {
             b.finish();
@@ -351,9 +351,9 @@ impl baton::mapper::calibrate::CalibrationProgress for CalibrationBars {
 }
 
 fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
+    use baton::calibrate::{self as cal, CalibrateOptions, Direction};
     use baton::data::corpus;
     use baton::mapper::artifact::{self, CorpusInfo, MapperMeta};
-    use baton::mapper::calibrate::{self as cal, CalibrateOptions, Direction};
     let cancel = std::sync::Arc::new(AtomicBool::new(false));
     {
         let c = cancel.clone();
@@ -392,20 +392,22 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
         },
         k_tolerance: a.k_tolerance,
         select_by: match a.select_by {
-            cli::SelectByArg::Cosine => baton::mapper::calibrate::SelectBy::Cosine,
-            cli::SelectByArg::Agreement => baton::mapper::calibrate::SelectBy::Agreement,
+            cli::SelectByArg::Cosine => baton::calibrate::SelectBy::Cosine,
+            cli::SelectByArg::Agreement => baton::calibrate::SelectBy::Agreement,
         },
         standardize: !a.no_standardize,
         rank: match a.rank.as_deref() {
             None => None,
-            Some("auto") => Some(baton::mapper::calibrate::RankChoice::Auto),
-            Some(r) => Some(baton::mapper::calibrate::RankChoice::Fixed(
+            Some("auto") => Some(baton::calibrate::RankChoice::Auto),
+            Some(r) => Some(baton::calibrate::RankChoice::Fixed(
                 r.parse()
                     .with_context(|| format!("--rank takes a number or `auto`, got `{r}`"))?,
             )),
         },
         ..CalibrateOptions::default()
     };
+    // Before the corpus and the models: a mistaken option should not cost their loading.
+    opts.validate()?;
     let files = if a.corpus.is_empty() {
         corpus::default_files()?
     } else {

@@ -3,9 +3,9 @@
 
 mod common;
 
+use baton::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::data::corpus::{self, Split};
 use baton::eval::text::{eval_text, TextEval, TextEvalOptions};
-use baton::mapper::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::model::Model;
 use candle_core::Device;
 use std::sync::atomic::AtomicBool;

@@ -6,11 +6,11 @@
 
 mod common;
 
-use baton::data::corpus::Document;
-use baton::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
-use baton::mapper::calibrate::{
+use baton::calibrate::{
     calibrate, CalibrateError, CalibrateOptions, Direction, Fitted, NoProgress, SelectBy,
 };
+use baton::data::corpus::Document;
+use baton::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
 use baton::model::{LoadOptions, Model, ResolvedModel};
 use candle_core::{Device, Tensor};
 use common::synthetic::Tiny;
@@ -150,7 +150,7 @@ fn selecting_by_agreement_chooses_the_point_the_continuations_prefer() {
     let f = fit(SelectBy::Agreement);
     let r = &f.report;
     eprintln!("{:?}", r.sweep);
-    let top1 = |p: &baton::mapper::calibrate::SweepPoint| p.agreement.unwrap().top1;
+    let top1 = |p: &baton::calibrate::SweepPoint| p.agreement.unwrap().top1;
     let best = r
         .sweep
         .iter()

@@ -1,6 +1,6 @@
 //! What the engine is started with.
 
-use crate::mapper::calibrate::CalibrateOptions;
+use crate::calibrate::CalibrateOptions;
 use crate::model::Sampling;
 use candle_core::Device;
 use serde::{Deserialize, Serialize};

@@ -16,9 +16,8 @@ use super::conversation::Conversation;
 use super::load::LoadedMapper;
 use super::switch::{cache_metrics, map_onto};
 use super::EngineError;
-use crate::mapper::calibrate::probe_positions;
 use crate::mapper::CacheMapper;
-use crate::metrics::{self, QueryGram};
+use crate::metrics::{self, probe_positions, QueryGram};
 use crate::model::{generate, ForwardOptions, GenerateOptions, KvCache, Logits, Model, StopReason};
 use crate::protocol::{
     CacheOrigin, Command, Event, GateDecision, GenerationTimings, ModelInfo, PathKind, StopKind,

@@ -2,10 +2,10 @@
 //! when asked and missing), progress reported as `Loading` events.
 
 use super::EngineError;
+use crate::calibrate::{self, CalibrateOptions, CalibrationProgress, Direction};
 use crate::data::corpus;
 use crate::fetch::{self, FetchProgress};
 use crate::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
-use crate::mapper::calibrate::{self, CalibrateOptions, CalibrationProgress, Direction};
 use crate::mapper::CacheMapper;
 use crate::model::Model;
 use crate::protocol::{Event, MapperInfo};

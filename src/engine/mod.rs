@@ -31,7 +31,7 @@ pub enum EngineError {
     #[error(transparent)]
     Artifact(#[from] crate::mapper::artifact::ArtifactError),
     #[error(transparent)]
-    Calibrate(#[from] crate::mapper::calibrate::CalibrateError),
+    Calibrate(#[from] crate::calibrate::CalibrateError),
     #[error(transparent)]
     Corpus(#[from] crate::data::corpus::CorpusError),
     #[error(transparent)]
@@ -172,7 +172,7 @@ pub fn build(
     };
     let mut out = Outbox { events, recorder };
     out.emit(ready);
-    let full = crate::mapper::calibrate::CalibrateOptions::default().sequences;
+    let full = crate::calibrate::CalibrateOptions::default().sequences;
     for m in &mappers {
         if !m.has_source_scales
             && config.device.is_cpu()

@@ -3,10 +3,9 @@
 //! the metrics module, per target layer where it has layers.
 
 use super::EvalError;
-use crate::mapper::calibrate::probe_positions;
 use crate::mapper::features::{layer_features, rows_to_heads};
 use crate::mapper::CacheMapper;
-use crate::metrics::{self, ContinuationScores, QueryGram};
+use crate::metrics::{self, probe_positions, ContinuationScores, QueryGram};
 use crate::model::{ForwardOptions, KvCache, Logits, Model};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};

@@ -38,7 +38,6 @@ pub use stats::PairStats;
 
 pub mod apply;
 pub mod artifact;
-pub mod calibrate;
 pub mod features;
 pub mod low_rank;
 pub mod packed;

@@ -73,6 +73,14 @@ pub fn attention_output_cosine(
     Ok(cos.mean_all()?.to_scalar::<f32>()? as f64)
 }
 
+/// Probe positions spread over a window, skipping the first few (attention sinks).
+pub fn probe_positions(len: usize, count: usize) -> Vec<usize> {
+    let lo = (len / 8).min(len.saturating_sub(1));
+    let span = len - lo;
+    let count = count.min(span).max(1);
+    (0..count).map(|i| lo + i * span / count).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +114,15 @@ mod tests {
         let c = attention_output_cosine(&q, &[1, 3], &k, &v, &k2, &v2)?;
         assert!((c - 1.0).abs() < 1e-5, "{c}");
         Ok(())
+    }
+
+    #[test]
+    fn probes_skip_the_first_eighth_and_stay_inside_the_window() {
+        assert_eq!(probe_positions(64, 4), vec![8, 22, 36, 50]);
+        // More probes than positions past the sinks: one per position, none repeated.
+        assert_eq!(probe_positions(16, 100), (2..16).collect::<Vec<_>>());
+        // A window too short to skip anything still gets one probe inside it.
+        assert_eq!(probe_positions(1, 3), vec![0]);
+        assert_eq!(probe_positions(10, 0), vec![1]);
     }
 }

@@ -1,0 +1,293 @@
+//! Capture: both models prefill the same windows, and the paired key and value features
+//! of every kept position are folded into [`PairStats`], one pair per direction. Each
+//! window is read once by each model whatever the number of directions: the prefill is
+//! the expensive part of a calibration.
+
+use super::{check_cancel, CalibrateError, CalibrateOptions, CalibrationProgress, Direction};
+use crate::mapper::features::all_layer_features;
+use crate::mapper::PairStats;
+use crate::metrics::probe_positions;
+use crate::model::rope::Rope;
+use crate::model::{ForwardOptions, KvCache, Logits, Model};
+use candle_core::Tensor;
+use std::sync::atomic::AtomicBool;
+
+/// A window as one model read it.
+pub struct Captured {
+    pub cache: KvCache,
+    /// Per layer [n_head, probes, hd], the model's own queries at the probe positions.
+    pub queries: Vec<Tensor>,
+}
+
+/// Prefill `ids` into a fresh cache, keeping the queries at `probes`.
+pub fn capture(m: &Model, ids: &[u32], probes: &[usize]) -> Result<Captured, CalibrateError> {
+    let mut cache = m.decoder.new_cache();
+    let out = m.decoder.forward(
+        ids,
+        &mut cache,
+        &ForwardOptions {
+            logits: Logits::None,
+            probe_positions: probes.to_vec(),
+        },
+    )?;
+    Ok(Captured {
+        cache,
+        queries: out.queries,
+    })
+}
+
+/// One window's features of one model, as [`PairStats::update`] takes them: `rows`
+/// observations of every layer's keys and of every layer's values, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowFeatures {
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
+    pub rows: usize,
+}
+
+impl WindowFeatures {
+    /// Positions `skip_first..len` of `cache`, every `stride`-th.
+    pub fn of(
+        cache: &KvCache,
+        rope: &Rope,
+        skip_first: usize,
+        len: usize,
+        stride: usize,
+    ) -> Result<Self, CalibrateError> {
+        let (k, v) = all_layer_features(cache, rope, skip_first, len, stride)?;
+        Ok(Self {
+            rows: k.dim(0)?,
+            keys: flat(&k)?,
+            values: flat(&v)?,
+        })
+    }
+}
+
+fn flat(t: &Tensor) -> Result<Vec<f32>, CalibrateError> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// Key and value statistics of one direction.
+#[derive(Debug)]
+pub struct DirectionStats {
+    pub direction: Direction,
+    pub keys: PairStats,
+    pub values: PairStats,
+}
+
+impl DirectionStats {
+    /// Empty statistics for `direction` between models of these (layers, key/value
+    /// width) geometries, `a` the first model and `b` the second.
+    pub fn new(
+        direction: Direction,
+        a: (usize, usize),
+        b: (usize, usize),
+    ) -> Result<Self, CalibrateError> {
+        let ((ls, ds), (lt, dt)) = direction.pick(a, b);
+        Ok(Self {
+            direction,
+            keys: PairStats::new(ls, ds, lt, dt)?,
+            values: PairStats::new(ls, ds, lt, dt)?,
+        })
+    }
+
+    /// Add one window read by both models, the first model's features in `a`.
+    pub fn add(&mut self, a: &WindowFeatures, b: &WindowFeatures) -> Result<(), CalibrateError> {
+        let (s, t) = self.direction.pick(a, b);
+        self.keys.update(&s.keys, &t.keys, s.rows)?;
+        self.values.update(&s.values, &t.values, s.rows)?;
+        Ok(())
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        self.keys.memory_bytes() + self.values.memory_bytes()
+    }
+}
+
+fn geometry(m: &Model) -> (usize, usize) {
+    (m.config().n_layer, m.config().kv_width())
+}
+
+/// Statistics for each of `directions` between `a` and `b`, allocated up front so that
+/// a geometry too large for memory fails before the capture.
+pub fn allocate(
+    a: &Model,
+    b: &Model,
+    directions: &[Direction],
+) -> Result<Vec<DirectionStats>, CalibrateError> {
+    directions
+        .iter()
+        .map(|&d| DirectionStats::new(d, geometry(a), geometry(b)))
+        .collect()
+}
+
+/// Both models read every fitting window; every direction's statistics take the pair.
+pub fn capture_fit(
+    a: &Model,
+    b: &Model,
+    windows: &[Vec<u32>],
+    opts: &CalibrateOptions,
+    stats: &mut [DirectionStats],
+    progress: &dyn CalibrationProgress,
+    cancel: &AtomicBool,
+) -> Result<(), CalibrateError> {
+    progress.phase("capture", windows.len() as u64);
+    for w in windows {
+        check_cancel(cancel)?;
+        let ca = capture(a, w, &[])?;
+        let cb = capture(b, w, &[])?;
+        let fa = WindowFeatures::of(
+            &ca.cache,
+            a.decoder.rope(),
+            opts.skip_first,
+            w.len(),
+            opts.stride,
+        )?;
+        let fb = WindowFeatures::of(
+            &cb.cache,
+            b.decoder.rope(),
+            opts.skip_first,
+            w.len(),
+            opts.stride,
+        )?;
+        for s in stats.iter_mut() {
+            s.add(&fa, &fb)?;
+        }
+        progress.advance(1);
+    }
+    Ok(())
+}
+
+/// The held-out windows as both models read them, with each model's own queries at the
+/// probe positions.
+pub struct HeldOutCaptures {
+    pub windows: Vec<Vec<u32>>,
+    pub a: Vec<Captured>,
+    pub b: Vec<Captured>,
+    pub probes: Vec<usize>,
+}
+
+/// The held-out windows of one direction: source and target captures in that order.
+#[derive(Clone, Copy)]
+pub struct HeldOutView<'a> {
+    pub windows: &'a [Vec<u32>],
+    pub src: &'a [Captured],
+    pub tgt: &'a [Captured],
+    pub probes: &'a [usize],
+}
+
+impl HeldOutCaptures {
+    pub fn view(&self, d: Direction) -> HeldOutView<'_> {
+        let (src, tgt) = d.pick(&self.a, &self.b);
+        HeldOutView {
+            windows: &self.windows,
+            src,
+            tgt,
+            probes: &self.probes,
+        }
+    }
+}
+
+/// Both models read every held-out window, keeping their queries at the probes.
+pub fn capture_heldout(
+    a: &Model,
+    b: &Model,
+    windows: Vec<Vec<u32>>,
+    opts: &CalibrateOptions,
+    progress: &dyn CalibrationProgress,
+    cancel: &AtomicBool,
+) -> Result<HeldOutCaptures, CalibrateError> {
+    let probes = probe_positions(opts.seq_len, opts.probes);
+    progress.phase("held-out", windows.len() as u64);
+    let (mut held_a, mut held_b) = (Vec::new(), Vec::new());
+    for w in &windows {
+        check_cancel(cancel)?;
+        held_a.push(capture(a, w, &probes)?);
+        held_b.push(capture(b, w, &probes)?);
+        progress.advance(1);
+    }
+    Ok(HeldOutCaptures {
+        windows,
+        a: held_a,
+        b: held_b,
+        probes,
+    })
+}
+
+/// Statistics of the held-out windows in the geometry of `like`: they give held-out R²
+/// per layer from the statistics alone, without touching raw rows again.
+pub fn heldout_stats(
+    src: &Model,
+    tgt: &Model,
+    held: HeldOutView<'_>,
+    like: &PairStats,
+    opts: &CalibrateOptions,
+) -> Result<(PairStats, PairStats), CalibrateError> {
+    let (ls, ds, lt, dt) = (like.l_s(), like.d_s(), like.l_t(), like.d_t());
+    let mut hk = PairStats::new(ls, ds, lt, dt)?;
+    let mut hv = PairStats::new(ls, ds, lt, dt)?;
+    for (s, t) in held.src.iter().zip(held.tgt) {
+        let fs = WindowFeatures::of(
+            &s.cache,
+            src.decoder.rope(),
+            opts.skip_first,
+            s.cache.len(),
+            opts.stride,
+        )?;
+        let ft = WindowFeatures::of(
+            &t.cache,
+            tgt.decoder.rope(),
+            opts.skip_first,
+            t.cache.len(),
+            opts.stride,
+        )?;
+        hk.update(&fs.keys, &ft.keys, fs.rows)?;
+        hv.update(&fs.values, &ft.values, fs.rows)?;
+    }
+    Ok((hk, hv))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `rows` observations of `layers × width` features, each value `base + row`.
+    fn feats(layers: usize, width: usize, rows: usize, base: f32) -> WindowFeatures {
+        let row = |r: usize| (0..layers * width).map(move |c| base + r as f32 + c as f32);
+        let all: Vec<f32> = (0..rows).flat_map(row).collect();
+        WindowFeatures {
+            keys: all.clone(),
+            values: all.iter().map(|x| -x).collect(),
+            rows,
+        }
+    }
+
+    #[test]
+    fn each_direction_reads_the_pair_its_own_way_round() {
+        // Models of different geometry: 2 layers of width 3 and 3 layers of width 3.
+        let (a_geo, b_geo) = ((2, 3), (3, 3));
+        let mut fwd = DirectionStats::new(Direction::Forward, a_geo, b_geo).unwrap();
+        let mut bwd = DirectionStats::new(Direction::Backward, a_geo, b_geo).unwrap();
+        assert_eq!((fwd.keys.l_s(), fwd.keys.d_s()), (2, 3));
+        assert_eq!((bwd.keys.l_s(), bwd.keys.d_s(), bwd.keys.l_t()), (3, 3, 2));
+        let (fa, fb) = (feats(2, 3, 5, 0.0), feats(3, 3, 5, 100.0));
+        fwd.add(&fa, &fb).unwrap();
+        bwd.add(&fa, &fb).unwrap();
+        assert_eq!((fwd.keys.count(), bwd.values.count()), (5, 5));
+        // The mean of column 0 over rows 0..5 is base + 2.
+        assert!((fwd.keys.mean_x()[0] - 2.0).abs() < 1e-9);
+        assert!((fwd.keys.mean_y()[0] - 102.0).abs() < 1e-9);
+        assert!((bwd.keys.mean_x()[0] - 102.0).abs() < 1e-9);
+        assert!((bwd.values.mean_y()[0] + 2.0).abs() < 1e-9);
+        // The other model's features do not fit a direction's source side.
+        assert!(fwd.add(&fb, &fa).is_err());
+        assert_eq!(fwd.memory_bytes(), 2 * fwd.keys.memory_bytes());
+    }
+
+    #[test]
+    fn a_window_with_no_kept_rows_adds_nothing() {
+        let mut s = DirectionStats::new(Direction::Forward, (1, 2), (1, 2)).unwrap();
+        s.add(&feats(1, 2, 0, 0.0), &feats(1, 2, 0, 0.0)).unwrap();
+        assert_eq!(s.keys.count(), 0);
+    }
+}

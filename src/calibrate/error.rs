@@ -1,0 +1,27 @@
+use crate::data::corpus::CorpusError;
+use crate::mapper::MapperError;
+use crate::metrics::MetricError;
+use crate::model::ModelError;
+use crate::text::TokenizerError;
+
+/// Everything that can stop a calibration. Option mistakes are caught before any model
+/// runs ([`super::CalibrateOptions::validate`]) and name the flag and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrateError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Mapper(#[from] MapperError),
+    #[error(transparent)]
+    Corpus(#[from] CorpusError),
+    #[error(transparent)]
+    Metric(#[from] MetricError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("calibration cancelled; nothing was written")]
+    Cancelled,
+    #[error("{0}")]
+    Options(String),
+}

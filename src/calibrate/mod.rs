@@ -1,0 +1,297 @@
+//! Calibration: fit the mappers between two models of one family from what both do on
+//! the same text, and choose among them on text the fit never saw.
+//!
+//! The phases, each in its own module:
+//!
+//! 1. `capture`: both models prefill the calibration windows; the paired key and value
+//!    features of every kept position accumulate into
+//!    [`PairStats`](crate::mapper::PairStats) for every requested direction at once.
+//!    Both also read the held-out windows, keeping their caches and their own queries at
+//!    probe positions.
+//! 2. Per direction, source layers are ranked per target layer by single-layer R², and
+//!    `sweep` fits a ridge map from the top-k source layers for every (k, λ) and scores
+//!    it with `heldout`: attention-output cosine at the probes and next-token agreement
+//!    of the target continuing each window from the mapped prefix. R² ranks layers only;
+//!    it does not predict handoff quality, so it never chooses.
+//! 3. [`choice`] picks the point by the chosen held-out measure under the cap on k, and
+//!    prefers a cheaper k within the tolerance. It is pure.
+//! 4. `rank` optionally cuts the chosen maps to a reduced rank.
+//! 5. The maps and a [`CalibrationReport`] of everything measured come back as
+//!    [`Fitted`], which the caller writes as the artifact.
+
+mod capture;
+pub mod choice;
+mod error;
+mod heldout;
+mod options;
+mod rank;
+mod report;
+mod sweep;
+
+pub use error::CalibrateError;
+pub use heldout::continuation_start;
+pub use options::{
+    CalibrateOptions, RankChoice, SelectBy, AUTO_RANKS, DEFAULT_MAX_K, K_TOLERANCE, RANK_TOLERANCE,
+};
+pub use report::{CalibrationReport, RankPoint, SkippedK, SweepPoint};
+
+use crate::data::corpus::{self, Document, Split};
+use crate::mapper::packed::SourceScales;
+use crate::mapper::ridge::{LayerMap, RidgeOptions};
+use crate::mapper::select::single_layer_r2;
+use crate::mapper::CacheMapper;
+use crate::model::{Model, ModelIdentity};
+use capture::{DirectionStats, HeldOutCaptures};
+use choice::ChoiceRule;
+use heldout::HeldOutScorer;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Direction {
+    /// First model to second.
+    Forward,
+    /// Second model to first.
+    Backward,
+}
+
+impl Direction {
+    /// `(source, target)` of this direction between `first` and `second`.
+    pub fn pick<T>(self, first: T, second: T) -> (T, T) {
+        match self {
+            Direction::Forward => (first, second),
+            Direction::Backward => (second, first),
+        }
+    }
+}
+
+/// Progress of a long calibration, for a bar with ETA.
+pub trait CalibrationProgress {
+    fn phase(&self, name: &str, total: u64);
+    fn advance(&self, n: u64);
+    fn note(&self, msg: &str);
+}
+
+pub struct NoProgress;
+impl CalibrationProgress for NoProgress {
+    fn phase(&self, _: &str, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn note(&self, _: &str) {}
+}
+
+/// A fitted mapper for one direction, ready to save or apply.
+pub struct Fitted {
+    pub source: ModelIdentity,
+    pub target: ModelIdentity,
+    pub k: usize,
+    pub lambda: f64,
+    pub standardize: bool,
+    pub keys: Vec<LayerMap>,
+    pub values: Vec<LayerMap>,
+    /// The source features' means and deviations, for the int8 map.
+    pub source_scales: SourceScales,
+    pub report: CalibrationReport,
+}
+
+impl Fitted {
+    pub fn cache_mapper(&self, src: &Model, tgt: &Model) -> Result<CacheMapper, CalibrateError> {
+        heldout::to_cache_mapper(src, tgt, &self.keys, &self.values, &self.source_scales)
+    }
+}
+
+/// Checked between windows and between sweep points: a cancel is honoured within one
+/// prefill or one fit, and nothing is written.
+fn check_cancel(cancel: &AtomicBool) -> Result<(), CalibrateError> {
+    if cancel.load(Ordering::Relaxed) {
+        Err(CalibrateError::Cancelled)
+    } else {
+        Ok(())
+    }
+}
+
+/// Calibrate the mappers between `a` and `b` for the requested directions.
+pub fn calibrate(
+    a: &Model,
+    b: &Model,
+    docs: &[Document],
+    directions: &[Direction],
+    opts: &CalibrateOptions,
+    progress: &dyn CalibrationProgress,
+    cancel: &AtomicBool,
+) -> Result<Vec<Fitted>, CalibrateError> {
+    crate::text::ensure_same_tokenizer(&a.tokenizer, &b.tokenizer)
+        .map_err(|e| CalibrateError::Model(e.into()))?;
+    if directions.is_empty() {
+        return Err(CalibrateError::Options(
+            "no direction to calibrate: ask for at least one".into(),
+        ));
+    }
+    opts.validate()?;
+    let (len, tok) = (opts.seq_len, &a.tokenizer);
+    let fit_windows = corpus::windows(docs, tok, Split::Fit, len, opts.sequences)?;
+    let sel_windows = corpus::windows(docs, tok, Split::Select, len, opts.select_sequences)?;
+    let mut stats = capture::allocate(a, b, directions)?;
+    let stats_bytes: usize = stats.iter().map(DirectionStats::memory_bytes).sum();
+    tracing::info!(stats_bytes, "calibration statistics allocated");
+
+    let t0 = Instant::now();
+    capture::capture_fit(a, b, &fit_windows, opts, &mut stats, progress, cancel)?;
+    let held = capture::capture_heldout(a, b, sel_windows, opts, progress, cancel)?;
+    let capture_seconds = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut out = stats
+        .iter()
+        .map(|st| {
+            let (src, tgt) = st.direction.pick(a, b);
+            let mut f = fit_direction(src, tgt, st, &held, opts, progress, cancel)?;
+            f.report.capture_seconds = capture_seconds;
+            f.report.stats_bytes = stats_bytes;
+            Ok(f)
+        })
+        .collect::<Result<Vec<_>, CalibrateError>>()?;
+    let fit_seconds = t1.elapsed().as_secs_f64();
+    for f in &mut out {
+        f.report.fit_seconds = fit_seconds;
+    }
+    Ok(out)
+}
+
+/// Rank, sweep, choose and optionally reduce the maps of one direction.
+fn fit_direction(
+    src: &Model,
+    tgt: &Model,
+    st: &DirectionStats,
+    held: &HeldOutCaptures,
+    opts: &CalibrateOptions,
+    progress: &dyn CalibrationProgress,
+    cancel: &AtomicBool,
+) -> Result<Fitted, CalibrateError> {
+    let (sk, sv) = (&st.keys, &st.values);
+    let view = held.view(st.direction);
+    let (hk, hv) = capture::heldout_stats(src, tgt, view, sk, opts)?;
+    let base = RidgeOptions {
+        lambda: opts.lambdas.first().copied().unwrap_or(0.01),
+        standardize: opts.standardize,
+        ..RidgeOptions::default()
+    };
+    let scales = SourceScales::from_stats(sk, sv);
+    let r2k = single_layer_r2(sk, &base)?;
+    let r2v = single_layer_r2(sv, &base)?;
+    let scorer = HeldOutScorer::new(src, tgt, view, opts.skip_first, &scales)?;
+    let fit = sweep::FitInputs {
+        keys: sk,
+        values: sv,
+        rank_k: &r2k,
+        rank_v: &r2v,
+        base,
+    };
+    let plan = sweep::plan_ks(&opts.k_sweep, sk.l_s(), sk.d_s(), sk.count());
+    for s in &plan.skipped {
+        progress.note(&format!(
+            "k={:<3} skipped: {} (calibrate on more sequences to try it)",
+            s.k, s.reason
+        ));
+    }
+    if plan.fell_back {
+        progress.note("no k in the sweep fits the observations: using k=1");
+    }
+    let rule = ChoiceRule::from(opts);
+    let names = format!("{} -> {}", src.identity.name, tgt.identity.name);
+    let sweep_plan = sweep::SweepPlan {
+        ks: &plan.ks,
+        lambdas: &opts.lambdas,
+        rule,
+        label: format!("sweep {names}"),
+    };
+    let swept = sweep::run(&fit, &hk, &hv, &sweep_plan, &scorer, progress, cancel)?;
+    let points = swept.points;
+    let choice = choice::choose(&points, &rule)
+        .ok_or_else(|| CalibrateError::Options("empty k sweep".into()))?;
+    for note in choice.notes(&points, &rule) {
+        progress.note(&note);
+    }
+    let (k, lambda) = (points[choice.chosen].k, points[choice.chosen].lambda);
+    let best_above_max_k = choice.best_above_max_k.map(|i| points[i].clone());
+    let full = match swept.kept {
+        Some((i, scored)) if i == choice.chosen => scored,
+        // Fitted again rather than kept from the sweep: holding every point's maps
+        // would cost hundreds of MB for a choice only a tolerance makes.
+        _ => fit.fit_and_score(k, lambda, &scorer)?,
+    };
+    let full_cosine = full.held.mean_cosine();
+    let reduced = match opts.rank {
+        None => rank::RankOutcome {
+            scored: full,
+            sweep: Vec::new(),
+        },
+        Some(choice) => {
+            let step = rank::RankStep {
+                choice,
+                keys: sk,
+                values: sv,
+                width: tgt.config().kv_width(),
+                label: format!("rank {names}"),
+            };
+            rank::run(&step, full, &scorer, progress, cancel)?
+        }
+    };
+    let heldout::Scored { keys, values, held } = reduced.scored;
+    let report = CalibrationReport {
+        observations: sk.count(),
+        sequences: opts.sequences,
+        seq_len: opts.seq_len,
+        stride: opts.stride,
+        skip_first: opts.skip_first,
+        select_sequences: opts.select_sequences,
+        sweep: points,
+        skipped_k: plan.skipped,
+        max_k: (opts.max_k < sk.l_s()).then_some(opts.max_k),
+        best_above_max_k,
+        r2_k: sweep::layer_r2(&hk, &keys)?,
+        r2_v: sweep::layer_r2(&hv, &values)?,
+        cosine: held.cosine,
+        agreement: Some(held.agreement),
+        single_layer_r2_k: r2k,
+        single_layer_r2_v: r2v,
+        // The capture and the statistics are shared by the directions; the caller fills
+        // in their cost, and the fit time once every direction is done.
+        capture_seconds: 0.0,
+        fit_seconds: 0.0,
+        stats_bytes: 0,
+        rank_sweep: reduced.sweep,
+        full_cosine: Some(full_cosine),
+    };
+    Ok(Fitted {
+        source: src.identity.clone(),
+        target: tgt.identity.clone(),
+        k,
+        lambda,
+        standardize: opts.standardize,
+        keys,
+        values,
+        source_scales: scales,
+        report,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_direction_picks_source_and_target() {
+        assert_eq!(Direction::Forward.pick("a", "b"), ("a", "b"));
+        assert_eq!(Direction::Backward.pick("a", "b"), ("b", "a"));
+    }
+
+    #[test]
+    fn a_set_cancel_flag_stops_and_a_clear_one_does_not() {
+        assert!(check_cancel(&AtomicBool::new(false)).is_ok());
+        assert!(matches!(
+            check_cancel(&AtomicBool::new(true)),
+            Err(CalibrateError::Cancelled)
+        ));
+    }
+}

@@ -1,0 +1,363 @@
+//! What a calibration is asked to do, and the checks that catch a mistaken request before
+//! any model is loaded.
+
+use super::CalibrateError;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CalibrateOptions {
+    /// Windows used for fitting.
+    pub sequences: usize,
+    pub seq_len: usize,
+    /// Keep every `stride`-th position of a window as an observation.
+    pub stride: usize,
+    /// Held-out windows used to choose k and λ.
+    pub select_sequences: usize,
+    /// Query positions per held-out window for the attention-output cosine.
+    pub probes: usize,
+    /// Candidate k values; values past the source's layer count mean "all layers".
+    pub k_sweep: Vec<usize>,
+    pub lambdas: Vec<f64>,
+    /// The largest k the chosen mapper may use. Larger k are still swept and reported;
+    /// each doubling of k doubles the map's work, and the handoff is only worth doing
+    /// while the map stays far cheaper than the re-prefill.
+    #[serde(default = "default_max_k")]
+    pub max_k: usize,
+    /// Held-out cosine a smaller k may give up against the best allowed point and still
+    /// be chosen for being cheaper.
+    #[serde(default)]
+    pub k_tolerance: f64,
+    pub standardize: bool,
+    /// Leading positions of each window left out of the statistics: the first tokens are
+    /// attention sinks whose keys and values are outliers by orders of magnitude.
+    #[serde(default)]
+    pub skip_first: usize,
+    /// Fit a reduced (low-rank) mapper after the full one; `None` keeps the full one.
+    #[serde(default)]
+    pub rank: Option<RankChoice>,
+    /// The held-out number k and λ are chosen by.
+    #[serde(default)]
+    pub select_by: SelectBy,
+}
+
+/// How the reduced mapper's rank is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RankChoice {
+    /// This rank (a multiple of 32, below the target layer's width).
+    Fixed(usize),
+    /// The smallest of [`AUTO_RANKS`] whose held-out attention cosine is within
+    /// [`RANK_TOLERANCE`] of the full mapper's.
+    Auto,
+}
+
+/// What held-out number chooses k and λ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum SelectBy {
+    /// Attention-output cosine, mean over target layers.
+    #[default]
+    Cosine,
+    /// Next-token top-1 agreement on the windows' continuations.
+    Agreement,
+}
+
+impl SelectBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            SelectBy::Cosine => "attention cosine",
+            SelectBy::Agreement => "top-1 agreement",
+        }
+    }
+}
+
+/// The default largest k: at k = 8 the map of 1024 tokens takes about 150 ms against
+/// 8 s of re-prefill on the 1.5B target; k = 16 doubles it.
+pub const DEFAULT_MAX_K: usize = 8;
+/// Held-out cosine a cheaper point may give up by default: none. Next-token agreement
+/// has not been measured to follow small cosine differences between k (they can point
+/// the other way, see the λ note in [`CalibrateOptions::default`]), so trading fidelity
+/// for speed is the user's call (`--k-tolerance`).
+pub const K_TOLERANCE: f64 = 0.0;
+
+/// Options saved before the cap existed chose among every k.
+fn default_max_k() -> usize {
+    usize::MAX
+}
+
+/// Ranks `RankChoice::Auto` tries: multiples of 32, which the int8 kernels take whole.
+pub const AUTO_RANKS: [usize; 5] = [32, 64, 96, 128, 192];
+/// Held-out cosine a reduced mapper may give up against the full one under
+/// `RankChoice::Auto`.
+pub const RANK_TOLERANCE: f64 = 0.01;
+
+/// The shortest window calibrated on: probes start an eighth of the way in, and the
+/// continuation scored for next-token agreement is the last quarter.
+const MIN_SEQ_LEN: usize = 16;
+
+impl Default for CalibrateOptions {
+    fn default() -> Self {
+        Self {
+            sequences: 64,
+            seq_len: 512,
+            stride: 4,
+            select_sequences: 8,
+            probes: 32,
+            k_sweep: vec![1, 2, 4, 8, 12, 16, usize::MAX],
+            // λ is absolute on a standardised Gram whose diagonal is the observation
+            // count (8192 here): 0.01 is almost none. λ = 1000 raises the held-out
+            // attention cosine (0.734 → 0.755 at k = 8, 0.5B→1.5B, on code) but lowers
+            // next-token agreement on held-out text (0.864 → 0.845): shrunken keys give
+            // flatter attention. The cosine picks λ, so only λ values that are safe for
+            // the continuations are offered by default.
+            lambdas: vec![0.01],
+            max_k: DEFAULT_MAX_K,
+            k_tolerance: K_TOLERANCE,
+            standardize: true,
+            skip_first: 0,
+            rank: None,
+            select_by: SelectBy::Cosine,
+        }
+    }
+}
+
+impl CalibrateOptions {
+    /// A first-run mapper that is ready in a few minutes on a 2-core CPU: a quarter of
+    /// the default sample, stride 2 to keep enough observations for k up to 4.
+    pub fn quick() -> Self {
+        Self {
+            sequences: 24,
+            seq_len: 256,
+            stride: 2,
+            select_sequences: 4,
+            probes: 16,
+            k_sweep: vec![1, 2, 4],
+            ..Self::default()
+        }
+    }
+
+    /// Rejects a request that cannot calibrate, without touching a model: the capture
+    /// takes minutes to hours, and a mistake found after it wastes all of that. The
+    /// rank's upper bound depends on the target's width and is checked once it is known.
+    pub fn validate(&self) -> Result<(), CalibrateError> {
+        let bad = |msg: String| Err(CalibrateError::Options(msg));
+        if self.sequences == 0 {
+            return bad("--sequences 0: nothing to fit on; use --sequences 1 or more".into());
+        }
+        if self.seq_len < MIN_SEQ_LEN {
+            return bad(format!(
+                "--seq-len {}: windows need at least {MIN_SEQ_LEN} tokens for the held-out \
+                 probes and continuation; use --seq-len {MIN_SEQ_LEN} or more",
+                self.seq_len
+            ));
+        }
+        if self.stride == 0 {
+            return bad("--stride 0 keeps no positions; use --stride 1 or more".into());
+        }
+        // Probes start at an eighth of the window; skipped positions must stay before them.
+        if self.skip_first >= self.seq_len / 8 {
+            return bad(format!(
+                "--skip-first {} leaves too little of a {}-token window; use fewer than {}",
+                self.skip_first,
+                self.seq_len,
+                self.seq_len / 8
+            ));
+        }
+        if self.select_sequences == 0 {
+            return bad(
+                "--select-sequences 0: k and λ are chosen on held-out windows; use \
+                 --select-sequences 1 or more"
+                    .into(),
+            );
+        }
+        if self.k_sweep.is_empty() {
+            return bad("--k lists no candidate; give at least one, e.g. --k 1,2,4".into());
+        }
+        if self.k_sweep.contains(&0) {
+            return bad(
+                "--k 0: every target layer needs at least one source layer; use k of 1 or \
+                 more, or `all`"
+                    .into(),
+            );
+        }
+        if self.max_k == 0 {
+            return bad(
+                "--max-k 0 allows no mapper at all; use --max-k 1 or more, or `all`".into(),
+            );
+        }
+        if self.lambdas.is_empty() {
+            return bad("--lambda lists no penalty; give at least one, e.g. --lambda 0.01".into());
+        }
+        if let Some(l) = self.lambdas.iter().find(|l| !(l.is_finite() && **l >= 0.0)) {
+            return bad(format!(
+                "--lambda {l}: a ridge penalty must be a finite number ≥ 0, e.g. 0.01"
+            ));
+        }
+        if !(self.k_tolerance.is_finite() && self.k_tolerance >= 0.0) {
+            return bad(format!(
+                "--k-tolerance {}: the held-out score a cheaper k may give up must be a \
+                 finite number ≥ 0, e.g. 0.005",
+                self.k_tolerance
+            ));
+        }
+        if let Some(RankChoice::Fixed(r)) = self.rank {
+            if r == 0 || !r.is_multiple_of(32) {
+                return bad(format!(
+                    "--rank {r}: the rank must be a positive multiple of 32 (the int8 kernels \
+                     take whole blocks of 32), e.g. --rank 64, or --rank auto"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rejected(o: CalibrateOptions) -> String {
+        match o.validate() {
+            Err(CalibrateError::Options(msg)) => msg,
+            Err(e) => panic!("not an options error: {e}"),
+            Ok(()) => panic!("accepted: {o:?}"),
+        }
+    }
+
+    #[test]
+    fn the_shipped_presets_are_valid() {
+        CalibrateOptions::default().validate().unwrap();
+        CalibrateOptions::quick().validate().unwrap();
+        let all = CalibrateOptions {
+            k_sweep: vec![usize::MAX],
+            max_k: usize::MAX,
+            rank: Some(RankChoice::Fixed(64)),
+            k_tolerance: 0.01,
+            lambdas: vec![0.0, 1000.0],
+            skip_first: 63,
+            ..CalibrateOptions::default()
+        };
+        all.validate().unwrap();
+        let auto = CalibrateOptions {
+            rank: Some(RankChoice::Auto),
+            ..CalibrateOptions::default()
+        };
+        auto.validate().unwrap();
+    }
+
+    #[test]
+    fn each_impossible_option_is_rejected_naming_its_flag_and_the_fix() {
+        let d = CalibrateOptions::default;
+        let cases: Vec<(CalibrateOptions, &[&str])> = vec![
+            (
+                CalibrateOptions {
+                    sequences: 0,
+                    ..d()
+                },
+                &["--sequences 0", "1 or more"],
+            ),
+            (
+                CalibrateOptions {
+                    seq_len: 15,
+                    skip_first: 0,
+                    ..d()
+                },
+                &["--seq-len 15", "16 or more"],
+            ),
+            (
+                CalibrateOptions { stride: 0, ..d() },
+                &["--stride 0", "1 or more"],
+            ),
+            (
+                CalibrateOptions {
+                    skip_first: 64,
+                    ..d()
+                },
+                &["--skip-first 64", "fewer than 64"],
+            ),
+            (
+                CalibrateOptions {
+                    select_sequences: 0,
+                    ..d()
+                },
+                &["--select-sequences 0", "1 or more"],
+            ),
+            (
+                CalibrateOptions {
+                    k_sweep: vec![],
+                    ..d()
+                },
+                &["--k", "at least one"],
+            ),
+            (
+                CalibrateOptions {
+                    k_sweep: vec![1, 0, 4],
+                    ..d()
+                },
+                &["--k 0", "1 or more"],
+            ),
+            (
+                CalibrateOptions { max_k: 0, ..d() },
+                &["--max-k 0", "1 or more"],
+            ),
+            (
+                CalibrateOptions {
+                    lambdas: vec![],
+                    ..d()
+                },
+                &["--lambda", "at least one"],
+            ),
+            (
+                CalibrateOptions {
+                    lambdas: vec![0.01, -1.0],
+                    ..d()
+                },
+                &["--lambda -1", "≥ 0"],
+            ),
+            (
+                CalibrateOptions {
+                    lambdas: vec![f64::NAN],
+                    ..d()
+                },
+                &["--lambda NaN", "finite"],
+            ),
+            (
+                CalibrateOptions {
+                    k_tolerance: -0.1,
+                    ..d()
+                },
+                &["--k-tolerance -0.1", "≥ 0"],
+            ),
+            (
+                CalibrateOptions {
+                    rank: Some(RankChoice::Fixed(0)),
+                    ..d()
+                },
+                &["--rank 0", "multiple of 32"],
+            ),
+            (
+                CalibrateOptions {
+                    rank: Some(RankChoice::Fixed(48)),
+                    ..d()
+                },
+                &["--rank 48", "multiple of 32"],
+            ),
+        ];
+        for (o, words) in cases {
+            let msg = rejected(o);
+            for w in words {
+                assert!(msg.contains(w), "`{msg}` does not say `{w}`");
+            }
+        }
+    }
+
+    #[test]
+    fn skip_first_is_bounded_by_the_first_probe() {
+        let at = |skip_first, seq_len| CalibrateOptions {
+            skip_first,
+            seq_len,
+            ..CalibrateOptions::default()
+        };
+        // The first probe of a 64-token window sits at 8: skipping 7 leaves it in reach.
+        at(7, 64).validate().unwrap();
+        assert!(rejected(at(8, 64)).contains("--skip-first 8"));
+    }
+}

@@ -1,0 +1,130 @@
+//! What a calibration measured, saved in the artifact next to the maps so that a mapper
+//! can be judged (and its k and λ understood) without calibrating again.
+
+use super::SelectBy;
+use crate::metrics::NextTokenAgreement;
+use serde::{Deserialize, Serialize};
+
+/// One swept (k, λ), fitted on the calibration windows and scored on the held-out ones.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SweepPoint {
+    pub k: usize,
+    pub lambda: f64,
+    /// Held-out attention-output cosine, mean over target layers and windows.
+    pub cosine: f64,
+    pub r2_k: f64,
+    pub r2_v: f64,
+    /// Held-out next-token agreement of the target continuing from the mapped prefix
+    /// (absent in artifacts from before it was measured).
+    #[serde(default)]
+    pub agreement: Option<NextTokenAgreement>,
+}
+
+impl SweepPoint {
+    /// The number the choice of k and λ maximises.
+    pub fn merit(&self, by: SelectBy) -> f64 {
+        match by {
+            SelectBy::Cosine => self.cosine,
+            SelectBy::Agreement => self.agreement.map_or(f64::NEG_INFINITY, |a| a.top1),
+        }
+    }
+}
+
+/// A candidate k that was not swept.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SkippedK {
+    pub k: usize,
+    pub reason: String,
+}
+
+/// One reduced rank tried on the held-out windows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RankPoint {
+    pub rank: usize,
+    /// Held-out attention-output cosine, mean over target layers.
+    pub cosine: f64,
+    #[serde(default)]
+    pub agreement: Option<NextTokenAgreement>,
+    /// Multiply-adds per mapped token, all target layers, K and V.
+    pub macs_per_token: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CalibrationReport {
+    pub observations: u64,
+    pub sequences: usize,
+    pub seq_len: usize,
+    pub stride: usize,
+    /// Leading positions of each window left out of the fit; held-out windows were
+    /// scored with the target's own cache of them (the anchor the mapper is meant for).
+    #[serde(default)]
+    pub skip_first: usize,
+    pub select_sequences: usize,
+    pub sweep: Vec<SweepPoint>,
+    /// Candidate k values not tried, and why.
+    #[serde(default)]
+    pub skipped_k: Vec<SkippedK>,
+    /// The cap on k the choice was made under (`None`: no cap below all layers).
+    #[serde(default)]
+    pub max_k: Option<usize>,
+    /// The best swept point above the cap, when it beats the one chosen: what a larger,
+    /// slower mapper would reach.
+    #[serde(default)]
+    pub best_above_max_k: Option<SweepPoint>,
+    /// Per target layer, on the held-out windows, for the chosen k and λ.
+    pub r2_k: Vec<f64>,
+    pub r2_v: Vec<f64>,
+    pub cosine: Vec<f64>,
+    /// Held-out next-token agreement of the chosen mapper.
+    #[serde(default)]
+    pub agreement: Option<NextTokenAgreement>,
+    /// Single-layer R² used for ranking, [target layer][source layer].
+    pub single_layer_r2_k: Vec<Vec<f64>>,
+    pub single_layer_r2_v: Vec<Vec<f64>>,
+    pub capture_seconds: f64,
+    pub fit_seconds: f64,
+    /// Reduced ranks tried (empty for a full mapper), and the full mapper's cosine
+    /// they were held against.
+    #[serde(default)]
+    pub rank_sweep: Vec<RankPoint>,
+    #[serde(default)]
+    pub full_cosine: Option<f64>,
+    /// Bytes of the statistics held during calibration (both directions, K and V).
+    pub stats_bytes: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(cosine: f64, top1: Option<f64>) -> SweepPoint {
+        SweepPoint {
+            k: 1,
+            lambda: 0.01,
+            cosine,
+            r2_k: 0.5,
+            r2_v: 0.5,
+            agreement: top1.map(|top1| NextTokenAgreement {
+                top1,
+                kl: 0.1,
+                positions: 10,
+            }),
+        }
+    }
+
+    #[test]
+    fn merit_is_the_chosen_measure_and_a_missing_agreement_never_wins() {
+        let p = point(0.8, Some(0.6));
+        assert_eq!(p.merit(SelectBy::Cosine), 0.8);
+        assert_eq!(p.merit(SelectBy::Agreement), 0.6);
+        let old = point(0.9, None);
+        assert_eq!(old.merit(SelectBy::Agreement), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn a_point_saved_before_agreement_was_measured_still_reads() {
+        let json = r#"{"k":2,"lambda":0.01,"cosine":0.7,"r2_k":0.4,"r2_v":0.3}"#;
+        let p: SweepPoint = serde_json::from_str(json).unwrap();
+        assert_eq!((p.k, p.agreement), (2, None));
+    }
+}
