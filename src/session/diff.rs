@@ -181,9 +181,12 @@ struct SwitchView<'a> {
     gate: Option<&'a GateDecision>,
 }
 
+/// Each switch, with its metrics from its own event (sessions before format 1.1) or from
+/// the measurement that followed it.
 fn switches(s: &Session) -> BTreeMap<u32, SwitchView<'_>> {
-    s.events()
-        .filter_map(|e| match e {
+    let mut out = BTreeMap::new();
+    for e in s.events() {
+        match e {
             Event::Switch {
                 index,
                 turn,
@@ -192,19 +195,31 @@ fn switches(s: &Session) -> BTreeMap<u32, SwitchView<'_>> {
                 metrics,
                 gate,
                 ..
-            } => Some((
-                *index,
-                SwitchView {
-                    from,
-                    to,
-                    turn: *turn,
-                    metrics: metrics.as_ref(),
-                    gate: gate.as_ref(),
-                },
-            )),
-            _ => None,
-        })
-        .collect()
+            } => {
+                out.insert(
+                    *index,
+                    SwitchView {
+                        from,
+                        to,
+                        turn: *turn,
+                        metrics: metrics.as_ref(),
+                        gate: gate.as_ref(),
+                    },
+                );
+            }
+            Event::SwitchMeasured {
+                index,
+                metrics: Some(m),
+                ..
+            } => {
+                if let Some(v) = out.get_mut(index) {
+                    v.metrics = Some(m);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 fn compare_switches(a: &Session, b: &Session, opts: &DiffOptions, d: &mut SessionDiff) {
