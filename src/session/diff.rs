@@ -446,6 +446,30 @@ mod tests {
     }
 
     #[test]
+    fn a_recording_from_before_the_measurement_event_diffs_clean_against_a_newer_one() {
+        let old = fixtures::session();
+        let new = fixtures::session_of(fixtures::measured_later(fixtures::events()));
+        let d = diff_sessions(&old, &new, &DiffOptions::default());
+        assert!(d.is_identical(), "{d}");
+        assert_eq!(d.switches_compared, 2);
+        // The metrics are read from the measurement: a changed one there is found.
+        let mut events = fixtures::measured_later(fixtures::events());
+        for e in events.iter_mut() {
+            if let Event::SwitchMeasured {
+                index: 1,
+                metrics: Some(m),
+                ..
+            } = e
+            {
+                m.attention_cosine[0] -= 0.5;
+            }
+        }
+        let d = diff_sessions(&old, &fixtures::session_of(events), &DiffOptions::default());
+        assert_eq!(d.metrics.len(), 1, "{d}");
+        assert_eq!(d.metrics[0].switch, Some(1));
+    }
+
+    #[test]
     fn a_changed_token_is_found_at_its_turn_and_index() {
         let mut events = fixtures::events();
         replace_generation(&mut events, 3, PathKind::Reference, &[9, 13, 99, 12]);

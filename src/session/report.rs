@@ -461,6 +461,35 @@ mod tests {
     }
 
     #[test]
+    fn a_switch_measured_after_its_turn_reports_as_one_measured_with_it() {
+        let old = Report::from_session(&fixtures::session());
+        let new = Report::from_session(&fixtures::session_of(fixtures::measured_later(
+            fixtures::events(),
+        )));
+        assert_eq!(new.switches.len(), 2);
+        for (o, n) in old.switches.iter().zip(&new.switches) {
+            assert!(o.measured && n.measured);
+            assert_eq!(o.handoff_ms, n.handoff_ms);
+            assert_eq!(
+                (o.map_full_ms, o.reprefill_full_ms, o.reprefill_suffix_ms),
+                (n.map_full_ms, n.reprefill_full_ms, n.reprefill_suffix_ms)
+            );
+            assert_eq!((o.speedup_full, o.cosine_min), (n.speedup_full, n.cosine_min));
+            assert_eq!((o.top1_agreement, o.kl), (n.top1_agreement, n.kl));
+        }
+        assert_eq!(old.summary, new.summary);
+        // A handoff whose measurement never came is reported as such.
+        let mut events = fixtures::measured_later(fixtures::events());
+        events.retain(|e| !matches!(e, Event::SwitchMeasured { index: 1, .. }));
+        let r = Report::from_session(&fixtures::session_of(events));
+        let s1 = &r.switches[1];
+        assert!(!s1.measured);
+        assert_eq!((s1.map_full_ms, s1.speedup_full, s1.cosine_mean), (None, None, None));
+        assert_eq!(s1.handoff_ms, 21.0);
+        assert!(r.switches[0].measured);
+    }
+
+    #[test]
     fn an_empty_session_reports_nothing_measured() {
         let r = Report::from_session(&fixtures::session_of(vec![]));
         assert!(r.turns.is_empty() && r.switches.is_empty());
