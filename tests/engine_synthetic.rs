@@ -280,6 +280,10 @@ fn a_message_sent_right_after_the_switch_goes_before_its_measurement() {
     r.handle(Command::Switch);
     let text = tiny().chat_text(8, 2);
     r.queue(Command::Submit { text: text.clone() });
+    // The measurement looks at the commands before each step and gives way.
+    r.engine.measure_pending(&r.rx);
+    assert!(r.engine.measurement_pending());
+    assert!(measured(&r.drain()).is_none());
     let (handle, _dir, _) = r.start();
     let events = until(&handle, |e| matches!(e, Event::SwitchMeasured { .. }));
     let first_token = position(&events, |e| {

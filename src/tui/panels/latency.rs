@@ -185,10 +185,7 @@ fn small_headline(s: &SwitchRecord) -> Line<'static> {
         ]),
         None => Line::from(Span::styled(
             match &s.measure {
-                Measure::Pending => {
-                    "measuring the full map and the re-prefill… (your next message goes first)"
-                        .to_string()
-                }
+                Measure::Pending => "speed-up: measuring the map and the re-prefill…".to_string(),
                 Measure::Stopped(why) => format!("not measured: the measurement {why}"),
                 Measure::Done => "re-prefill not timed: the reference path was off".to_string(),
             },
