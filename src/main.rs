@@ -767,7 +767,12 @@ fn print_event(e: &baton::protocol::Event) {
             ..
         } => {
             let gate = gate
-                .map(|g| format!(", gate {:.3} vs {:.3}: {:?}", g.estimate, g.threshold, g.used))
+                .map(|g| {
+                    format!(
+                        ", gate {:.3} vs {:.3}: {:?}",
+                        g.estimate, g.threshold, g.used
+                    )
+                })
                 .unwrap_or_default();
             if *measurement_follows {
                 println!(

@@ -332,7 +332,10 @@ fn a_message_sent_right_after_the_switch_goes_before_its_measurement() {
         )
     })
     .unwrap();
-    assert!(mapped_done < follow_up && follow_up < reference, "{events:?}");
+    assert!(
+        mapped_done < follow_up && follow_up < reference,
+        "{events:?}"
+    );
     let Event::SwitchFollowUp {
         top1_agreement,
         first_token_ms,
@@ -345,7 +348,10 @@ fn a_message_sent_right_after_the_switch_goes_before_its_measurement() {
     };
     assert!(top1_agreement.is_some() && *positions > 0);
     // Counted from the message's sending, which came before the turn started.
-    assert!(end_to_end_ms >= first_token_ms, "{end_to_end_ms} {first_token_ms}");
+    assert!(
+        end_to_end_ms >= first_token_ms,
+        "{end_to_end_ms} {first_token_ms}"
+    );
     handle.shutdown();
 
     // Postponed past a turn, the measurement measures what it would have at once.
@@ -426,9 +432,10 @@ fn a_switch_sent_during_a_turn_runs_after_it() {
     let mut r = rig(|_| {});
     r.queue(Command::Switch);
     let events = say(&mut r, 8, 1);
-    let notice = position(&events, |e| {
-        matches!(e, Event::Notice { message } if message.contains("switch queued"))
-    });
+    let notice = position(
+        &events,
+        |e| matches!(e, Event::Notice { message } if message.contains("switch queued")),
+    );
     assert!(notice.is_some(), "{events:?}");
     assert!(!events.iter().any(|e| matches!(e, Event::Switch { .. })));
     assert_eq!(r.engine.active(), 0);
@@ -510,7 +517,9 @@ fn pre_mapping_leaves_the_switch_nothing_to_map() {
     let events = say(&mut r, 12, 1);
     // After the turn, not before its answer.
     let premapped = match events.as_slice() {
-        [.., Event::Done { .. }, Event::Notice { message }] if message.starts_with("pre-mapped") => {
+        [.., Event::Done { .. }, Event::Notice { message }]
+            if message.starts_with("pre-mapped") =>
+        {
             message.clone()
         }
         other => panic!("{other:?}"),

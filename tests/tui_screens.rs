@@ -576,14 +576,20 @@ fn while_measuring_the_handoff_shows_and_the_rest_says_measuring() {
     assert!(latency.contains("3.10 ms"), "{latency}");
     assert!(latency.contains("end-to-end 99.9 ms"), "{latency}");
     assert!(latency.contains("measuring…"), "{latency}");
-    assert!(!latency.contains("121.0 ms") && !latency.contains("faster"), "{latency}");
+    assert!(
+        !latency.contains("121.0 ms") && !latency.contains("faster"),
+        "{latency}"
+    );
     assert!(layers.contains("Measuring"), "{layers}");
     // The measurement fills the panels in.
     let mut app = app;
     let last = run().pop().expect("the run ends with a measurement");
     app.update(Msg::Engine(last));
     let latency = text(&panel(&app, 60, 18, panels::latency::render));
-    assert!(latency.contains("121.0 ms") && !latency.contains("measuring"), "{latency}");
+    assert!(
+        latency.contains("121.0 ms") && !latency.contains("measuring"),
+        "{latency}"
+    );
 }
 
 #[test]

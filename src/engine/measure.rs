@@ -96,7 +96,10 @@ impl Measurement {
         if !self.suffix_done {
             return Step::ReprefillSuffix;
         }
-        let layers = self.metrics.as_ref().map_or(0, |m| m.attention_cosine.len());
+        let layers = self
+            .metrics
+            .as_ref()
+            .map_or(0, |m| m.attention_cosine.len());
         if layers < n_layer {
             Step::Layer(layers)
         } else {
@@ -248,12 +251,15 @@ impl Engine {
             }
             Step::Layer(l) => {
                 let Some((fresh, queries)) = &job.fresh else {
-                    return Err(EngineError::Internal("no re-prefill to compare with".into()));
+                    return Err(EngineError::Internal(
+                        "no re-prefill to compare with".into(),
+                    ));
                 };
                 let mapped = job.mapped_full.as_ref().unwrap_or(&tgt.primary);
-                let gram = tgt.grams.get(l).ok_or_else(|| {
-                    EngineError::Internal(format!("no query Gram for layer {l}"))
-                })?;
+                let gram = tgt
+                    .grams
+                    .get(l)
+                    .ok_or_else(|| EngineError::Internal(format!("no query Gram for layer {l}")))?;
                 let metrics = job
                     .metrics
                     .get_or_insert_with(|| empty_metrics(tgt.model.config().n_layer));

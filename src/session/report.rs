@@ -474,7 +474,10 @@ mod tests {
                 (o.map_full_ms, o.reprefill_full_ms, o.reprefill_suffix_ms),
                 (n.map_full_ms, n.reprefill_full_ms, n.reprefill_suffix_ms)
             );
-            assert_eq!((o.speedup_full, o.cosine_min), (n.speedup_full, n.cosine_min));
+            assert_eq!(
+                (o.speedup_full, o.cosine_min),
+                (n.speedup_full, n.cosine_min)
+            );
             assert_eq!((o.top1_agreement, o.kl), (n.top1_agreement, n.kl));
         }
         assert_eq!(old.summary, new.summary);
@@ -484,7 +487,10 @@ mod tests {
         let r = Report::from_session(&fixtures::session_of(events));
         let s1 = &r.switches[1];
         assert!(!s1.measured);
-        assert_eq!((s1.map_full_ms, s1.speedup_full, s1.cosine_mean), (None, None, None));
+        assert_eq!(
+            (s1.map_full_ms, s1.speedup_full, s1.cosine_mean),
+            (None, None, None)
+        );
         assert_eq!(s1.handoff_ms, 21.0);
         assert!(r.switches[0].measured);
     }

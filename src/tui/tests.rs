@@ -758,7 +758,10 @@ fn enter_is_taken_while_the_switch_is_measured() {
     assert!(app.measuring().is_none());
     assert_eq!(app.switches[0].timings.map_full_ms, Some(4.0));
     assert_eq!(
-        app.switches[0].metrics.as_ref().map(|m| m.attention_cosine.len()),
+        app.switches[0]
+            .metrics
+            .as_ref()
+            .map(|m| m.attention_cosine.len()),
         Some(4)
     );
 }

@@ -96,7 +96,10 @@ fn bars(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
     };
     let texts: Vec<Option<String>> = rows
         .iter()
-        .map(|r| r.1.filter(|v| v.is_finite()).map(|v| format!("{} ms", fmt_ms(v))))
+        .map(|r| {
+            r.1.filter(|v| v.is_finite())
+                .map(|v| format!("{} ms", fmt_ms(v)))
+        })
         .collect();
     let value_width = texts
         .iter()
