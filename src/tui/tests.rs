@@ -687,4 +687,3 @@ fn a_follow_up_completes_its_switch() {
     assert_eq!(f.top1_agreement, Some(0.9));
     assert!(matches!(app.transcript.last(), Some(Entry::Switch(0))));
 }
-
