@@ -615,6 +615,28 @@ fn report_cmd(a: ReportArgs) -> Result<()> {
     Ok(())
 }
 
+/// A switch's map and re-prefill times, and its cosine when measured.
+fn measured_line(
+    timings: &baton::protocol::SwitchTimings,
+    metrics: Option<&baton::protocol::SwitchMetrics>,
+) -> String {
+    let opt = |v: Option<f64>| v.map(|x| format!("{x:.1} ms")).unwrap_or("-".into());
+    format!(
+        "map {} (suffix {}) vs re-prefill {} (suffix {}){}",
+        opt(timings.map_full_ms),
+        opt(timings.map_suffix_ms),
+        opt(timings.reprefill_full_ms),
+        opt(timings.reprefill_suffix_ms),
+        metrics
+            .and_then(|m| Some(format!(
+                ", attention cosine mean {:.3} min {:.3}",
+                m.cosine_mean()?,
+                m.cosine_min()?
+            )))
+            .unwrap_or_default()
+    )
+}
+
 /// Headless output: answers, switches and comparisons as plain lines.
 fn print_event(e: &baton::protocol::Event) {
     use baton::protocol::{Event, PathKind};
@@ -663,23 +685,43 @@ fn print_event(e: &baton::protocol::Event) {
             timings,
             metrics,
             gate,
+            measurement_follows,
             ..
         } => {
-            let opt = |v: Option<f64>| v.map(|x| format!("{x:.1} ms")).unwrap_or("-".into());
-            println!(
-                "[switch {index}] {from} -> {to}, {context_tokens} tokens: map {:.1} ms (suffix {}) vs re-prefill {} (suffix {}){}{}",
-                timings.map_full_ms,
-                opt(timings.map_suffix_ms),
-                opt(timings.reprefill_full_ms),
-                opt(timings.reprefill_suffix_ms),
-                metrics
-                    .as_ref()
-                    .and_then(|m| Some(format!(", attention cosine mean {:.3} min {:.3}", m.cosine_mean()?, m.cosine_min()?)))
-                    .unwrap_or_default(),
-                gate.map(|g| format!(", gate {:.3} vs {:.3}: {:?}", g.estimate, g.threshold, g.used))
-                    .unwrap_or_default()
-            );
+            let gate = gate
+                .map(|g| {
+                    format!(
+                        ", gate {:.3} vs {:.3}: {:?}",
+                        g.estimate, g.threshold, g.used
+                    )
+                })
+                .unwrap_or_default();
+            if *measurement_follows {
+                println!(
+                    "[switch {index}] {from} -> {to}, {context_tokens} tokens handed over in {:.1} ms{gate}",
+                    timings.end_to_end_ms
+                );
+            } else {
+                println!(
+                    "[switch {index}] {from} -> {to}, {context_tokens} tokens: {}{gate}",
+                    measured_line(timings, metrics.as_ref())
+                );
+            }
         }
+        Event::SwitchMeasured {
+            index,
+            timings,
+            metrics,
+            stopped,
+            ..
+        } => println!(
+            "[switch {index}] measured: {}{}",
+            measured_line(timings, metrics.as_ref()),
+            stopped
+                .as_ref()
+                .map(|s| format!(" (stopped: {s})"))
+                .unwrap_or_default()
+        ),
         Event::SwitchFollowUp {
             index,
             top1_agreement,

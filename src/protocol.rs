@@ -15,7 +15,8 @@ pub enum Command {
     Submit { text: String },
     /// Hand the conversation to the other model.
     Switch,
-    /// Stop the generation in progress; what was generated so far is kept.
+    /// Stop the generation in progress (what was generated so far is kept), or the
+    /// measurement of the last switch when that is what runs (reported as stopped).
     Cancel,
     /// Turn the re-prefilled reference path on or off (it costs a second generation).
     SetReference { enabled: bool },
@@ -98,13 +99,17 @@ pub struct GenerationTimings {
 
 /// Where the time of one switch went. "Full" covers the whole conversation's cache;
 /// "suffix" only the tokens added since the target last held a cache (the incremental
-/// handoff). A `None` was not measured (e.g. the reference path was off).
+/// handoff). A `None` was not measured (e.g. the reference path was off, or, in the
+/// [`Event::Switch`] of a session of format 1.1 or later, not yet: the handoff event
+/// carries only `map_suffix_ms` and `end_to_end_ms`, [`Event::SwitchMeasured`] the rest).
+/// `end_to_end_ms` is the handoff: the switch command taken to the target's cache in
+/// place (what the user waits for is [`Event::SwitchFollowUp`]'s `end_to_end_ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SwitchTimings {
     #[serde(default, with = "float::option")]
     pub source_prefill_ms: Option<f64>,
-    #[serde(with = "float")]
-    pub map_full_ms: f64,
+    #[serde(default, with = "float::option")]
+    pub map_full_ms: Option<f64>,
     #[serde(default, with = "float::option")]
     pub map_suffix_ms: Option<f64>,
     #[serde(default, with = "float::option")]
@@ -118,7 +123,7 @@ pub struct SwitchTimings {
 impl SwitchTimings {
     /// How many times faster mapping the whole cache was than re-prefilling it.
     pub fn speedup_full(&self) -> Option<f64> {
-        ratio(self.reprefill_full_ms?, self.map_full_ms)
+        ratio(self.reprefill_full_ms?, self.map_full_ms?)
     }
 
     /// How many times faster mapping only the new tokens was than re-prefilling them.
@@ -227,8 +232,19 @@ pub enum Event {
         timings: GenerationTimings,
         stop: StopKind,
     },
-    /// The conversation was handed over; `index` counts switches from 0 and `turn` is
-    /// the first turn the new model answers from the handed-over cache.
+    /// The conversation was handed over and the target is ready for the next message;
+    /// `index` counts switches from 0 and `turn` is the first turn the new model answers
+    /// from the handed-over cache.
+    ///
+    /// With `measurement_follows` (every switch with a conversation, from session format
+    /// 1.1 on) this is the handoff alone: `timings` holds the suffix map and the handoff
+    /// time, `metrics` is `None`, and [`Event::SwitchMeasured`] with the same `index`
+    /// brings the rest later. Without it (older sessions) everything was measured before
+    /// this event and is in it.
+    ///
+    /// `gate` was decided at the handoff, before anything was measured: its estimate is
+    /// the mean attention cosine last measured for this direction, or the mapper's
+    /// calibration cosine before the first measurement.
     Switch {
         index: u32,
         turn: u32,
@@ -239,6 +255,31 @@ pub enum Event {
         timings: SwitchTimings,
         metrics: Option<SwitchMetrics>,
         gate: Option<GateDecision>,
+        #[serde(default)]
+        measurement_follows: bool,
+    },
+    /// What switch `index` costs against a re-prefill and how faithful its cache is,
+    /// measured after its handoff: the whole cache mapped again and timed, the target's
+    /// full and suffix re-prefill (reference path on), and the per-layer metrics of the
+    /// handed-over cache against the re-prefilled one. `timings` holds every timing of
+    /// the switch, the handoff's included.
+    ///
+    /// The measurement runs while the engine is otherwise idle, a step at a time. A
+    /// message sent meanwhile is taken after the step in progress and the measurement
+    /// is postponed, not dropped: it resumes once the engine is idle again, and
+    /// `yielded_to` lists the turns that went first. It does not yield to a switch,
+    /// which waits for it, since the next switch changes the caches it measures.
+    /// `stopped` says why it ended early (a cancel, an error); `metrics` is then `None`
+    /// and the timings hold what was measured by then.
+    SwitchMeasured {
+        index: u32,
+        turn: u32,
+        timings: SwitchTimings,
+        metrics: Option<SwitchMetrics>,
+        #[serde(default)]
+        yielded_to: Vec<u32>,
+        #[serde(default)]
+        stopped: Option<String>,
     },
     /// The mapped path's answer against the reference path's, for a turn after a switch.
     TurnComparison {
@@ -252,8 +293,11 @@ pub enum Event {
     },
     /// What the first turn after a switch says about it: teacher-forced next-token
     /// agreement and KL of the mapped cache against the reference cache on the user's
-    /// message, and the switch's end-to-end time (command received to the target's first
-    /// token: the handoff plus that turn's time to first token).
+    /// message (computed after the mapped answer, so it never delays it), and the
+    /// end-to-end time the user waited: from the message reaching the engine to the
+    /// target's first token. The handoff counts only where the message waited for it.
+    /// (Sessions before format 1.1 wrote the handoff plus that turn's time to first
+    /// token here.)
     SwitchFollowUp {
         index: u32,
         turn: u32,
@@ -298,6 +342,7 @@ impl Event {
         "token",
         "generation",
         "switch",
+        "switch_measured",
         "turn_comparison",
         "switch_follow_up",
         "notice",
@@ -321,6 +366,7 @@ impl Event {
             | Event::Token { turn, .. }
             | Event::Generation { turn, .. }
             | Event::Switch { turn, .. }
+            | Event::SwitchMeasured { turn, .. }
             | Event::TurnComparison { turn, .. }
             | Event::SwitchFollowUp { turn, .. }
             | Event::Bookmark { turn, .. }
@@ -394,7 +440,7 @@ mod tests {
     fn switch_timings() -> SwitchTimings {
         SwitchTimings {
             source_prefill_ms: Some(80.0),
-            map_full_ms: 4.0,
+            map_full_ms: Some(4.0),
             map_suffix_ms: Some(1.0),
             reprefill_full_ms: Some(120.0),
             reprefill_suffix_ms: Some(5.0),
@@ -484,6 +530,15 @@ mod tests {
                     estimate: 0.95,
                     used: CacheOrigin::Mapped,
                 }),
+                measurement_follows: false,
+            },
+            Event::SwitchMeasured {
+                index: 0,
+                turn: 2,
+                timings: switch_timings(),
+                metrics: None,
+                yielded_to: vec![2],
+                stopped: Some("cancelled".into()),
             },
             Event::TurnComparison {
                 turn: 2,
@@ -608,6 +663,45 @@ mod tests {
         };
         assert_eq!(unmeasured.speedup_full(), None);
         assert_eq!(unmeasured.speedup_suffix(), None);
+        // A handoff event, before its measurement: no full map timed yet.
+        let handoff = SwitchTimings {
+            map_full_ms: None,
+            ..t
+        };
+        assert_eq!(handoff.speedup_full(), None);
+    }
+
+    #[test]
+    fn a_switch_line_from_an_older_session_still_reads() {
+        // Format 1.0: everything measured before the event, no `measurement_follows`.
+        let line = r#"{"type":"switch","index":0,"turn":2,"from":"a","to":"b","context_tokens":9,"suffix_tokens":9,"timings":{"source_prefill_ms":null,"map_full_ms":4.0,"map_suffix_ms":null,"reprefill_full_ms":40.0,"reprefill_suffix_ms":null,"end_to_end_ms":5.0},"metrics":null,"gate":null}"#;
+        match serde_json::from_str::<Event>(line).unwrap() {
+            Event::Switch {
+                timings,
+                measurement_follows,
+                ..
+            } => {
+                assert!(!measurement_follows);
+                assert_eq!(timings.map_full_ms, Some(4.0));
+                assert_eq!(timings.speedup_full(), Some(10.0));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A measurement event written without its optional fields.
+        let line = r#"{"type":"switch_measured","index":1,"turn":3,"timings":{"map_full_ms":2.0,"end_to_end_ms":1.0},"metrics":null}"#;
+        match serde_json::from_str::<Event>(line).unwrap() {
+            Event::SwitchMeasured {
+                yielded_to,
+                stopped,
+                timings,
+                ..
+            } => {
+                assert!(yielded_to.is_empty() && stopped.is_none());
+                assert_eq!(timings.map_full_ms, Some(2.0));
+                assert_eq!(timings.reprefill_full_ms, None);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

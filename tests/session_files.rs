@@ -98,22 +98,14 @@ fn emitted() -> Vec<Event> {
             context_tokens: 14,
             suffix_tokens: 14,
             timings: SwitchTimings {
-                source_prefill_ms: Some(25.0),
-                map_full_ms: 2.0,
-                map_suffix_ms: Some(2.0),
-                reprefill_full_ms: Some(50.0),
-                reprefill_suffix_ms: Some(50.0),
-                end_to_end_ms: 3.0,
+                map_full_ms: None,
+                reprefill_full_ms: None,
+                reprefill_suffix_ms: None,
+                ..switch_timings()
             },
-            metrics: Some(SwitchMetrics {
-                attention_cosine: vec![0.97, 0.91],
-                r2_k: vec![0.9, 0.85],
-                r2_v: vec![0.8, 0.75],
-                key_error_concentration: vec![0.2, 0.3],
-                top1_agreement: Some(0.9),
-                kl: Some(0.05),
-            }),
+            metrics: None,
             gate: None,
+            measurement_follows: true,
         },
         Event::UserMessage {
             turn: 2,
@@ -134,8 +126,39 @@ fn emitted() -> Vec<Event> {
             note: "first divergence".into(),
         },
         Event::Done { turn: 2 },
+        // The message of turn 2 went ahead of the switch's measurement.
+        Event::SwitchMeasured {
+            index: 0,
+            turn: 2,
+            timings: switch_timings(),
+            metrics: Some(switch_metrics()),
+            yielded_to: vec![2],
+            stopped: None,
+        },
         Event::ShutDown,
     ]
+}
+
+fn switch_timings() -> SwitchTimings {
+    SwitchTimings {
+        source_prefill_ms: Some(25.0),
+        map_full_ms: Some(2.0),
+        map_suffix_ms: Some(2.0),
+        reprefill_full_ms: Some(50.0),
+        reprefill_suffix_ms: Some(50.0),
+        end_to_end_ms: 3.0,
+    }
+}
+
+fn switch_metrics() -> SwitchMetrics {
+    SwitchMetrics {
+        attention_cosine: vec![0.97, 0.91],
+        r2_k: vec![0.9, 0.85],
+        r2_v: vec![0.8, 0.75],
+        key_error_concentration: vec![0.2, 0.3],
+        top1_agreement: Some(0.9),
+        kl: Some(0.05),
+    }
 }
 
 fn recorded() -> Vec<Event> {
@@ -189,6 +212,7 @@ fn the_file_is_one_header_line_then_one_line_per_recorded_event() {
     let header: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
     assert_eq!(header["format"], "baton-session");
     assert_eq!(header["version"], 1);
+    assert_eq!(header["minor"], baton::session::MINOR);
     assert_eq!(header["baton_version"], env!("CARGO_PKG_VERSION"));
     let created = header["created"].as_str().unwrap();
     assert!(created.len() == 20 && created.ends_with('Z'), "{created}");
@@ -344,6 +368,53 @@ fn baton_report_prints_tables_and_json() {
     assert_eq!(v["switches"][0]["speedup_full"], 25.0);
     assert_eq!(v["turns"].as_array().unwrap().len(), 2);
     assert_eq!(v["summary"]["compared_turns"], 1);
+}
+
+/// The same session as a baton before format 1.1 wrote it: no minor version, every
+/// measurement in the switch event, no measurement event.
+fn written_in_format_1_0(dir: &Path) -> PathBuf {
+    let path = dir.join("old.jsonl");
+    let mut header = serde_json::to_value(header()).unwrap();
+    header.as_object_mut().unwrap().remove("minor");
+    let mut lines = vec![header.to_string()];
+    let mut seq = 0;
+    for e in recorded() {
+        let mut v = serde_json::to_value(&e).unwrap();
+        match v["type"].as_str() {
+            Some("switch_measured") => continue,
+            Some("switch") => {
+                v["timings"] = serde_json::to_value(switch_timings()).unwrap();
+                v["metrics"] = serde_json::to_value(switch_metrics()).unwrap();
+                v.as_object_mut().unwrap().remove("measurement_follows");
+            }
+            _ => {}
+        }
+        lines.push(serde_json::json!({"seq": seq, "t_ms": seq as f64, "event": v}).to_string());
+        seq += 1;
+    }
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn a_session_of_format_1_0_reads_and_reports_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = read_session(written_in_format_1_0(dir.path())).unwrap();
+    assert!(old.warnings.is_empty(), "{:?}", old.warnings);
+    assert_eq!(old.header.minor, 0);
+    assert!(!old
+        .events()
+        .any(|e| matches!(e, Event::SwitchMeasured { .. })));
+    let new = read_session(written(dir.path())).unwrap();
+    let (ro, rn) = (
+        baton::session::Report::from_session(&old),
+        baton::session::Report::from_session(&new),
+    );
+    assert_eq!(ro.switches, rn.switches);
+    assert_eq!(ro.summary, rn.summary);
+    assert_eq!(rn.switches[0].speedup_full, Some(25.0));
+    assert_eq!(rn.switches[0].cosine_min, Some(0.91));
+    assert!(rn.switches[0].measured);
 }
 
 #[test]

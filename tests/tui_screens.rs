@@ -135,7 +135,9 @@ const REFERENCE_3: &[&str] = &[
     " result", " is", " `", "None", "`.",
 ];
 
-/// Switch `index` before `turn`, handing `(context, new)` tokens over `(from, to)`.
+/// Switch `index` before `turn`, handing `(context, new)` tokens over `(from, to)`, as
+/// the engine reports it: the handoff at once, then its measurement, which the caller
+/// places where it arrives.
 fn switch(
     index: u32,
     turn: u32,
@@ -143,18 +145,35 @@ fn switch(
     (context, new): (usize, usize),
     timings: SwitchTimings,
     cosine: &[f64; 28],
-) -> Event {
-    Event::Switch {
-        index,
-        turn,
-        from: from.into(),
-        to: to.into(),
-        context_tokens: context,
-        suffix_tokens: new,
-        timings,
-        metrics: Some(metrics(cosine)),
-        gate: None,
-    }
+) -> (Event, Event) {
+    let handoff = SwitchTimings {
+        map_full_ms: None,
+        reprefill_full_ms: None,
+        reprefill_suffix_ms: None,
+        ..timings
+    };
+    (
+        Event::Switch {
+            index,
+            turn,
+            from: from.into(),
+            to: to.into(),
+            context_tokens: context,
+            suffix_tokens: new,
+            timings: handoff,
+            metrics: None,
+            gate: None,
+            measurement_follows: true,
+        },
+        Event::SwitchMeasured {
+            index,
+            turn,
+            timings,
+            metrics: Some(metrics(cosine)),
+            yielded_to: vec![],
+            stopped: None,
+        },
+    )
 }
 
 fn run() -> Vec<Event> {
@@ -177,21 +196,24 @@ fn run() -> Vec<Event> {
         61,
     ));
     e.push(Event::Done { turn: 1 });
-    e.push(switch(
+    // The presenter types slowly: the first switch is measured before the next message.
+    let (handoff, measured) = switch(
         0,
         2,
         (SMALL, LARGE),
         (81, 81),
         SwitchTimings {
             source_prefill_ms: None,
-            map_full_ms: 11.8,
+            map_full_ms: Some(11.8),
             map_suffix_ms: None,
             reprefill_full_ms: Some(148.6),
             reprefill_suffix_ms: None,
             end_to_end_ms: 12.4,
         },
         &COSINE_1,
-    ));
+    );
+    e.push(handoff);
+    e.push(measured);
     e.push(Event::UserMessage {
         turn: 2,
         text: "Now make it generic over any type that implements Ord.".into(),
@@ -230,21 +252,41 @@ fn run() -> Vec<Event> {
         agreement: 1.0,
     });
     e.push(Event::Done { turn: 2 });
-    e.push(switch(
+    // The next message follows at once: the second switch is measured after its turn.
+    let (handoff, measured) = switch(
         1,
         3,
         (LARGE, SMALL),
         (123, 42),
         SwitchTimings {
             source_prefill_ms: None,
-            map_full_ms: 7.9,
+            map_full_ms: Some(7.9),
             map_suffix_ms: Some(3.1),
             reprefill_full_ms: Some(121.0),
             reprefill_suffix_ms: Some(38.2),
             end_to_end_ms: 3.9,
         },
         &COSINE_2,
-    ));
+    );
+    let Event::SwitchMeasured {
+        index,
+        turn,
+        timings,
+        metrics,
+        ..
+    } = measured
+    else {
+        unreachable!("switch() gives a measurement second")
+    };
+    let measured = Event::SwitchMeasured {
+        index,
+        turn,
+        timings,
+        metrics,
+        yielded_to: vec![3],
+        stopped: None,
+    };
+    e.push(handoff);
     e.push(Event::UserMessage {
         turn: 3,
         text: "Write a unit test for the empty case.".into(),
@@ -296,7 +338,19 @@ fn run() -> Vec<Event> {
         agreement: 0.4375,
     });
     e.push(Event::Done { turn: 3 });
+    e.push(measured);
     e
+}
+
+/// The run up to the end of turn 3, before the second switch's measurement arrives.
+fn app_before_the_last_measurement(width: u16, height: u16) -> App {
+    let mut app = App::new(AppInfo::default());
+    app.update(Msg::Resize(width, height));
+    let events = run();
+    for e in &events[..events.len() - 1] {
+        app.update(Msg::Engine(e.clone()));
+    }
+    app
 }
 
 fn app_after_run(width: u16, height: u16) -> App {
@@ -502,6 +556,43 @@ fn too_small_terminal() {
 }
 
 #[test]
+fn while_measuring_the_handoff_shows_and_the_rest_says_measuring() {
+    let app = app_before_the_last_measurement(100, 30);
+    let latency = panel(&app, 60, 18, panels::latency::render);
+    insta::assert_snapshot!("latency_panel_measuring", latency.backend());
+    let layers = panel(&app, 70, 12, panels::layers::render);
+    insta::assert_snapshot!("layers_measuring", layers.backend());
+    let text = |t: &Terminal<TestBackend>| -> String {
+        t.backend()
+            .buffer()
+            .content()
+            .iter()
+            .map(|c| c.symbol())
+            .collect()
+    };
+    let (latency, layers) = (text(&latency), text(&layers));
+    // The handoff, the suffix map and the end-to-end time are known; the rest is pending.
+    assert!(latency.contains("handoff 3.90 ms"), "{latency}");
+    assert!(latency.contains("3.10 ms"), "{latency}");
+    assert!(latency.contains("end-to-end 99.9 ms"), "{latency}");
+    assert!(latency.contains("measuring…"), "{latency}");
+    assert!(
+        !latency.contains("121.0 ms") && !latency.contains("faster"),
+        "{latency}"
+    );
+    assert!(layers.contains("Measuring"), "{layers}");
+    // The measurement fills the panels in.
+    let mut app = app;
+    let last = run().pop().expect("the run ends with a measurement");
+    app.update(Msg::Engine(last));
+    let latency = text(&panel(&app, 60, 18, panels::latency::render));
+    assert!(
+        latency.contains("121.0 ms") && !latency.contains("measuring"),
+        "{latency}"
+    );
+}
+
+#[test]
 fn no_size_panics() {
     let sizes = [
         (1, 1),
@@ -536,8 +627,9 @@ fn no_size_panics() {
     }));
     let mut scrolled = app_after_run(100, 30);
     scrolled.update(Msg::Scroll(-3));
+    let measuring = app_before_the_last_measurement(100, 30);
     for (w, h) in sizes {
-        for app in [&loading, &ready, &help, &fatal, &scrolled] {
+        for app in [&loading, &ready, &help, &fatal, &scrolled, &measuring] {
             let mut app = app.clone();
             app.update(Msg::Resize(w, h));
             app.update(Msg::Key(Key::plain(KeyCode::PageUp)));

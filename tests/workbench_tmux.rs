@@ -115,6 +115,13 @@ fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
         Duration::from_secs(300),
         &|| count_in(&record, "\"type\":\"done\"") == 2,
     );
+    // The switch's measurement gave way to the message and follows its turn.
+    wait_for(
+        &session,
+        "the switch's measurement",
+        Duration::from_secs(300),
+        &|| count_in(&record, "\"type\":\"switch_measured\"") == 1,
+    );
     // Let the last events reach the screen.
     std::thread::sleep(Duration::from_millis(800));
     let s = screen(&session);
@@ -141,16 +148,19 @@ fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
         "{:?}",
         session_file.warnings
     );
+    assert!(session_file
+        .events()
+        .any(|e| matches!(e, baton::protocol::Event::Switch { .. })));
     let switch = session_file
         .events()
         .find_map(|e| match e {
-            baton::protocol::Event::Switch {
+            baton::protocol::Event::SwitchMeasured {
                 timings, metrics, ..
             } => Some((*timings, metrics.clone())),
             _ => None,
         })
-        .expect("the session file holds the switch");
-    assert!(switch.0.map_full_ms > 0.0);
+        .expect("the session file holds the switch's measurement");
+    assert!(switch.0.map_full_ms.is_some_and(|m| m > 0.0));
     assert!(switch.0.reprefill_full_ms.is_some_and(|r| r > 0.0));
     assert!(switch.1.is_some_and(|m| !m.attention_cosine.is_empty()));
     assert!(text.contains("\"type\":\"user_message\""));

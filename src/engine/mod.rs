@@ -8,11 +8,13 @@ pub mod config;
 pub mod conversation;
 mod core;
 pub mod load;
+mod measure;
 pub mod script;
 pub mod switch;
+mod turn;
 
 pub use config::{EngineConfig, Settings};
-pub use core::{Engine, Outbox, Slot};
+pub use core::{Engine, Envelope, Outbox, Slot};
 
 use crate::protocol::{Command, Event, ModelInfo};
 use crate::session::{SessionHeader, SessionWriter};
@@ -48,20 +50,21 @@ pub enum EngineError {
 
 /// The caller's side of a running engine.
 pub struct EngineHandle {
-    pub commands: Sender<Command>,
+    commands: Sender<Envelope>,
     pub events: Receiver<Event>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl EngineHandle {
+    /// Send a command, stamped with the time it was sent.
     pub fn send(&self, c: Command) {
         // A stopped engine has already said why (a fatal Error event).
-        let _ = self.commands.send(c);
+        let _ = self.commands.send(c.into());
     }
 
     /// Ask the engine to stop and wait for its thread.
     pub fn shutdown(mut self) {
-        let _ = self.commands.send(Command::Shutdown);
+        self.send(Command::Shutdown);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -70,7 +73,27 @@ impl EngineHandle {
 
 impl Drop for EngineHandle {
     fn drop(&mut self) {
-        let _ = self.commands.send(Command::Shutdown);
+        self.send(Command::Shutdown);
+    }
+}
+
+/// Run an engine built with [`build`] on a thread of its own, serving `commands` (whose
+/// sender may already hold commands) and sending events to the `events` it was built
+/// with.
+pub fn run_built(
+    engine: Engine,
+    commands: (Sender<Envelope>, Receiver<Envelope>),
+    events: Receiver<Event>,
+) -> EngineHandle {
+    let (ctx, crx) = commands;
+    let thread = std::thread::Builder::new()
+        .name("baton-engine".into())
+        .spawn(move || engine.run(crx))
+        .ok();
+    EngineHandle {
+        commands: ctx,
+        events,
+        thread,
     }
 }
 
@@ -170,7 +193,7 @@ pub fn build(
         }
         None => None,
     };
-    let mut out = Outbox { events, recorder };
+    let mut out = Outbox::new(events, recorder);
     out.emit(ready);
     let full = crate::calibrate::CalibrateOptions::default().sequences;
     for m in &mappers {

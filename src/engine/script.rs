@@ -18,6 +18,7 @@
 use super::Settings;
 use crate::protocol::{Command, Event};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::mpsc::Receiver;
 
@@ -205,31 +206,47 @@ pub fn wait_ready(
 }
 
 /// Send each step and wait for what completes it. A non-fatal error in a step is
-/// reported through `on_event` and the script goes on; a fatal one ends it.
+/// reported through `on_event` and the script goes on; a fatal one ends it. A switch
+/// step completes at its handoff, as a user would go on typing; its measurement runs
+/// when the engine is next idle, and the script waits for every one before it ends, so
+/// that the session records them all.
 pub fn run_steps(
     steps: &[Command],
     send: &dyn Fn(Command),
     events: &Receiver<Event>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<(), ScriptError> {
-    for cmd in steps {
-        send(cmd.clone());
-        loop {
-            let e = events
-                .recv()
-                .map_err(|_| ScriptError::Engine("the engine thread ended".into()))?;
-            on_event(&e);
-            if let Event::Error {
+    let mut unmeasured = BTreeSet::new();
+    let mut next = |unmeasured: &mut BTreeSet<u32>| -> Result<Event, ScriptError> {
+        let e = events
+            .recv()
+            .map_err(|_| ScriptError::Engine("the engine thread ended".into()))?;
+        on_event(&e);
+        match &e {
+            Event::Error {
                 message,
                 fatal: true,
-            } = &e
-            {
-                return Err(ScriptError::Engine(message.clone()));
+            } => return Err(ScriptError::Engine(message.clone())),
+            Event::Switch {
+                index,
+                measurement_follows: true,
+                ..
+            } => {
+                unmeasured.insert(*index);
             }
-            if completes(cmd, &e) {
-                break;
+            Event::SwitchMeasured { index, .. } => {
+                unmeasured.remove(index);
             }
+            _ => {}
         }
+        Ok(e)
+    };
+    for cmd in steps {
+        send(cmd.clone());
+        while !completes(cmd, &next(&mut unmeasured)?) {}
+    }
+    while !unmeasured.is_empty() {
+        next(&mut unmeasured)?;
     }
     Ok(())
 }

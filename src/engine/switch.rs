@@ -1,55 +1,199 @@
-//! The fidelity of a mapped cache against the target's own cache of the same tokens:
-//! per-layer attention-output cosine (the target's true queries at probe positions),
-//! R² of keys and values, and key-error concentration.
+//! The handoff: what the target needs to be ready (its anchor and the mapped suffix, or
+//! a re-prefill when the gate refuses the map), and the fidelity measures the switch's
+//! measurement later applies to it: per-layer attention-output cosine (the target's true
+//! queries at probe positions), R² of keys and values, and key-error concentration.
 
+use super::core::{no_logits, split, synced_ms, Engine, FollowUp};
 use crate::mapper::features::{layer_features, rows_to_heads};
 use crate::mapper::CacheMapper;
 use crate::metrics::{self, QueryGram};
 use crate::model::{KvCache, Model};
-use crate::protocol::SwitchMetrics;
+use crate::protocol::{CacheOrigin, Event, GateDecision, SwitchMetrics, SwitchTimings};
 use candle_core::Tensor;
+use std::time::Instant;
 
 use super::EngineError;
 
-/// Compare `mapped` with `truth` (same length) for `model`, whose queries at `probes`
-/// are `queries` (one [n_head, probes, hd] tensor per layer).
-pub fn cache_metrics(
-    model: &Model,
-    grams: &[QueryGram],
-    truth: &KvCache,
-    mapped: &KvCache,
-    queries: &[Tensor],
-    probes: &[usize],
-) -> Result<SwitchMetrics, EngineError> {
-    let cfg = model.config();
-    let rope = model.decoder.rope();
-    let n = truth.len().min(mapped.len());
-    let mut out = SwitchMetrics {
-        attention_cosine: Vec::with_capacity(cfg.n_layer),
-        r2_k: Vec::with_capacity(cfg.n_layer),
-        r2_v: Vec::with_capacity(cfg.n_layer),
-        key_error_concentration: Vec::with_capacity(cfg.n_layer),
+/// What a handoff did, for the measurement that follows it.
+pub(super) struct Handoff {
+    pub index: u32,
+    pub turn: u32,
+    pub source: usize,
+    pub target: usize,
+    pub context_tokens: usize,
+    /// Leading positions of the target's primary cache it computed itself and that
+    /// should become its truth (0 when there are none to keep).
+    pub own_prefix: usize,
+    /// The gate refused the map and the target re-prefilled instead.
+    pub reprefilled: bool,
+    pub timings: SwitchTimings,
+}
+
+impl Engine {
+    /// Hand the conversation to the other model and emit `Switch`; `None` when there
+    /// was nothing to hand over. The gate decides here, from what is known before
+    /// anything is measured: the cosine last measured for this direction, or the
+    /// mapper's calibration cosine (see [`Event::Switch`]).
+    pub(super) fn handoff(&mut self) -> Result<Option<Handoff>, EngineError> {
+        let a = self.active;
+        let b = 1 - a;
+        let n = self.slots[a].primary.len();
+        let index = self.switches;
+        let (from_name, to_name) = (self.slots[a].name(), self.slots[b].name());
+        if n == 0 {
+            self.active = b;
+            self.out.emit(Event::Notice {
+                message: format!("{to_name} is active; there was no conversation to hand over"),
+            });
+            return Ok(None);
+        }
+        let gate = self.settings.gate.map(|threshold| {
+            let estimate = self.measured_cosine[a].unwrap_or(self.mappers[a].calibration_cosine);
+            let used = if estimate < threshold {
+                CacheOrigin::Reprefilled
+            } else {
+                CacheOrigin::Mapped
+            };
+            GateDecision {
+                threshold,
+                estimate,
+                used,
+            }
+        });
+        let reprefill = gate.is_some_and(|g| g.used == CacheOrigin::Reprefilled);
+        let mapper: &CacheMapper = &self.mappers[a].mapper;
+        let history = &self.conv.history[..n];
+        let (sa, sb) = split(&mut self.slots, a);
+        let held = sb.primary.len().min(n);
+        sb.primary.truncate(held);
+        let own_prefix = if self.settings.reference && sb.origin == CacheOrigin::True {
+            held
+        } else {
+            0
+        };
+        // The handoff is what the switch itself costs: the anchor the target computes and
+        // the map, or the re-prefill the gate chose.
+        let t_handoff = Instant::now();
+        let mut map_suffix_ms = None;
+        if reprefill {
+            // From what the target computed itself: its own positions, or its truth.
+            let mut cache = if sb.origin == CacheOrigin::True {
+                std::mem::replace(&mut sb.primary, sb.model.decoder.new_cache())
+            } else {
+                sb.truth.try_clone_prefix(n)?
+            };
+            let have = cache.len();
+            if have < n {
+                sb.model
+                    .decoder
+                    .forward(&history[have..], &mut cache, &no_logits())?;
+            }
+            sb.primary = cache;
+            sb.origin = CacheOrigin::Reprefilled;
+        } else {
+            let mut prior = held;
+            let anchor = self.settings.anchor.min(n);
+            if prior < anchor {
+                sb.fill_anchor(history, anchor)?;
+                prior = anchor;
+            }
+            let t_map = Instant::now();
+            map_onto(
+                mapper,
+                &sa.model,
+                &sa.primary,
+                &sb.model,
+                &mut sb.primary,
+                prior,
+                n,
+            )?;
+            map_suffix_ms = Some(synced_ms(sb.model.decoder.device(), t_map));
+            sb.origin = CacheOrigin::Mapped;
+        }
+        let handoff_ms = synced_ms(sb.model.decoder.device(), t_handoff);
+        let timings = SwitchTimings {
+            source_prefill_ms: None,
+            map_full_ms: None,
+            map_suffix_ms: map_suffix_ms.filter(|_| held > 0),
+            reprefill_full_ms: None,
+            reprefill_suffix_ms: None,
+            end_to_end_ms: handoff_ms,
+        };
+        self.active = b;
+        self.switches += 1;
+        self.follow_up = Some(FollowUp { index });
+        let turn = self.turn + 1;
+        self.out.emit(Event::Switch {
+            index,
+            turn,
+            from: from_name,
+            to: to_name,
+            context_tokens: n,
+            suffix_tokens: n - held,
+            timings,
+            metrics: None,
+            gate,
+            measurement_follows: true,
+        });
+        Ok(Some(Handoff {
+            index,
+            turn,
+            source: a,
+            target: b,
+            context_tokens: n,
+            own_prefix,
+            reprefilled: reprefill,
+            timings,
+        }))
+    }
+}
+
+/// No layer measured yet, room for `n_layer`.
+pub fn empty_metrics(n_layer: usize) -> SwitchMetrics {
+    SwitchMetrics {
+        attention_cosine: Vec::with_capacity(n_layer),
+        r2_k: Vec::with_capacity(n_layer),
+        r2_v: Vec::with_capacity(n_layer),
+        key_error_concentration: Vec::with_capacity(n_layer),
         top1_agreement: None,
         kl: None,
-    };
-    for (l, gram) in grams.iter().enumerate().take(cfg.n_layer) {
-        let ft = layer_features(truth, rope, l, 0, n, 1)?;
-        let fm = layer_features(mapped, rope, l, 0, n, 1)?;
-        let err = rows_to_heads(&(&ft.k - &fm.k)?, cfg.n_kv_head)?;
-        out.key_error_concentration.push(gram.concentration(&err)?);
-        let r = metrics::r2_per_layer(&[ft.k, ft.v], &[fm.k, fm.v])?;
-        out.r2_k.push(r[0]);
-        out.r2_v.push(r[1]);
-        let (a, b) = (truth.layer(l)?, mapped.layer(l)?);
-        let cos = match queries.get(l) {
-            Some(q) if !probes.is_empty() => {
-                metrics::attention_output_cosine(q, probes, &a.k, &a.v, &b.k, &b.v)?
-            }
-            _ => f64::NAN,
-        };
-        out.attention_cosine.push(cos);
     }
-    Ok(out)
+}
+
+/// Compare positions `0..n` of `mapped` with `truth` at layer `l` for `model`, whose
+/// queries at `probes` are `queries` (one [n_head, probes, hd] tensor per layer), and
+/// append the layer's values to `out`. Either cache may hold more than `n` positions.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_metrics(
+    model: &Model,
+    gram: &QueryGram,
+    truth: &KvCache,
+    mapped: &KvCache,
+    n: usize,
+    queries: &[Tensor],
+    probes: &[usize],
+    l: usize,
+    out: &mut SwitchMetrics,
+) -> Result<(), EngineError> {
+    let cfg = model.config();
+    let rope = model.decoder.rope();
+    let ft = layer_features(truth, rope, l, 0, n, 1)?;
+    let fm = layer_features(mapped, rope, l, 0, n, 1)?;
+    let err = rows_to_heads(&(&ft.k - &fm.k)?, cfg.n_kv_head)?;
+    let concentration = gram.concentration(&err)?;
+    let r = metrics::r2_per_layer(&[ft.k, ft.v], &[fm.k, fm.v])?;
+    let (a, b) = (truth.layer_range(l, 0, n)?, mapped.layer_range(l, 0, n)?);
+    let cos = match queries.get(l) {
+        Some(q) if !probes.is_empty() => {
+            metrics::attention_output_cosine(q, probes, &a.k, &a.v, &b.k, &b.v)?
+        }
+        _ => f64::NAN,
+    };
+    out.key_error_concentration.push(concentration);
+    out.r2_k.push(r[0]);
+    out.r2_v.push(r[1]);
+    out.attention_cosine.push(cos);
+    Ok(())
 }
 
 /// Query-projection Grams of every layer, for key-error concentration.

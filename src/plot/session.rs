@@ -77,7 +77,7 @@ impl Series {
                 .filter_map(|t| finite((i64::from(t.turn), t.agreement)))
                 .collect(),
             // The latency axis is logarithmic: a zero time has no place on it.
-            map_ms: per_switch(&|s| Some(s.map_full_ms).filter(|ms| *ms > 0.0)),
+            map_ms: per_switch(&|s| s.map_full_ms.filter(|ms| *ms > 0.0)),
             reprefill_ms: per_switch(&|s| s.reprefill_full_ms.filter(|ms| *ms > 0.0)),
         };
         let xs = series

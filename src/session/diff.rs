@@ -181,9 +181,12 @@ struct SwitchView<'a> {
     gate: Option<&'a GateDecision>,
 }
 
+/// Each switch, with its metrics from its own event (sessions before format 1.1) or from
+/// the measurement that followed it.
 fn switches(s: &Session) -> BTreeMap<u32, SwitchView<'_>> {
-    s.events()
-        .filter_map(|e| match e {
+    let mut out = BTreeMap::new();
+    for e in s.events() {
+        match e {
             Event::Switch {
                 index,
                 turn,
@@ -192,19 +195,31 @@ fn switches(s: &Session) -> BTreeMap<u32, SwitchView<'_>> {
                 metrics,
                 gate,
                 ..
-            } => Some((
-                *index,
-                SwitchView {
-                    from,
-                    to,
-                    turn: *turn,
-                    metrics: metrics.as_ref(),
-                    gate: gate.as_ref(),
-                },
-            )),
-            _ => None,
-        })
-        .collect()
+            } => {
+                out.insert(
+                    *index,
+                    SwitchView {
+                        from,
+                        to,
+                        turn: *turn,
+                        metrics: metrics.as_ref(),
+                        gate: gate.as_ref(),
+                    },
+                );
+            }
+            Event::SwitchMeasured {
+                index,
+                metrics: Some(m),
+                ..
+            } => {
+                if let Some(v) = out.get_mut(index) {
+                    v.metrics = Some(m);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 fn compare_switches(a: &Session, b: &Session, opts: &DiffOptions, d: &mut SessionDiff) {
@@ -428,6 +443,30 @@ mod tests {
         let d = diff_sessions(&s, &s, &DiffOptions::default());
         assert!(d.is_identical(), "{d}");
         assert_eq!((d.turns_compared, d.switches_compared), (4, 2));
+    }
+
+    #[test]
+    fn a_recording_from_before_the_measurement_event_diffs_clean_against_a_newer_one() {
+        let old = fixtures::session();
+        let new = fixtures::session_of(fixtures::measured_later(fixtures::events()));
+        let d = diff_sessions(&old, &new, &DiffOptions::default());
+        assert!(d.is_identical(), "{d}");
+        assert_eq!(d.switches_compared, 2);
+        // The metrics are read from the measurement: a changed one there is found.
+        let mut events = fixtures::measured_later(fixtures::events());
+        for e in events.iter_mut() {
+            if let Event::SwitchMeasured {
+                index: 1,
+                metrics: Some(m),
+                ..
+            } = e
+            {
+                m.attention_cosine[0] -= 0.5;
+            }
+        }
+        let d = diff_sessions(&old, &fixtures::session_of(events), &DiffOptions::default());
+        assert_eq!(d.metrics.len(), 1, "{d}");
+        assert_eq!(d.metrics[0].switch, Some(1));
     }
 
     #[test]

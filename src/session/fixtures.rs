@@ -103,7 +103,7 @@ pub fn events() -> Vec<Event> {
             suffix_tokens: 14,
             timings: SwitchTimings {
                 source_prefill_ms: Some(30.0),
-                map_full_ms: 2.0,
+                map_full_ms: Some(2.0),
                 map_suffix_ms: Some(1.0),
                 reprefill_full_ms: Some(40.0),
                 reprefill_suffix_ms: Some(10.0),
@@ -115,6 +115,7 @@ pub fn events() -> Vec<Event> {
                 estimate: 0.8,
                 used: CacheOrigin::Mapped,
             }),
+            measurement_follows: false,
         },
         Event::UserMessage {
             turn: 2,
@@ -167,7 +168,7 @@ pub fn events() -> Vec<Event> {
             suffix_tokens: 26,
             timings: SwitchTimings {
                 source_prefill_ms: None,
-                map_full_ms: 4.0,
+                map_full_ms: Some(4.0),
                 map_suffix_ms: Some(2.0),
                 reprefill_full_ms: Some(20.0),
                 reprefill_suffix_ms: None,
@@ -179,6 +180,7 @@ pub fn events() -> Vec<Event> {
                 estimate: 0.4,
                 used: CacheOrigin::Reprefilled,
             }),
+            measurement_follows: false,
         },
         Event::UserMessage {
             turn: 4,
@@ -192,6 +194,62 @@ pub fn events() -> Vec<Event> {
         },
         Event::ShutDown,
     ]
+}
+
+/// `events` as a baton of session format 1.1 writes them: each switch's handoff first,
+/// its measurement after the turn that followed it (the measurement gave way to it).
+pub fn measured_later(events: Vec<Event>) -> Vec<Event> {
+    let mut out = Vec::new();
+    let mut waiting: Option<Event> = None;
+    for e in events {
+        match e {
+            Event::Switch {
+                index,
+                turn,
+                from,
+                to,
+                context_tokens,
+                suffix_tokens,
+                timings,
+                metrics,
+                gate,
+                ..
+            } => {
+                out.push(Event::Switch {
+                    index,
+                    turn,
+                    from,
+                    to,
+                    context_tokens,
+                    suffix_tokens,
+                    timings: SwitchTimings {
+                        map_full_ms: None,
+                        reprefill_full_ms: None,
+                        reprefill_suffix_ms: None,
+                        ..timings
+                    },
+                    metrics: None,
+                    gate,
+                    measurement_follows: true,
+                });
+                waiting = Some(Event::SwitchMeasured {
+                    index,
+                    turn,
+                    timings,
+                    metrics,
+                    yielded_to: vec![turn],
+                    stopped: None,
+                });
+            }
+            Event::Done { .. } => {
+                out.push(e);
+                out.extend(waiting.take());
+            }
+            other => out.push(other),
+        }
+    }
+    out.extend(waiting);
+    out
 }
 
 pub fn session_of(events: Vec<Event>) -> Session {

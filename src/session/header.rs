@@ -8,6 +8,16 @@ use serde::{Deserialize, Serialize};
 pub const FORMAT: &str = "baton-session";
 /// The layout version this baton writes and reads; a reader refuses any other.
 pub const VERSION: u32 = 1;
+/// Additions within [`VERSION`], each readable by a reader of an earlier one (which skips
+/// event types it does not know). This baton reads every minor version of its layout.
+///
+/// - 0: a `switch` event carries every measurement of the switch; `switch_follow_up`'s
+///   `end_to_end_ms` is the handoff plus the next turn's time to first token.
+/// - 1: a `switch` event with `measurement_follows` is the handoff alone, and a
+///   `switch_measured` event with the same index brings the rest, often after the next
+///   turn; `switch_follow_up`'s `end_to_end_ms` runs from the message reaching the
+///   engine to the target's first token.
+pub const MINOR: u32 = 1;
 
 /// Line 1 of a session file: which build, models, mappers and settings produced it, so a
 /// report or a replay can tell whether it is looking at comparable runs.
@@ -15,6 +25,9 @@ pub const VERSION: u32 = 1;
 pub struct SessionHeader {
     pub format: String,
     pub version: u32,
+    /// See [`MINOR`]; absent (0) in files written before there was one.
+    #[serde(default)]
+    pub minor: u32,
     /// When the session started, RFC 3339 in UTC.
     pub created: String,
     pub baton_version: String,
@@ -37,6 +50,7 @@ impl SessionHeader {
         Self {
             format: FORMAT.into(),
             version: VERSION,
+            minor: MINOR,
             created: UtcTime::now().rfc3339(),
             baton_version: env!("CARGO_PKG_VERSION").into(),
             models,

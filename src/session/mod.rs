@@ -20,7 +20,7 @@ pub(crate) mod fixtures;
 
 pub use diff::{diff_sessions, DiffOptions, SessionDiff};
 pub use error::SessionError;
-pub use header::{RecordedEvent, SessionHeader, FORMAT, VERSION};
+pub use header::{RecordedEvent, SessionHeader, FORMAT, MINOR, VERSION};
 pub use reader::{parse_session, read_session, Session};
 pub use report::Report;
 pub use writer::{default_session_path, SessionWriter};

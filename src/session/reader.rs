@@ -204,6 +204,19 @@ mod tests {
     }
 
     #[test]
+    fn a_header_without_a_minor_version_is_format_1_0() {
+        let s = fixtures::session();
+        assert_eq!(s.header.minor, crate::session::MINOR);
+        let mut lines = lines_of(&s);
+        let mut header: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        header.as_object_mut().unwrap().remove("minor");
+        lines[0] = header.to_string();
+        let back = parse_session(&file(&lines, true), Path::new("s.jsonl")).unwrap();
+        assert_eq!(back.header.minor, 0);
+        assert_eq!(back.events, s.events);
+    }
+
+    #[test]
     fn a_header_cut_off_is_not_a_session() {
         let err = parse_session(br#"{"format":"baton-sess"#, Path::new("s.jsonl")).unwrap_err();
         assert!(err.to_string().contains("cut off"), "{err}");

@@ -7,7 +7,9 @@
 //! map time, and `null` means not measured.
 
 use super::reader::Session;
-use crate::protocol::{CacheOrigin, Event, GateDecision, PathKind, StopKind};
+use crate::protocol::{
+    CacheOrigin, Event, GateDecision, PathKind, StopKind, SwitchMetrics, SwitchTimings,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -66,6 +68,10 @@ pub struct PathRow {
 }
 
 /// One switch: what it cost against a re-prefill, and how faithful the mapped cache was.
+/// `handoff_ms` is the switch until the target was ready; `end_to_end_ms` what the user
+/// then waited for the first token of the next answer (the handoff until that turn
+/// reports it). `measured` is false while the switch's measurement is missing (the
+/// session ended first) or stopped early.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SwitchRow {
     pub index: u32,
@@ -74,7 +80,11 @@ pub struct SwitchRow {
     pub to: String,
     pub context_tokens: usize,
     pub suffix_tokens: usize,
-    pub map_full_ms: f64,
+    #[serde(default)]
+    pub handoff_ms: f64,
+    #[serde(default)]
+    pub measured: bool,
+    pub map_full_ms: Option<f64>,
     pub map_suffix_ms: Option<f64>,
     pub reprefill_full_ms: Option<f64>,
     pub reprefill_suffix_ms: Option<f64>,
@@ -185,26 +195,47 @@ impl Report {
                     timings,
                     metrics,
                     gate,
-                } => switches.push(SwitchRow {
-                    index: *index,
-                    turn: *turn,
-                    from: from.clone(),
-                    to: to.clone(),
-                    context_tokens: *context_tokens,
-                    suffix_tokens: *suffix_tokens,
-                    map_full_ms: timings.map_full_ms,
-                    map_suffix_ms: timings.map_suffix_ms,
-                    reprefill_full_ms: timings.reprefill_full_ms,
-                    reprefill_suffix_ms: timings.reprefill_suffix_ms,
-                    end_to_end_ms: timings.end_to_end_ms,
-                    speedup_full: timings.speedup_full(),
-                    speedup_suffix: timings.speedup_suffix(),
-                    cosine_mean: metrics.as_ref().and_then(|m| m.cosine_mean()),
-                    cosine_min: metrics.as_ref().and_then(|m| m.cosine_min()),
-                    top1_agreement: metrics.as_ref().and_then(|m| m.top1_agreement),
-                    kl: metrics.as_ref().and_then(|m| m.kl),
-                    gate: *gate,
-                }),
+                    measurement_follows,
+                } => {
+                    let mut row = SwitchRow {
+                        index: *index,
+                        turn: *turn,
+                        from: from.clone(),
+                        to: to.clone(),
+                        context_tokens: *context_tokens,
+                        suffix_tokens: *suffix_tokens,
+                        handoff_ms: timings.end_to_end_ms,
+                        measured: !measurement_follows,
+                        map_full_ms: None,
+                        map_suffix_ms: None,
+                        reprefill_full_ms: None,
+                        reprefill_suffix_ms: None,
+                        end_to_end_ms: timings.end_to_end_ms,
+                        speedup_full: None,
+                        speedup_suffix: None,
+                        cosine_mean: None,
+                        cosine_min: None,
+                        top1_agreement: None,
+                        kl: None,
+                        gate: *gate,
+                    };
+                    row.measure(timings, metrics.as_ref());
+                    switches.push(row);
+                }
+                // Sessions from format 1.1 on measure a switch after its handoff, often
+                // after the next turn's follow-up.
+                Event::SwitchMeasured {
+                    index,
+                    timings,
+                    metrics,
+                    stopped,
+                    ..
+                } => {
+                    if let Some(row) = switches.iter_mut().rev().find(|r| r.index == *index) {
+                        row.measure(timings, metrics.as_ref());
+                        row.measured = stopped.is_none();
+                    }
+                }
                 // The first turn after a switch completes its row: agreement on the
                 // user's message and the time to the target's first token.
                 Event::SwitchFollowUp {
@@ -262,6 +293,25 @@ fn opens_turn(event: &Event) -> bool {
         event,
         Event::UserMessage { .. } | Event::TurnStarted { .. } | Event::Generation { .. }
     )
+}
+
+impl SwitchRow {
+    /// Take the measured timings and metrics; the follow-up's agreement, when it came
+    /// first, stays.
+    fn measure(&mut self, t: &SwitchTimings, metrics: Option<&SwitchMetrics>) {
+        self.map_full_ms = t.map_full_ms;
+        self.map_suffix_ms = t.map_suffix_ms;
+        self.reprefill_full_ms = t.reprefill_full_ms;
+        self.reprefill_suffix_ms = t.reprefill_suffix_ms;
+        self.speedup_full = t.speedup_full();
+        self.speedup_suffix = t.speedup_suffix();
+        if let Some(m) = metrics {
+            self.cosine_mean = m.cosine_mean();
+            self.cosine_min = m.cosine_min();
+            self.top1_agreement = m.top1_agreement.or(self.top1_agreement);
+            self.kl = m.kl.or(self.kl);
+        }
+    }
 }
 
 impl TurnRow {
@@ -333,7 +383,7 @@ mod tests {
             (s0.index, s0.turn, s0.from.as_str(), s0.to.as_str()),
             (0, 2, "a", "b")
         );
-        assert_eq!(s0.map_full_ms, 2.0);
+        assert_eq!(s0.map_full_ms, Some(2.0));
         assert_eq!(s0.reprefill_full_ms, Some(40.0));
         assert!(close(s0.speedup_full, 20.0));
         assert!(close(s0.speedup_suffix, 10.0));
@@ -408,6 +458,41 @@ mod tests {
         assert_eq!(v["summary"]["identical_turns"], 1);
         let back: Report = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn a_switch_measured_after_its_turn_reports_as_one_measured_with_it() {
+        let old = Report::from_session(&fixtures::session());
+        let new = Report::from_session(&fixtures::session_of(fixtures::measured_later(
+            fixtures::events(),
+        )));
+        assert_eq!(new.switches.len(), 2);
+        for (o, n) in old.switches.iter().zip(&new.switches) {
+            assert!(o.measured && n.measured);
+            assert_eq!(o.handoff_ms, n.handoff_ms);
+            assert_eq!(
+                (o.map_full_ms, o.reprefill_full_ms, o.reprefill_suffix_ms),
+                (n.map_full_ms, n.reprefill_full_ms, n.reprefill_suffix_ms)
+            );
+            assert_eq!(
+                (o.speedup_full, o.cosine_min),
+                (n.speedup_full, n.cosine_min)
+            );
+            assert_eq!((o.top1_agreement, o.kl), (n.top1_agreement, n.kl));
+        }
+        assert_eq!(old.summary, new.summary);
+        // A handoff whose measurement never came is reported as such.
+        let mut events = fixtures::measured_later(fixtures::events());
+        events.retain(|e| !matches!(e, Event::SwitchMeasured { index: 1, .. }));
+        let r = Report::from_session(&fixtures::session_of(events));
+        let s1 = &r.switches[1];
+        assert!(!s1.measured);
+        assert_eq!(
+            (s1.map_full_ms, s1.speedup_full, s1.cosine_mean),
+            (None, None, None)
+        );
+        assert_eq!(s1.handoff_ms, 21.0);
+        assert!(r.switches[0].measured);
     }
 
     #[test]

@@ -96,7 +96,7 @@ fn switch_cells(s: &SwitchRow) -> Vec<String> {
         format!("{} -> {}", s.from, s.to),
         s.context_tokens.to_string(),
         s.suffix_tokens.to_string(),
-        num(Some(s.map_full_ms), 1),
+        num(s.map_full_ms, 1),
         num(s.map_suffix_ms, 1),
         num(s.reprefill_full_ms, 1),
         num(s.reprefill_suffix_ms, 1),

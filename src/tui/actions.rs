@@ -111,6 +111,13 @@ impl App {
         }
         if self.switches_pending > 0 {
             self.say(Level::Info, "a switch cannot be cancelled; it ends shortly");
+        } else if let Some(s) = self.measuring().filter(|_| !self.engine_stopped) {
+            let text = format!(
+                "cancelling the measurement of switch #{}: the handoff stands",
+                s.index + 1
+            );
+            self.say(Level::Info, text);
+            return vec![Effect::Send(Command::Cancel)];
         } else {
             self.status = None;
         }

@@ -179,7 +179,7 @@ impl App {
         match msg {
             Msg::Tick => {
                 // Only a busy screen changes with time; an idle one is not redrawn.
-                if self.busy() {
+                if self.busy() || self.measuring().is_some() {
                     self.spinner = self.spinner.wrapping_add(1);
                     self.dirty = true;
                 }
@@ -248,6 +248,12 @@ impl App {
     /// Whether the engine is generating or switching.
     pub fn busy(&self) -> bool {
         self.turn_running || self.switches_pending > 0
+    }
+
+    /// The switch whose measurement the engine has yet to report. It runs while the
+    /// engine is otherwise idle and gives way to a message, so it never blocks one.
+    pub(crate) fn measuring(&self) -> Option<&SwitchRecord> {
+        self.switches.last().filter(|s| s.measuring())
     }
 
     pub(crate) fn active_model(&self) -> Option<&ModelInfo> {

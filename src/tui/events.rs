@@ -1,8 +1,8 @@
 //! How each engine event changes what the screen shows.
 
 use super::app::{
-    App, Comparison, Effect, Entry, Finished, FollowUp, Level, LoadingProgress, Overlay, PathText,
-    Reply, SwitchRecord, TurnPair,
+    App, Comparison, Effect, Entry, Finished, FollowUp, Level, LoadingProgress, Measure, Overlay,
+    PathText, Reply, SwitchRecord, TurnPair,
 };
 use crate::protocol::{CacheOrigin, Event, PathKind};
 
@@ -117,6 +117,7 @@ impl App {
                 timings,
                 metrics,
                 gate,
+                measurement_follows,
             } => {
                 self.switches_pending = self.switches_pending.saturating_sub(1);
                 self.set_active_by_name(to);
@@ -132,6 +133,11 @@ impl App {
                     metrics: metrics.clone(),
                     gate: *gate,
                     follow_up: None,
+                    measure: if *measurement_follows {
+                        Measure::Pending
+                    } else {
+                        Measure::Done
+                    },
                 });
                 self.transcript.push(Entry::Switch(self.switches.len() - 1));
                 self.say(
@@ -141,6 +147,28 @@ impl App {
                         super::panels::fmt_ms(timings.end_to_end_ms)
                     ),
                 );
+            }
+            Event::SwitchMeasured {
+                index,
+                timings,
+                metrics,
+                stopped,
+                ..
+            } => {
+                if let Some(s) = self.switches.iter_mut().rev().find(|s| s.index == *index) {
+                    s.timings = *timings;
+                    s.metrics = metrics.clone();
+                    s.measure = match stopped {
+                        Some(why) => Measure::Stopped(why.clone()),
+                        None => Measure::Done,
+                    };
+                }
+                if let Some(why) = stopped {
+                    self.say(
+                        Level::Info,
+                        format!("the measurement of switch #{} stopped: {why}", index + 1),
+                    );
+                }
             }
             Event::TurnComparison {
                 turn,

@@ -133,6 +133,16 @@ pub(crate) struct FollowUp {
     pub end_to_end_ms: f64,
 }
 
+/// Where a switch's measurement stands: its handoff is shown at once, the map and
+/// re-prefill times and the per-layer metrics once they are measured.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Measure {
+    Pending,
+    Done,
+    /// It ended early (cancelled, or an error), with the reason.
+    Stopped(String),
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct SwitchRecord {
     pub index: u32,
@@ -145,4 +155,11 @@ pub(crate) struct SwitchRecord {
     pub metrics: Option<SwitchMetrics>,
     pub gate: Option<GateDecision>,
     pub follow_up: Option<FollowUp>,
+    pub measure: Measure,
+}
+
+impl SwitchRecord {
+    pub fn measuring(&self) -> bool {
+        self.measure == Measure::Pending
+    }
 }

@@ -1,5 +1,7 @@
 //! How keys and engine events change the workbench, without a terminal.
 
+mod measuring;
+
 use super::app::{Entry, Overlay};
 use super::*;
 use crate::protocol::{
@@ -53,7 +55,7 @@ fn switch_event(context_tokens: usize) -> Event {
         suffix_tokens: context_tokens,
         timings: SwitchTimings {
             source_prefill_ms: None,
-            map_full_ms: 4.0,
+            map_full_ms: Some(4.0),
             map_suffix_ms: None,
             reprefill_full_ms: Some(50.0),
             reprefill_suffix_ms: None,
@@ -68,6 +70,7 @@ fn switch_event(context_tokens: usize) -> Event {
             kl: None,
         }),
         gate: None,
+        measurement_follows: false,
     }
 }
 

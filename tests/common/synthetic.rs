@@ -298,3 +298,79 @@ impl Tiny {
         gguf_file::write(&mut f, &md_refs, &t_refs).unwrap();
     }
 }
+
+/// The chat template of [`Tiny::write_chat_model`]: every token stands between single
+/// spaces, as the word-level tokenizer decodes it, so a rendered conversation starts
+/// with the decoded cache (the engine extends its caches only then).
+pub const CHAT_TEMPLATE: &str = "{% for m in messages %}{{ '' if loop.first else ' ' }}<|im_start|> {{ m.role }}{{ (' ' + m.content) if m.content else '' }} <|im_end|>{% endfor %}{{ ' <|im_start|> assistant' if add_generation_prompt else '' }}";
+
+/// The words a chat model's messages may use: the last five ids are the role words and
+/// the two special tokens.
+const CHAT_RESERVED: usize = 5;
+
+impl Tiny {
+    /// A Hugging Face directory of a chat model: weights for `seed`, a word-level
+    /// tokenizer with `<|im_start|>` / `<|im_end|>` and the role words, and a
+    /// tokenizer_config.json with [`CHAT_TEMPLATE`]. The special tokens' output rows are
+    /// zero, so greedy decoding never picks them and every answer runs to its token
+    /// budget (a random model would otherwise end turns at random).
+    pub fn write_chat_model(&self, dir: &Path, seed: u64) {
+        std::fs::create_dir_all(dir).unwrap();
+        self.write_safetensors(dir, seed);
+        let mut w = self.weights(seed);
+        let head = &w["lm_head.weight"];
+        let keep = head.narrow(0, 0, self.vocab - 2).unwrap();
+        let zero = Tensor::zeros((2, self.hidden), head.dtype(), head.device()).unwrap();
+        w.insert(
+            "lm_head.weight".into(),
+            Tensor::cat(&[&keep, &zero], 0).unwrap(),
+        );
+        candle_core::safetensors::save(&w, dir.join("model.safetensors")).unwrap();
+        let words = self.vocab - CHAT_RESERVED;
+        let mut vocab: serde_json::Map<String, serde_json::Value> = (0..words)
+            .map(|i| (format!("w{i}"), serde_json::json!(i)))
+            .collect();
+        for (i, word) in ["user", "assistant", "system", "<|im_start|>", "<|im_end|>"]
+            .iter()
+            .enumerate()
+        {
+            vocab.insert(word.to_string(), serde_json::json!(words + i));
+        }
+        let special = |id: usize, content: &str| {
+            serde_json::json!({"id": id, "content": content, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+        };
+        let tok = serde_json::json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": [special(self.vocab - 2, "<|im_start|>"), special(self.vocab - 1, "<|im_end|>")],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null,
+            "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+        });
+        std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+        let cfg = serde_json::json!({
+            "chat_template": CHAT_TEMPLATE,
+            "eos_token": "<|im_end|>",
+        });
+        std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    }
+
+    /// A message of `words` words a chat model's tokenizer knows.
+    pub fn chat_text(&self, words: usize, seed: u64) -> String {
+        let known = (self.vocab - CHAT_RESERVED) as u64;
+        let mut x = seed | 1;
+        (0..words)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                format!("w{}", x % known)
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}

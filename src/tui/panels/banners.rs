@@ -54,9 +54,11 @@ pub fn render_demo_pause(frame: &mut Frame, area: Rect, app: &App) {
     let Some(s) = app.switches.get(at) else {
         return;
     };
-    let speedup = s.timings.speedup_full().map_or_else(String::new, |x| {
-        format!(" · {} faster than re-prefill", fmt_factor(x))
-    });
+    let speedup = match s.timings.speedup_full() {
+        Some(x) => format!(" · {} faster than re-prefill", fmt_factor(x)),
+        None if s.measuring() => " · measuring…".to_string(),
+        None => String::new(),
+    };
     let lines = vec![
         Line::from(Span::styled(
             format!(

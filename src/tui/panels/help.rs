@@ -16,7 +16,7 @@ const KEYS: [(&str, &str); 11] = [
     ),
     (
         "Esc",
-        "cancel the generation · close help or the bookmark note",
+        "cancel the answer or a switch's measurement · close help or the note",
     ),
     (
         "Ctrl-R",

@@ -1,9 +1,11 @@
 //! What the last switch cost: mapping the cache against re-prefilling it, the speed-up
-//! in big digits, the end-to-end time, and the speed-up of every switch so far.
+//! in big digits, the handoff and the end-to-end time (the message sent to the first
+//! mapped token), and the speed-up of every switch so far. The handoff shows at once;
+//! the map and re-prefill times once the switch's measurement reports them.
 
 use super::columns::{self, Column};
 use super::{big_text, fmt_factor, fmt_ms, panel, BAD, BOLD, DIM, MAP, REPREFILL};
-use crate::tui::app::{App, SwitchRecord};
+use crate::tui::app::{App, Measure, SwitchRecord};
 use crate::tui::view::inner;
 use crate::tui::wrap::wrap;
 use ratatui::layout::Rect;
@@ -74,7 +76,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
 fn bars(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
     let t = &s.timings;
     let mut rows = vec![
-        ("map all", Some(t.map_full_ms), MAP),
+        ("map all", t.map_full_ms, MAP),
         ("re-prefill all", t.reprefill_full_ms, REPREFILL),
     ];
     // The first switch to a model has no earlier cache to extend: no suffix to time.
@@ -87,19 +89,36 @@ fn bars(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
         .filter_map(|r| r.1)
         .filter(|v| v.is_finite())
         .fold(0.0, f64::max);
-    let bar_width = width.saturating_sub(LABEL + VALUE + 2);
+    let missing = if s.measuring() {
+        "measuring…"
+    } else {
+        "not measured"
+    };
+    let texts: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| {
+            r.1.filter(|v| v.is_finite())
+                .map(|v| format!("{} ms", fmt_ms(v)))
+        })
+        .collect();
+    let value_width = texts
+        .iter()
+        .map(|t| t.as_deref().unwrap_or(missing).width())
+        .fold(VALUE, usize::max);
+    let bar_width = width.saturating_sub(LABEL + value_width + 2);
     rows.into_iter()
-        .map(|(label, value, color)| {
-            let (bar, text) = match value {
-                Some(v) if v.is_finite() => (bar(v, max, bar_width), format!("{} ms", fmt_ms(v))),
-                _ => (String::new(), "not measured".to_string()),
+        .zip(texts)
+        .map(|((label, value, color), text)| {
+            let (bar, text) = match (value, text) {
+                (Some(v), Some(text)) => (bar(v, max, bar_width), text),
+                _ => (String::new(), missing.to_string()),
             };
             let pad = bar_width.saturating_sub(bar.width());
             Line::from(vec![
                 Span::styled(format!("{label:<LABEL$} "), DIM),
                 Span::styled(bar, Style::new().fg(color)),
                 Span::raw(" ".repeat(pad)),
-                Span::styled(format!(" {text:>VALUE$}"), BOLD),
+                Span::styled(format!(" {text:>value_width$}"), BOLD),
             ])
         })
         .collect()
@@ -168,7 +187,11 @@ fn small_headline(s: &SwitchRecord) -> Line<'static> {
             Span::styled(" than re-prefill", BOLD),
         ]),
         None => Line::from(Span::styled(
-            "re-prefill not timed: the reference path was off",
+            match &s.measure {
+                Measure::Pending => "speed-up: measuring the map and the re-prefill…".to_string(),
+                Measure::Stopped(why) => format!("not measured: the measurement {why}"),
+                Measure::Done => "re-prefill not timed: the reference path was off".to_string(),
+            },
             DIM,
         )),
     }

@@ -4,7 +4,7 @@
 use super::columns::{self, Column};
 use super::{fmt_percent, panel, BAD, BOLD, DIM};
 use crate::protocol::SwitchMetrics;
-use crate::tui::app::{App, LayerView, SwitchRecord};
+use crate::tui::app::{App, LayerView, Measure, SwitchRecord};
 use crate::tui::view::inner;
 use crate::tui::wrap::wrap;
 use ratatui::buffer::Buffer;
@@ -40,11 +40,20 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         return;
     };
     let Some(m) = &s.metrics else {
-        empty(
-            frame,
-            area,
-            "No per-layer metrics for this switch: they need the reference path (Ctrl-R).",
-        );
+        let text = match &s.measure {
+            Measure::Pending => format!(
+                "Measuring the per-layer fidelity of switch #{}… (your next message goes first)",
+                s.index + 1
+            ),
+            Measure::Stopped(why) => {
+                format!("No per-layer metrics for this switch: its measurement {why}.")
+            }
+            Measure::Done => {
+                "No per-layer metrics for this switch: they need the reference path (Ctrl-R)."
+                    .to_string()
+            }
+        };
+        empty(frame, area, &text);
         return;
     };
     let series = series(app.layer_view, m);

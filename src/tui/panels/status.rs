@@ -52,7 +52,11 @@ fn activity(app: &App) -> Option<String> {
             format!("{model} is answering · Esc cancels")
         });
     }
-    (app.switches_pending > 0).then(|| "handing over…".into())
+    if app.switches_pending > 0 {
+        return Some("handing over…".into());
+    }
+    app.measuring()
+        .map(|s| format!("measuring switch #{} · Esc cancels", s.index + 1))
 }
 
 /// How much the status bar leaves out to fit its line, least important first.

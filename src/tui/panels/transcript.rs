@@ -132,14 +132,20 @@ fn reply(out: &mut Vec<Line<'static>>, r: &Reply, width: usize) {
 fn switch_line(s: &SwitchRecord) -> String {
     let t = &s.timings;
     let mut text = format!(
-        "⇄ switch #{}: {} → {} · {} tokens handed over ({} new) · map {} ms",
+        "⇄ switch #{}: {} → {} · {} tokens handed over ({} new)",
         s.index + 1,
         s.from,
         s.to,
         s.context_tokens,
         s.suffix_tokens,
-        fmt_ms(t.map_full_ms)
     );
+    match t.map_full_ms {
+        Some(m) => text.push_str(&format!(" · map {} ms", fmt_ms(m))),
+        None => text.push_str(&format!(" · handoff {} ms", fmt_ms(t.end_to_end_ms))),
+    }
+    if s.measuring() {
+        text.push_str(" · measuring…");
+    }
     if let Some(r) = t.reprefill_full_ms {
         text.push_str(&format!(" vs re-prefill {} ms", fmt_ms(r)));
     }

@@ -1,0 +1,321 @@
+//! One turn: the mapped (shown) answer first, then, with the reference path on, the
+//! comparison work that must never delay it (the teacher-forced agreement on the user's
+//! message and the re-prefilled answer), then the pre-map for the next switch.
+
+use super::compare::compare_tokens;
+use super::config::Settings;
+use super::core::{ms, no_logits, split, synced_ms, Engine, Inbox, Outbox};
+use super::switch::map_onto;
+use super::EngineError;
+use crate::metrics;
+use crate::model::{generate, ForwardOptions, GenerateOptions, KvCache, Logits, Model, StopReason};
+use crate::protocol::{CacheOrigin, Event, GenerationTimings, PathKind, StopKind};
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::Receiver;
+use std::time::Instant;
+
+fn stop_kind(s: StopReason) -> StopKind {
+    match s {
+        StopReason::EndOfTurn => StopKind::Eos,
+        StopReason::MaxTokens | StopReason::ContextFull => StopKind::MaxTokens,
+        StopReason::Cancelled => StopKind::Cancelled,
+    }
+}
+
+struct PathRun {
+    ids: Vec<u32>,
+    text: String,
+    timings: GenerationTimings,
+    /// From the command's sending to the first token.
+    since_sent_ms: f64,
+    stop: StopReason,
+    prompt_tokens: usize,
+}
+
+/// Where a generation's tokens go and where its commands come from.
+struct Stream<'a, 'b> {
+    turn: u32,
+    path: PathKind,
+    sent: Instant,
+    out: &'a mut Outbox,
+    inbox: &'a mut Inbox<'b>,
+}
+
+/// Generate on `cache` after feeding `pending` (ids it has not seen), streaming tokens.
+fn generate_on(
+    model: &Model,
+    cache: &mut KvCache,
+    pending: &[u32],
+    settings: &Settings,
+    s: Stream<'_, '_>,
+) -> Result<PathRun, EngineError> {
+    let opts = GenerateOptions {
+        max_tokens: settings.max_tokens,
+        sampling: settings.sampling,
+        stop_ids: model.tokenizer.eos_ids().to_vec(),
+    };
+    let mut stream = model.tokenizer.stream();
+    let mut text = String::new();
+    let t0 = Instant::now();
+    let mut first = None;
+    let never = AtomicBool::new(false);
+    let (out, inbox) = (s.out, s.inbox);
+    let g = generate(&model.decoder, cache, pending, &opts, &never, &mut |id| {
+        first.get_or_insert_with(|| (ms(t0), ms(s.sent)));
+        if !opts.stop_ids.contains(&id) {
+            if let Ok(piece) = stream.push(id) {
+                if !piece.is_empty() {
+                    text.push_str(&piece);
+                    out.emit(Event::Token {
+                        turn: s.turn,
+                        path: s.path,
+                        text: piece,
+                        id,
+                    });
+                }
+            }
+        }
+        !inbox.poll(out)
+    })?;
+    if let Ok(rest) = stream.finish() {
+        text.push_str(&rest);
+    }
+    let (first_token_ms, since_sent_ms) = first.unwrap_or_else(|| (ms(t0), ms(s.sent)));
+    Ok(PathRun {
+        timings: GenerationTimings {
+            prefill_ms: g.prefill.seconds * 1e3,
+            first_token_ms,
+            decode_tokens_per_s: g.decode.tokens_per_second(),
+            total_ms: ms(t0),
+        },
+        since_sent_ms,
+        ids: g.tokens,
+        text,
+        stop: g.stop,
+        prompt_tokens: pending.len(),
+    })
+}
+
+/// Teacher-forced next-token agreement of `mapped` against `truth` on `ids`, which
+/// `truth` then holds. Needs at least one id.
+fn teacher_forced(
+    model: &Model,
+    mut mapped: KvCache,
+    truth: &mut KvCache,
+    ids: &[u32],
+) -> Result<metrics::NextTokenAgreement, EngineError> {
+    let all = ForwardOptions {
+        logits: Logits::All,
+        probe_positions: vec![],
+    };
+    let lm = model.decoder.forward(ids, &mut mapped, &all)?.logits;
+    let lt = model.decoder.forward(ids, truth, &all)?.logits;
+    match (lt, lm) {
+        (Some(t), Some(m)) => Ok(metrics::logits::agreement(&t, &m)?),
+        _ => Err(EngineError::Internal("no logits for the user turn".into())),
+    }
+}
+
+impl Engine {
+    fn emit_generation(&mut self, path: PathKind, slot: usize, run: &PathRun) {
+        let model = self.slots[slot].name();
+        self.out.emit(Event::Generation {
+            turn: self.turn,
+            path,
+            model,
+            text: run.text.clone(),
+            token_ids: run.ids.clone(),
+            prompt_tokens: run.prompt_tokens,
+            timings: run.timings,
+            stop: stop_kind(run.stop),
+        });
+    }
+
+    pub(super) fn submit(
+        &mut self,
+        text: &str,
+        sent: Instant,
+        commands: &Receiver<super::Envelope>,
+    ) -> Result<(), EngineError> {
+        let a = self.active;
+        self.turn += 1;
+        let turn = self.turn;
+        self.out.emit(Event::UserMessage {
+            turn,
+            text: text.to_string(),
+        });
+        let template = self.slots[a].model.chat_template()?.clone();
+        self.conv
+            .push_user(&template, &self.slots[a].model.tokenizer, text)?;
+        let prompt_len = self.conv.len();
+        let follow_up = self.follow_up.take();
+        // The shadow path runs whenever the shown path's cache is not the model's own.
+        let reference = self.settings.reference && self.slots[a].origin != CacheOrigin::True;
+        let origin = self.slots[a].origin;
+        let model_name = self.slots[a].name();
+        self.out.emit(Event::TurnStarted {
+            turn,
+            path: PathKind::Mapped,
+            model: model_name.clone(),
+            cache: origin,
+        });
+        let pending_from = self.slots[a].primary.len();
+        let primary_run = {
+            let slot = &mut self.slots[a];
+            let pending = &self.conv.history[pending_from..prompt_len];
+            let mut inbox = Inbox {
+                commands,
+                queued: &mut self.queued,
+                shutdown: &mut self.shutdown,
+            };
+            let stream = Stream {
+                turn,
+                path: PathKind::Mapped,
+                sent,
+                out: &mut self.out,
+                inbox: &mut inbox,
+            };
+            generate_on(
+                &slot.model,
+                &mut slot.primary,
+                pending,
+                &self.settings,
+                stream,
+            )?
+        };
+        self.emit_generation(PathKind::Mapped, a, &primary_run);
+        let cancelled = primary_run.stop == StopReason::Cancelled;
+        let reply_ids = primary_run.ids.clone();
+        let compare = reference && !cancelled && !self.shutdown;
+
+        // Bring the reference cache up to where the primary stood before this turn, so
+        // both see the same pending ids (and the teacher-forced comparison the same
+        // inputs); the primary's first `pending_from` positions are as they were.
+        let mut agreement = None;
+        if compare {
+            let slot = &mut self.slots[a];
+            if slot.truth.len() > pending_from {
+                slot.truth.truncate(pending_from);
+            }
+            let gap = &self.conv.history[slot.truth.len()..pending_from];
+            if !gap.is_empty() {
+                slot.model
+                    .decoder
+                    .forward(gap, &mut slot.truth, &no_logits())?;
+            }
+            let pending = &self.conv.history[pending_from..prompt_len];
+            if follow_up.is_some() && pending.len() > 1 {
+                let before = slot.primary.try_clone_prefix(pending_from)?;
+                agreement = Some(teacher_forced(
+                    &slot.model,
+                    before,
+                    &mut slot.truth,
+                    &pending[..pending.len() - 1],
+                )?);
+            }
+        }
+        if let Some(f) = follow_up {
+            self.out.emit(Event::SwitchFollowUp {
+                index: f.index,
+                turn,
+                top1_agreement: agreement.map(|a| a.top1),
+                kl: agreement.map(|a| a.kl),
+                positions: agreement.map(|a| a.positions).unwrap_or(0),
+                first_token_ms: primary_run.timings.first_token_ms,
+                end_to_end_ms: primary_run.since_sent_ms,
+            });
+        }
+
+        if compare {
+            self.out.emit(Event::TurnStarted {
+                turn,
+                path: PathKind::Reference,
+                model: model_name,
+                cache: CacheOrigin::Reprefilled,
+            });
+            let run = {
+                let slot = &mut self.slots[a];
+                let pending = &self.conv.history[slot.truth.len()..prompt_len];
+                let mut inbox = Inbox {
+                    commands,
+                    queued: &mut self.queued,
+                    shutdown: &mut self.shutdown,
+                };
+                let stream = Stream {
+                    turn,
+                    path: PathKind::Reference,
+                    sent,
+                    out: &mut self.out,
+                    inbox: &mut inbox,
+                };
+                let r = generate_on(
+                    &slot.model,
+                    &mut slot.truth,
+                    pending,
+                    &self.settings,
+                    stream,
+                )?;
+                // The shadow's own answer is not part of the conversation: keep its cache
+                // a prefix of the shown history.
+                slot.truth.truncate(prompt_len);
+                r
+            };
+            self.emit_generation(PathKind::Reference, a, &run);
+            if run.stop != StopReason::Cancelled {
+                let (identical, first_difference, agreement) = compare_tokens(&reply_ids, &run.ids);
+                self.out.emit(Event::TurnComparison {
+                    turn,
+                    identical,
+                    first_difference,
+                    agreement,
+                });
+            }
+        }
+        let tok = self.slots[a].model.tokenizer.clone();
+        self.conv.push_reply(&tok, &reply_ids)?;
+        self.out.emit(Event::Done { turn });
+        if self.settings.premap && !self.shutdown {
+            self.premap()?;
+        }
+        Ok(())
+    }
+
+    /// Map the newest part of the active cache into the inactive model's, so that the
+    /// next switch finds it ready.
+    fn premap(&mut self) -> Result<(), EngineError> {
+        let a = self.active;
+        let b = 1 - a;
+        let (sa, sb) = split(&mut self.slots, a);
+        let to = sa.primary.len();
+        if to <= sb.primary.len() {
+            return Ok(());
+        }
+        if self.settings.reference && sb.origin == CacheOrigin::True {
+            // Its own positions are its truth so far (as at a switch).
+            sb.truth = sb.primary.try_clone()?;
+        }
+        let anchor = self.settings.anchor.min(to);
+        sb.fill_anchor(&self.conv.history, anchor)?;
+        let from = sb.primary.len();
+        let t0 = Instant::now();
+        map_onto(
+            &self.mappers[a].mapper,
+            &sa.model,
+            &sa.primary,
+            &sb.model,
+            &mut sb.primary,
+            from,
+            to,
+        )?;
+        sb.origin = CacheOrigin::Mapped;
+        let took = synced_ms(sb.model.decoder.device(), t0);
+        self.out.emit(Event::Notice {
+            message: format!(
+                "pre-mapped {} tokens into {} in {took:.1} ms",
+                to - from,
+                self.slots[b].name()
+            ),
+        });
+        Ok(())
+    }
+}
