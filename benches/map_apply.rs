@@ -9,7 +9,7 @@ use candle_core::Device;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 fn models() -> Option<(Model, Model)> {
-    let open = |n: &str| Model::open(n, &Device::Cpu, &SilentProgress).ok();
+    let open = |n: &str| baton::fetch::open_model(n, &Device::Cpu, &SilentProgress).ok();
     Some((open("qwen2.5-coder-0.5b")?, open("qwen2.5-coder-1.5b")?))
 }
 

@@ -3,12 +3,13 @@
 //! without it, it says so and measures nothing. `baton bench-model` sets the same
 //! prefill against candle-transformers' quantized Qwen2 in one run.
 use baton::fetch::SilentProgress;
-use baton::model::{ForwardOptions, Logits, Model};
+use baton::model::{ForwardOptions, Logits};
 use candle_core::Device;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 fn prefill(c: &mut Criterion) {
-    let Ok(model) = Model::open("qwen2.5-coder-0.5b", &Device::Cpu, &SilentProgress) else {
+    let Ok(model) = baton::fetch::open_model("qwen2.5-coder-0.5b", &Device::Cpu, &SilentProgress)
+    else {
         eprintln!("prefill: qwen2.5-coder-0.5b is not in the cache dir; run `baton fetch` first");
         return;
     };

@@ -1,6 +1,8 @@
 //! Command-line surface: subcommands and their options. Parsing only; the work is done
 //! by the library, called from main.rs.
 
+use anyhow::{Context, Result};
+use baton::calibrate::{CalibrateOptions, RankChoice, SelectBy};
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -405,4 +407,96 @@ pub struct ReportArgs {
     /// Also draw the drift across turns to this file (.svg, or .png).
     #[arg(long, value_name = "FILE")]
     pub plot: Option<std::path::PathBuf>,
+}
+
+impl CalibrateArgs {
+    /// The calibration these flags ask for; `validate` on the result checks the
+    /// combination before any model loads.
+    pub fn options(&self) -> Result<CalibrateOptions> {
+        let (sequences, seq_len) = if self.reference {
+            (500, 1024)
+        } else {
+            (self.sequences, self.seq_len)
+        };
+        let k_sweep = self
+            .k
+            .iter()
+            .map(|k| number_or_all(k, "--k"))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CalibrateOptions {
+            sequences,
+            seq_len,
+            stride: self.stride,
+            skip_first: self.skip_first,
+            select_sequences: self.select_sequences,
+            k_sweep,
+            lambdas: self.lambda.clone(),
+            max_k: number_or_all(&self.max_k, "--max-k")?,
+            k_tolerance: self.k_tolerance,
+            select_by: match self.select_by {
+                SelectByArg::Cosine => SelectBy::Cosine,
+                SelectByArg::Agreement => SelectBy::Agreement,
+            },
+            standardize: !self.no_standardize,
+            rank: match self.rank.as_deref() {
+                None => None,
+                Some("auto") => Some(RankChoice::Auto),
+                Some(r) => Some(RankChoice::Fixed(r.parse().with_context(|| {
+                    format!("--rank takes a number or `auto`, got `{r}`")
+                })?)),
+            },
+            ..CalibrateOptions::default()
+        })
+    }
+}
+
+/// A count where `all` means every layer.
+fn number_or_all(v: &str, flag: &str) -> Result<usize> {
+    if v == "all" {
+        return Ok(usize::MAX);
+    }
+    v.parse()
+        .with_context(|| format!("{flag} takes a number or `all`, got `{v}`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn calibrate(args: &[&str]) -> CalibrateArgs {
+        let cli = Cli::try_parse_from([&["baton", "calibrate"], args].concat()).unwrap();
+        match cli.command {
+            Some(Command::Calibrate(a)) => a,
+            other => panic!("not calibrate: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn calibrate_flags_become_options_with_all_as_every_layer() {
+        let o = calibrate(&["--k", "1", "--k", "all", "--max-k", "all", "--rank", "auto"])
+            .options()
+            .unwrap();
+        assert_eq!(o.k_sweep, vec![1, usize::MAX]);
+        assert_eq!(o.max_k, usize::MAX);
+        assert_eq!(o.rank, Some(RankChoice::Auto));
+        let o = calibrate(&["--reference", "--max-k", "4", "--rank", "16"])
+            .options()
+            .unwrap();
+        assert_eq!((o.sequences, o.seq_len, o.max_k), (500, 1024, 4));
+        assert_eq!(o.rank, Some(RankChoice::Fixed(16)));
+    }
+
+    #[test]
+    fn a_bad_count_names_its_flag() {
+        let e = calibrate(&["--k", "two"])
+            .options()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--k") && e.contains("`two`"), "{e}");
+        let e = calibrate(&["--rank", "x"])
+            .options()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--rank"), "{e}");
+    }
 }

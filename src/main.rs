@@ -6,6 +6,7 @@ mod cli;
 use anyhow::{bail, Context, Result};
 use baton::fetch::{self, BarProgress, FetchProgress};
 use baton::model::{self, GenerateOptions, Model, Sampling};
+use baton::session;
 use baton::text::ChatMessage;
 use candle_core::Device;
 use clap::Parser;
@@ -156,65 +157,20 @@ fn fetch_cmd(a: FetchArgs) -> Result<()> {
 
 fn info_cmd(a: InfoArgs, dev: &Device) -> Result<()> {
     let progress = BarProgress::new();
-    let m = Model::open(&a.model, dev, &progress)?;
+    let m = baton::fetch::open_model(&a.model, dev, &progress)?;
     drop(progress);
-    let c = m.config();
-    let conv = &m.decoder.weights().conversion;
+    let summary = baton::console::info::ModelSummary::of(&m);
     if a.json {
-        let v = serde_json::json!({
-            "identity": m.identity,
-            "config": c,
-            "kv_width": c.kv_width(),
-            "chat_template": m.template.is_some(),
-            "load_conversions": conv.converted.iter().map(|(t, n, b, a)| serde_json::json!({
-                "from": t, "to": "Q8_0", "tensors": n, "bytes_before": b, "bytes_after": a})).collect::<Vec<_>>(),
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    println!("model         {}", m.identity.name);
-    println!("path          {}", m.identity.path.display());
-    println!("format        {:?}", m.identity.format);
-    println!("sha256        {}", m.identity.sha256);
-    println!("architecture  {}", c.arch.name());
-    println!("layers        {}", c.n_layer);
-    println!("hidden        {}", c.hidden);
-    println!(
-        "heads         {} query, {} KV, head width {}",
-        c.n_head, c.n_kv_head, c.head_dim
-    );
-    println!("KV per token  {} per layer for K and for V", c.kv_width());
-    println!("ffn           {}", c.ffn);
-    println!(
-        "rope          theta {}, {:?}{}",
-        c.rope.theta,
-        c.rope.layout,
-        if c.rope.llama3_scaling.is_some() || c.rope.freq_factors.is_some() {
-            ", scaled"
-        } else {
-            ""
-        }
-    );
-    println!("context       {} tokens", c.context_length);
-    println!("vocabulary    {}", c.vocab_size);
-    println!("tokenizer     {}", m.identity.tokenizer_fingerprint);
-    println!(
-        "chat template {}",
-        if m.template.is_some() { "yes" } else { "no" }
-    );
-    for (t, n, b, a) in &conv.converted {
-        println!(
-            "converted     {n} {t} tensors to Q8_0 at load ({:.0} MB -> {:.0} MB) for fast CPU kernels",
-            *b as f64 / 1e6,
-            *a as f64 / 1e6
-        );
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{}", summary.table());
     }
     Ok(())
 }
 
 fn generate_cmd(a: GenerateArgs, dev: &Device) -> Result<()> {
     let progress = BarProgress::new();
-    let m = Model::open(&a.model, dev, &progress)?;
+    let m = baton::fetch::open_model(&a.model, dev, &progress)?;
     drop(progress);
     let ids = if a.chat {
         m.chat_template()?
@@ -273,7 +229,7 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
     let mut all = Vec::new();
     for name in &names {
         let progress = BarProgress::new();
-        let resolved = model::resolve(name, &progress)?;
+        let resolved = baton::fetch::resolve_model(name, &progress)?;
         drop(progress);
         eprintln!(
             "timing {name} ({} prompt tokens, {} decode steps, {} repeats)...",
@@ -285,30 +241,14 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
             a.decode_len,
             a.repeats,
         )?;
-        for r in &rows {
-            if !a.json {
-                println!(
-                    "{:<22} {:<38} prefill {:>7.1} tokens/s   decode {:>6.1} tokens/s",
-                    name, r.engine, r.prefill_tok_s, r.decode_tok_s
-                );
-            }
+        let bench = baton::bench::decoder::ModelBench {
+            model: name.clone(),
+            rows,
+        };
+        for line in bench.lines() {
+            human!(a.json, "{line}");
         }
-        if let (Some(ours), Some(peer)) = (
-            rows.iter()
-                .find(|r| r.engine == baton::bench::decoder::BATON),
-            rows.iter()
-                .find(|r| r.engine != baton::bench::decoder::BATON),
-        ) {
-            if !a.json {
-                println!(
-                    "{:<22} baton / peer in this run: prefill {:.2}x, decode {:.2}x",
-                    name,
-                    ours.prefill_tok_s / peer.prefill_tok_s,
-                    ours.decode_tok_s / peer.decode_tok_s
-                );
-            }
-        }
-        all.push(serde_json::json!({"model": name, "rows": rows}));
+        all.push(bench);
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&all)?);
@@ -316,96 +256,17 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
     Ok(())
 }
 
-/// Progress bars for calibration phases, with ETA.
-struct CalibrationBars {
-    bar: std::cell::RefCell<Option<indicatif::ProgressBar>>,
-}
-
-impl baton::calibrate::CalibrationProgress for CalibrationBars {
-    fn phase(&self, name: &str, total: u64) {
-        if let Some(b) = self.bar.borrow_mut().take() {
-            b.finish();
-        }
-        let b = indicatif::ProgressBar::new(total);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg:>28} [{bar:30}] {pos}/{len} elapsed {elapsed} ETA {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        b.set_message(name.to_string());
-        *self.bar.borrow_mut() = Some(b);
-    }
-    fn advance(&self, n: u64) {
-        if let Some(b) = self.bar.borrow().as_ref() {
-            b.inc(n);
-        }
-    }
-    fn note(&self, msg: &str) {
-        match self.bar.borrow().as_ref() {
-            Some(b) => b.println(msg),
-            None => eprintln!("{msg}"),
-        }
-    }
-}
-
 fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
-    use baton::calibrate::{self as cal, CalibrateOptions, Direction};
+    use baton::calibrate::{self as cal, Direction};
     use baton::data::corpus;
-    use baton::mapper::artifact::{self, CorpusInfo, MapperMeta};
+    use baton::mapper::artifact::{self, CorpusInfo};
     let cancel = std::sync::Arc::new(AtomicBool::new(false));
     {
         let c = cancel.clone();
         // Ctrl-C stops at the next window; artifacts are only written at the very end.
         let _ = ctrlc::set_handler(move || c.store(true, std::sync::atomic::Ordering::Relaxed));
     }
-    let (sequences, seq_len) = if a.reference {
-        (500, 1024)
-    } else {
-        (a.sequences, a.seq_len)
-    };
-    let k_sweep =
-        a.k.iter()
-            .map(|k| {
-                if k == "all" {
-                    Ok(usize::MAX)
-                } else {
-                    k.parse::<usize>()
-                        .with_context(|| format!("--k takes numbers or `all`, got `{k}`"))
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-    let opts = CalibrateOptions {
-        sequences,
-        seq_len,
-        stride: a.stride,
-        skip_first: a.skip_first,
-        select_sequences: a.select_sequences,
-        k_sweep,
-        lambdas: a.lambda.clone(),
-        max_k: match a.max_k.as_str() {
-            "all" => usize::MAX,
-            m => m
-                .parse()
-                .with_context(|| format!("--max-k takes a number or `all`, got `{m}`"))?,
-        },
-        k_tolerance: a.k_tolerance,
-        select_by: match a.select_by {
-            cli::SelectByArg::Cosine => baton::calibrate::SelectBy::Cosine,
-            cli::SelectByArg::Agreement => baton::calibrate::SelectBy::Agreement,
-        },
-        standardize: !a.no_standardize,
-        rank: match a.rank.as_deref() {
-            None => None,
-            Some("auto") => Some(baton::calibrate::RankChoice::Auto),
-            Some(r) => Some(baton::calibrate::RankChoice::Fixed(
-                r.parse()
-                    .with_context(|| format!("--rank takes a number or `auto`, got `{r}`"))?,
-            )),
-        },
-        ..CalibrateOptions::default()
-    };
+    let opts = a.options()?;
     // Before the corpus and the models: a mistaken option should not cost their loading.
     opts.validate()?;
     let files = if a.corpus.is_empty() {
@@ -418,63 +279,37 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
     }
     let docs = corpus::read_documents(&files)?;
     let progress = BarProgress::new();
-    let src = Model::open(&a.source, dev, &progress)?;
-    let tgt = Model::open(&a.target, dev, &progress)?;
+    let src = baton::fetch::open_model(&a.source, dev, &progress)?;
+    let tgt = baton::fetch::open_model(&a.target, dev, &progress)?;
     drop(progress);
     let directions: Vec<Direction> = match a.direction {
         DirectionArg::Both => vec![Direction::Forward, Direction::Backward],
         DirectionArg::SourceToTarget => vec![Direction::Forward],
         DirectionArg::TargetToSource => vec![Direction::Backward],
     };
-    let bars = CalibrationBars {
-        bar: std::cell::RefCell::new(None),
-    };
+    let bars = baton::console::PhaseBars::new(a.json);
     let started = std::time::Instant::now();
     let fitted = cal::calibrate(&src, &tgt, &docs, &directions, &opts, &bars, &cancel)?;
-    if let Some(b) = bars.bar.borrow_mut().take() {
-        b.finish_and_clear();
-    }
-    let root = fetch::cache_root();
-    let mut reports = Vec::new();
-    for f in &fitted {
-        let (s, t) = if f.source.sha256 == src.identity.sha256 {
-            (&src, &tgt)
-        } else {
-            (&tgt, &src)
-        };
-        let meta = MapperMeta::for_fitted(
-            f,
-            (&s.identity, s.config()),
-            (&t.identity, t.config()),
-            CorpusInfo {
-                files: corpus::describe(&files),
-                fingerprint: corpus::fingerprint(&docs),
-                sequences: opts.sequences,
-                seq_len: opts.seq_len,
-                observations: f.report.observations,
-            },
-        );
-        let path = match &a.mapper_dir {
-            Some(dir) => artifact::artifact_path_in(dir, &meta.source, &meta.target),
-            None => artifact::artifact_path(&root, &meta.source, &meta.target),
-        };
-        artifact::save(f, &meta, &path)?;
-        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        eprintln!(
-            "{}: k = {}, lambda = {}, held-out attention cosine {:.4}, R² K {:.3} V {:.3} -> {}",
-            meta.direction,
-            f.k,
-            f.lambda,
-            mean(&f.report.cosine),
-            mean(&f.report.r2_k),
-            mean(&f.report.r2_v),
-            path.display()
-        );
-        reports.push(meta);
+    bars.finish(true);
+    let corpus = CorpusInfo {
+        files: corpus::describe(&files),
+        fingerprint: corpus::fingerprint(&docs),
+        sequences: opts.sequences,
+        seq_len: opts.seq_len,
+        observations: 0,
+    };
+    let dir = a
+        .mapper_dir
+        .clone()
+        .unwrap_or_else(|| artifact::mappers_dir(&fetch::cache_root()));
+    let saved = cal::save_fitted(&fitted, [&src, &tgt], &corpus, &dir)?;
+    for s in &saved {
+        eprintln!("{} -> {}", s.meta.summary_line(), s.path.display());
     }
     eprintln!("calibration took {:.1} s", started.elapsed().as_secs_f64());
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+        let metas: Vec<_> = saved.iter().map(|s| &s.meta).collect();
+        println!("{}", serde_json::to_string_pretty(&metas)?);
     }
     Ok(())
 }
@@ -498,19 +333,7 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
     }
     for (p, m) in list {
         match m {
-            Ok(m) => {
-                let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-                println!(
-                    "{:<45} k={:<3} lambda={:<6} cosine {:.4}  {} x {} tokens  {}",
-                    m.direction,
-                    m.k,
-                    m.lambda,
-                    mean(&m.report.cosine),
-                    m.corpus.sequences,
-                    m.corpus.seq_len,
-                    p.display()
-                );
-            }
+            Ok(m) => println!("{}", m.list_line(&p)),
             Err(e) => println!("unreadable: {e}"),
         }
     }
@@ -532,8 +355,8 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
             task_items.push((*def, tasks::load_items(&root, def, *limit)?));
         }
     }
-    let first = Model::open(&a.source, dev, &progress)?;
-    let second = Model::open(&a.target, dev, &progress)?;
+    let first = baton::fetch::open_model(&a.source, dev, &progress)?;
+    let second = baton::fetch::open_model(&a.target, dev, &progress)?;
     drop(progress);
     let len = a.prefix + a.continuation;
     let windows = if a.no_text {
@@ -615,152 +438,8 @@ fn report_cmd(a: ReportArgs) -> Result<()> {
     Ok(())
 }
 
-/// A switch's map and re-prefill times, and its cosine when measured.
-fn measured_line(
-    timings: &baton::protocol::SwitchTimings,
-    metrics: Option<&baton::protocol::SwitchMetrics>,
-) -> String {
-    let opt = |v: Option<f64>| v.map(|x| format!("{x:.1} ms")).unwrap_or("-".into());
-    format!(
-        "map {} (suffix {}) vs re-prefill {} (suffix {}){}",
-        opt(timings.map_full_ms),
-        opt(timings.map_suffix_ms),
-        opt(timings.reprefill_full_ms),
-        opt(timings.reprefill_suffix_ms),
-        metrics
-            .and_then(|m| Some(format!(
-                ", attention cosine mean {:.3} min {:.3}",
-                m.cosine_mean()?,
-                m.cosine_min()?
-            )))
-            .unwrap_or_default()
-    )
-}
-
-/// Headless output: answers, switches and comparisons as plain lines.
-fn print_event(e: &baton::protocol::Event) {
-    use baton::protocol::{Event, PathKind};
-    match e {
-        Event::Loading { stage, .. } if !stage.is_empty() => {
-            // Byte counts repeat the stage; one line per stage is enough.
-            thread_local!(static LAST: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) });
-            LAST.with(|l| {
-                if *l.borrow() != *stage {
-                    eprintln!("{stage}");
-                    *l.borrow_mut() = stage.clone();
-                }
-            });
-        }
-        Event::Ready { models, device, .. } => {
-            eprintln!(
-                "ready: {} and {} on {device}",
-                models[0].name, models[1].name
-            )
-        }
-        Event::UserMessage { turn, text } => println!("\n[turn {turn}] user: {text}"),
-        Event::Generation {
-            turn,
-            path,
-            model,
-            text,
-            timings,
-            ..
-        } => {
-            let label = match path {
-                PathKind::Mapped => "answer",
-                PathKind::Reference => "reference",
-            };
-            println!(
-                "[turn {turn}] {model} {label} ({:.0} ms to first token, {:.1} tok/s): {}",
-                timings.first_token_ms,
-                timings.decode_tokens_per_s,
-                text.trim()
-            );
-        }
-        Event::Switch {
-            index,
-            from,
-            to,
-            context_tokens,
-            timings,
-            metrics,
-            gate,
-            measurement_follows,
-            ..
-        } => {
-            let gate = gate
-                .map(|g| {
-                    format!(
-                        ", gate {:.3} vs {:.3}: {:?}",
-                        g.estimate, g.threshold, g.used
-                    )
-                })
-                .unwrap_or_default();
-            if *measurement_follows {
-                println!(
-                    "[switch {index}] {from} -> {to}, {context_tokens} tokens handed over in {:.1} ms{gate}",
-                    timings.end_to_end_ms
-                );
-            } else {
-                println!(
-                    "[switch {index}] {from} -> {to}, {context_tokens} tokens: {}{gate}",
-                    measured_line(timings, metrics.as_ref())
-                );
-            }
-        }
-        Event::SwitchMeasured {
-            index,
-            timings,
-            metrics,
-            stopped,
-            ..
-        } => println!(
-            "[switch {index}] measured: {}{}",
-            measured_line(timings, metrics.as_ref()),
-            stopped
-                .as_ref()
-                .map(|s| format!(" (stopped: {s})"))
-                .unwrap_or_default()
-        ),
-        Event::SwitchFollowUp {
-            index,
-            top1_agreement,
-            kl,
-            end_to_end_ms,
-            ..
-        } => println!(
-            "[switch {index}] end to end {end_to_end_ms:.0} ms{}",
-            match (top1_agreement, kl) {
-                (Some(a), Some(k)) => format!(", next-turn top-1 agreement {a:.3}, KL {k:.3}"),
-                _ => String::new(),
-            }
-        ),
-        Event::TurnComparison {
-            turn,
-            identical,
-            first_difference,
-            agreement,
-        } => println!(
-            "[turn {turn}] mapped vs reference: {}",
-            if *identical {
-                "identical".to_string()
-            } else {
-                format!(
-                    "first difference at token {}, agreement {agreement:.3}",
-                    first_difference.unwrap_or(0)
-                )
-            }
-        ),
-        Event::Notice { message } => eprintln!("{message}"),
-        Event::Error { message, fatal } => {
-            eprintln!("{}: {message}", if *fatal { "error" } else { "warning" })
-        }
-        _ => {}
-    }
-}
-
 fn run_cmd(a: RunArgs, dev: &Device) -> Result<()> {
-    use baton::engine::{self, script, EngineConfig};
+    use baton::engine::{replay, script, EngineConfig};
     let script = script::Script::load(&a.script)?;
     let mut cfg = EngineConfig::new([a.pair.source.clone(), a.pair.target.clone()], dev.clone());
     script.settings.apply(&mut cfg.settings);
@@ -775,75 +454,40 @@ fn run_cmd(a: RunArgs, dev: &Device) -> Result<()> {
     let record = a
         .record
         .clone()
-        .unwrap_or_else(|| baton::session::default_session_path("."));
+        .unwrap_or_else(|| session::default_session_path("."));
     cfg.record = Some(record.clone());
-    let handle = engine::spawn(cfg);
-    let mut on_event = |e: &baton::protocol::Event| print_event(e);
-    script::wait_ready(&handle.events, &mut on_event)?;
-    script::run_steps(
-        &script.steps,
-        &|c| handle.send(c),
-        &handle.events,
-        &mut on_event,
-    )?;
-    handle.shutdown();
+    let mut printer = baton::console::EventPrinter::new();
+    replay::run_headless(cfg, &script.steps, &mut |e| printer.print(e))?;
     eprintln!("session recorded to {}", record.display());
     Ok(())
 }
 
 fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
-    use baton::engine::{self, script, EngineConfig, Settings};
-    use baton::session::{diff_sessions, read_session, DiffOptions};
-    let recorded = read_session(&a.session)?;
+    use baton::engine::replay;
+    let recorded = session::read_session(&a.session)?;
     for w in &recorded.warnings {
         eprintln!("warning: {w}");
     }
-    let models = &recorded.header.models;
-    if models.len() != 2 {
-        bail!(
-            "{} names {} models, a replay needs two",
-            a.session.display(),
-            models.len()
-        );
-    }
-    // Manifest names resolve anywhere; a model opened from a path is found there again.
-    let manifest = baton::fetch::Manifest::builtin()?;
-    let spec = |m: &baton::protocol::ModelInfo| match manifest.entry(&m.name) {
-        Some(_) => m.name.clone(),
-        None => m.path.clone(),
-    };
-    let mut cfg = EngineConfig::new([spec(&models[0]), spec(&models[1])], dev.clone());
-    cfg.settings = serde_json::from_value::<Settings>(recorded.header.settings.clone())
-        .with_context(|| {
-            format!(
-                "{}: the header's settings are not this baton's",
-                a.session.display()
-            )
-        })?;
+    let mut cfg = replay::replay_config(&recorded, &a.session, dev.clone())?;
     cfg.mapper_dir = a.mapper_dir.clone();
     let record = a
         .record
         .clone()
-        .unwrap_or_else(|| baton::session::default_session_path("."));
+        .unwrap_or_else(|| session::default_session_path("."));
     cfg.record = Some(record.clone());
-    let events: Vec<baton::protocol::Event> = recorded.events().cloned().collect();
-    let steps = script::session_commands(&events);
-    let handle = engine::spawn(cfg);
-    let mut on_event = |e: &baton::protocol::Event| {
-        if let baton::protocol::Event::Error { message, .. } = e {
-            eprintln!("error: {message}");
-        }
-    };
-    script::wait_ready(&handle.events, &mut on_event)?;
+    let steps = replay::replay_steps(&recorded);
     eprintln!(
         "replaying {} commands from {}",
         steps.len(),
         a.session.display()
     );
-    script::run_steps(&steps, &|c| handle.send(c), &handle.events, &mut on_event)?;
-    handle.shutdown();
-    let replayed = read_session(&record)?;
-    let diff = diff_sessions(&recorded, &replayed, &DiffOptions::default());
+    replay::run_headless(cfg, &steps, &mut |e| {
+        if let baton::protocol::Event::Error { message, .. } = e {
+            eprintln!("error: {message}");
+        }
+    })?;
+    let replayed = session::read_session(&record)?;
+    let diff = session::diff_sessions(&recorded, &replayed, &session::DiffOptions::default());
     if a.json {
         println!("{}", serde_json::to_string_pretty(&diff)?);
     } else {
@@ -854,54 +498,26 @@ fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
 }
 
 fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
-    use baton::bench::{
-        bench_point, mapper_cost, report, BenchOptions, BenchReport, DirectionBench,
-    };
-    use baton::mapper::artifact;
+    use baton::bench::{sweep, BenchOptions, SweepPlan};
     let progress = BarProgress::new();
-    let first = Model::open(&a.source, dev, &progress)?;
-    let second = Model::open(&a.target, dev, &progress)?;
+    let first = baton::fetch::open_model(&a.source, dev, &progress)?;
+    let second = baton::fetch::open_model(&a.target, dev, &progress)?;
     drop(progress);
-    let max_ctx = first
-        .config()
-        .context_length
-        .min(second.config().context_length);
-    if let Some(&too_long) = a.lengths.iter().find(|&&l| l >= max_ctx || l < 2) {
-        bail!("--lengths: {too_long} tokens is outside 2..{max_ctx} (the models' context)");
-    }
-    let opts = BenchOptions {
-        repeats: a.repeats.max(1),
-        suffix: a.suffix,
+    let plan = SweepPlan {
+        lengths: &a.lengths,
+        options: BenchOptions {
+            repeats: a.repeats,
+            suffix: a.suffix,
+        },
+        mapper_dir: a.mapper_dir.as_deref(),
+        precision: a.precision.into(),
+        device: format!("{:?}", dev.location()).to_lowercase(),
     };
-    let mut results = Vec::new();
-    for (s, t) in directions(a.direction, &first, &second) {
-        let (art, mapper) = artifact::open_for(a.mapper_dir.as_deref(), s, t)?;
-        let mapper = mapper.with_precision(a.precision.into())?;
-        let direction = format!("{} -> {}", s.identity.name, t.identity.name);
-        let cost = mapper_cost(&mapper);
-        let header = DirectionBench::new(
-            direction.clone(),
-            art.path.clone(),
-            art.meta.k,
-            cost,
-            Vec::new(),
-        );
-        human!(a.json, "{}", header.cost_line());
-        human!(a.json, "{}", report::table_header());
-        let mut points = Vec::new();
-        for &n in &a.lengths {
-            let p = bench_point(s, t, &mapper, n, &opts)?;
-            human!(a.json, "{}", report::table_row(&p));
-            points.push(p);
-        }
-        let d = DirectionBench::new(direction, art.path.clone(), art.meta.k, cost, points);
-        if let Some(line) = d.growth_line() {
-            human!(a.json, "{line}");
-        }
-        results.push(d);
-    }
+    let directions = directions(a.direction, &first, &second);
+    let doc = sweep(&directions, &plan, &mut |line| human!(a.json, "{line}"))?;
     if let Some(p) = &a.plot {
-        let series: Vec<_> = results
+        let series: Vec<_> = doc
+            .results
             .iter()
             .map(|d| baton::plot::BenchSeries {
                 direction: &d.direction,
@@ -912,14 +528,6 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
         eprintln!("plot written to {}", p.display());
     }
     if a.json {
-        let doc = BenchReport {
-            format: report::FORMAT.into(),
-            version: report::VERSION,
-            device: format!("{:?}", dev.location()).to_lowercase(),
-            repeats: opts.repeats,
-            suffix: opts.suffix,
-            results,
-        };
         println!("{}", serde_json::to_string_pretty(&doc)?);
     }
     Ok(())

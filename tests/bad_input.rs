@@ -2,7 +2,7 @@
 
 mod common;
 
-use baton::model::{load_decoder, LoadOptions, Model, ModelError};
+use baton::model::{load_decoder, LoadOptions, ModelError};
 use baton::text::ensure_same_tokenizer;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -114,13 +114,13 @@ fn prompt_longer_than_the_context_is_refused() {
 #[test]
 fn a_pair_with_different_tokenizers_is_refused() {
     let dev = Device::Cpu;
-    let qwen = Model::open(
+    let qwen = baton::fetch::open_model(
         common::qwen_small().to_str().unwrap(),
         &dev,
         &baton::fetch::SilentProgress,
     )
     .unwrap();
-    let smol = Model::open(
+    let smol = baton::fetch::open_model(
         common::smollm().to_str().unwrap(),
         &dev,
         &baton::fetch::SilentProgress,

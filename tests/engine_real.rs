@@ -318,13 +318,13 @@ fn the_handoff_bench_times_every_stage_on_the_real_pair() {
     use baton::bench::{bench_point, mapper_cost, BenchOptions};
     // Starting an engine makes sure the test mappers exist.
     start(config(4, None)).shutdown();
-    let src = baton::model::Model::open(
+    let src = baton::fetch::open_model(
         &common::qwen_small().display().to_string(),
         &Device::Cpu,
         &baton::fetch::SilentProgress,
     )
     .unwrap();
-    let tgt = baton::model::Model::open(
+    let tgt = baton::fetch::open_model(
         &common::qwen_large().display().to_string(),
         &Device::Cpu,
         &baton::fetch::SilentProgress,

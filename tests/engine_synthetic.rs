@@ -7,10 +7,10 @@
 
 mod common;
 
-use baton::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
+use baton::calibrate::{calibrate, save_fitted, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::data::corpus::Document;
 use baton::engine::{self, load, script, Engine, EngineConfig, EngineHandle, Envelope, Settings};
-use baton::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
+use baton::mapper::artifact::CorpusInfo;
 use baton::model::{LoadOptions, Model, ResolvedModel};
 use baton::protocol::{CacheOrigin, Command, Event, PathKind, StopKind, SwitchMetrics};
 use candle_core::Device;
@@ -31,7 +31,7 @@ fn load_model(dir: &Path, name: &str) -> Model {
     let r = ResolvedModel {
         name: name.into(),
         path: dir.to_path_buf(),
-        sha256: None,
+        sha256: baton::fetch::local_sha256(dir).unwrap(),
         source: None,
     };
     Model::load(&r, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)).unwrap()
@@ -80,31 +80,14 @@ fn write_pair(dir: &Path) -> (Model, Model) {
         &AtomicBool::new(false),
     )
     .unwrap();
-    for f in &fitted {
-        let (s, t) = if f.source.sha256 == a.identity.sha256 {
-            (&a, &b)
-        } else {
-            (&b, &a)
-        };
-        let meta = MapperMeta::for_fitted(
-            f,
-            (&s.identity, s.config()),
-            (&t.identity, t.config()),
-            CorpusInfo {
-                files: "synthetic".into(),
-                fingerprint: "synthetic".into(),
-                sequences: 6,
-                seq_len: 48,
-                observations: f.report.observations,
-            },
-        );
-        let path = artifact::artifact_path_in(
-            &dir.join("mappers"),
-            &ModelRef::new(&s.identity, s.config()),
-            &ModelRef::new(&t.identity, t.config()),
-        );
-        artifact::save(f, &meta, &path).unwrap();
-    }
+    let corpus = CorpusInfo {
+        files: "synthetic".into(),
+        fingerprint: "synthetic".into(),
+        sequences: 6,
+        seq_len: 48,
+        observations: 0,
+    };
+    save_fitted(&fitted, [&a, &b], &corpus, &dir.join("mappers")).unwrap();
     (a, b)
 }
 

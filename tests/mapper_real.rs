@@ -6,7 +6,6 @@ mod common;
 use baton::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::data::corpus::{self, Split};
 use baton::eval::text::{eval_text, TextEval, TextEvalOptions};
-use baton::model::Model;
 use candle_core::Device;
 use std::sync::atomic::AtomicBool;
 
@@ -14,8 +13,10 @@ use std::sync::atomic::AtomicBool;
 fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
     let dev = Device::Cpu;
     let none = baton::fetch::SilentProgress;
-    let src = Model::open(common::qwen_small().to_str().unwrap(), &dev, &none).unwrap();
-    let tgt = Model::open(common::qwen_large().to_str().unwrap(), &dev, &none).unwrap();
+    let src =
+        baton::fetch::open_model(common::qwen_small().to_str().unwrap(), &dev, &none).unwrap();
+    let tgt =
+        baton::fetch::open_model(common::qwen_large().to_str().unwrap(), &dev, &none).unwrap();
     let docs = corpus::read_documents(&corpus::default_files().unwrap()).unwrap();
     let opts = CalibrateOptions {
         sequences: 24,

@@ -22,7 +22,7 @@ fn load(dir: &Path, name: &str) -> Model {
     let r = ResolvedModel {
         name: name.into(),
         path: dir.to_path_buf(),
-        sha256: None,
+        sha256: baton::fetch::local_sha256(dir).unwrap(),
         source: None,
     };
     Model::load(&r, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)).unwrap()
@@ -388,7 +388,12 @@ fn artifact_round_trips_and_refuses_other_models() {
         baton_version: "test".into(),
     };
     let path = artifact::artifact_path(dir.path(), &sr, &tr);
-    artifact::save(&f, &meta, &path).unwrap();
+    let maps = artifact::Maps {
+        keys: &f.keys,
+        values: &f.values,
+        source_scales: &f.source_scales,
+    };
+    artifact::save(maps, &meta, &path).unwrap();
     assert!(path.with_extension("json").is_file());
     let back = artifact::load(&path).unwrap();
     for (x, y) in f

@@ -53,7 +53,7 @@ fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
 fn prefill_equals_prefill_then_extend_then_decode() {
     let dev = Device::Cpu;
     let m = Model::load(
-        &model::resolve(
+        &baton::fetch::resolve_model(
             common::qwen_small().to_str().unwrap(),
             &baton::fetch::SilentProgress,
         )
@@ -132,7 +132,8 @@ fn logits_agree_with_candle_quantized_qwen2_on_the_same_file() {
     )
     .unwrap();
     let m = Model::load(
-        &model::resolve(path.to_str().unwrap(), &baton::fetch::SilentProgress).unwrap(),
+        &baton::fetch::resolve_model(path.to_str().unwrap(), &baton::fetch::SilentProgress)
+            .unwrap(),
         &dev,
         LoadOptions::for_device(&dev),
     )
@@ -207,7 +208,7 @@ fn logits_agree_with_candle_quantized_qwen2_on_the_same_file() {
 #[test]
 fn greedy_factorial_answer_is_code() {
     let dev = Device::Cpu;
-    let m = Model::open(
+    let m = baton::fetch::open_model(
         common::qwen_small().to_str().unwrap(),
         &dev,
         &baton::fetch::SilentProgress,
@@ -250,7 +251,7 @@ fn greedy_factorial_answer_is_code() {
 #[test]
 fn cancel_stops_generation_at_once() {
     let dev = Device::Cpu;
-    let m = Model::open(
+    let m = baton::fetch::open_model(
         common::smollm().to_str().unwrap(),
         &dev,
         &baton::fetch::SilentProgress,

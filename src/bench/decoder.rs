@@ -28,6 +28,41 @@ pub struct BenchRow {
     pub decode_tok_s: f64,
 }
 
+/// One model's rows, as `baton bench-model --json` lists them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ModelBench {
+    pub model: String,
+    pub rows: Vec<BenchRow>,
+}
+
+impl ModelBench {
+    /// One line per engine, then baton's throughput over the peer's, measured in this
+    /// same run (the only ratio worth quoting on a shared machine).
+    pub fn lines(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{:<22} {:<38} prefill {:>7.1} tokens/s   decode {:>6.1} tokens/s",
+                    self.model, r.engine, r.prefill_tok_s, r.decode_tok_s
+                )
+            })
+            .collect();
+        let ours = self.rows.iter().find(|r| r.engine == BATON);
+        let peer = self.rows.iter().find(|r| r.engine != BATON);
+        if let (Some(ours), Some(peer)) = (ours, peer) {
+            out.push(format!(
+                "{:<22} baton / peer in this run: prefill {:.2}x, decode {:.2}x",
+                self.model,
+                ours.prefill_tok_s / peer.prefill_tok_s,
+                ours.decode_tok_s / peer.decode_tok_s
+            ));
+        }
+        out
+    }
+}
+
 /// Engine names used in [`BenchRow::engine`].
 pub const BATON: &str = "baton";
 pub const PEER_QWEN2: &str = "candle-transformers quantized_qwen2";
@@ -203,6 +238,33 @@ pub fn bench_model(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ratio_line_divides_baton_by_the_peer() {
+        let row = |engine: &str, p, d| BenchRow {
+            engine: engine.into(),
+            prefill_tokens: 512,
+            prefill_tok_s: p,
+            decode_tokens: 32,
+            decode_tok_s: d,
+        };
+        let b = ModelBench {
+            model: "m".into(),
+            rows: vec![row(BATON, 300.0, 20.0), row(PEER_QWEN2, 100.0, 40.0)],
+        };
+        let lines = b.lines();
+        assert_eq!(lines.len(), 3);
+        assert!(
+            lines[2].ends_with("prefill 3.00x, decode 0.50x"),
+            "{}",
+            lines[2]
+        );
+        let alone = ModelBench {
+            rows: vec![row(BATON, 1.0, 1.0)],
+            ..b
+        };
+        assert_eq!(alone.lines().len(), 1);
+    }
 
     #[test]
     fn tokens_are_deterministic_and_in_range() {

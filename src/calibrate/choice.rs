@@ -5,6 +5,21 @@
 
 use super::{CalibrateOptions, SelectBy, SweepPoint};
 
+/// The number the choice of k and λ maximises.
+pub trait Merit {
+    fn merit(&self, by: SelectBy) -> f64;
+}
+
+impl Merit for SweepPoint {
+    fn merit(&self, by: SelectBy) -> f64 {
+        match by {
+            SelectBy::Cosine => self.cosine,
+            // A point saved before agreement was measured can never win on it.
+            SelectBy::Agreement => self.agreement.map_or(f64::NEG_INFINITY, |a| a.top1),
+        }
+    }
+}
+
 /// How a point is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ChoiceRule {
@@ -137,6 +152,18 @@ mod tests {
                 positions: 100,
             }),
         }
+    }
+
+    #[test]
+    fn merit_is_the_chosen_measure_and_a_missing_agreement_never_wins() {
+        let p = pt(1, 0.01, 0.8, 0.6);
+        assert_eq!(p.merit(SelectBy::Cosine), 0.8);
+        assert_eq!(p.merit(SelectBy::Agreement), 0.6);
+        let old = SweepPoint {
+            agreement: None,
+            ..pt(1, 0.01, 0.9, 0.0)
+        };
+        assert_eq!(old.merit(SelectBy::Agreement), f64::NEG_INFINITY);
     }
 
     fn rule(by: SelectBy, max_k: usize, k_tolerance: f64) -> ChoiceRule {

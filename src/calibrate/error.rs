@@ -13,6 +13,8 @@ pub enum CalibrateError {
     #[error(transparent)]
     Mapper(#[from] MapperError),
     #[error(transparent)]
+    Artifact(#[from] crate::mapper::artifact::ArtifactError),
+    #[error(transparent)]
     Corpus(#[from] CorpusError),
     #[error(transparent)]
     Metric(#[from] MetricError),

@@ -25,15 +25,16 @@ mod error;
 mod heldout;
 mod options;
 mod rank;
-mod report;
+mod save;
 mod sweep;
 
+pub use crate::mapper::report::{CalibrationReport, RankPoint, SkippedK, SweepPoint};
 pub use error::CalibrateError;
 pub use heldout::continuation_start;
 pub use options::{
     CalibrateOptions, RankChoice, SelectBy, AUTO_RANKS, DEFAULT_MAX_K, K_TOLERANCE, RANK_TOLERANCE,
 };
-pub use report::{CalibrationReport, RankPoint, SkippedK, SweepPoint};
+pub use save::{save_fitted, Saved};
 
 use crate::data::corpus::{self, Document, Split};
 use crate::mapper::packed::SourceScales;

@@ -3,6 +3,7 @@
 //! maps of the best point the cap allows are kept; every point's numbers are reported.
 
 use super::choice::ChoiceRule;
+use super::choice::Merit;
 use super::heldout::{ScoreMaps, Scored};
 use super::{check_cancel, CalibrateError, CalibrationProgress, SkippedK, SweepPoint};
 use crate::mapper::ridge::{self, LayerMap, RidgeOptions};

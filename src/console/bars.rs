@@ -96,3 +96,15 @@ impl EvalProgress for PhaseBars {
         self.finish(true);
     }
 }
+
+impl crate::calibrate::CalibrationProgress for PhaseBars {
+    fn phase(&self, name: &str, total: u64) {
+        PhaseBars::phase(self, name, total);
+    }
+    fn advance(&self, n: u64) {
+        PhaseBars::advance(self, n);
+    }
+    fn note(&self, msg: &str) {
+        PhaseBars::note(self, msg);
+    }
+}

@@ -1,6 +1,11 @@
 //! What the headless commands show on a plain terminal: progress bars for long phases
-//! ([`bars`]). The workbench draws its own screen and uses none of this.
+//! ([`bars`]), a conversation as plain lines ([`events`]) and a model's description
+//! ([`info`]). The workbench draws its own
+//! screen and uses none of this.
 
 pub mod bars;
+pub mod events;
+pub mod info;
 
 pub use bars::PhaseBars;
+pub use events::EventPrinter;

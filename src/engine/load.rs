@@ -5,7 +5,7 @@ use super::EngineError;
 use crate::calibrate::{self, CalibrateOptions, CalibrationProgress, Direction};
 use crate::data::corpus;
 use crate::fetch::{self, FetchProgress};
-use crate::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
+use crate::mapper::artifact::{self, CorpusInfo, ModelRef};
 use crate::mapper::CacheMapper;
 use crate::model::Model;
 use crate::protocol::{Event, MapperInfo};
@@ -133,26 +133,14 @@ pub fn calibrate_missing(
         progress,
         cancel,
     )?;
-    for f in &fitted {
-        let (s, t) = if f.source.sha256 == models[0].identity.sha256 {
-            (&models[0], &models[1])
-        } else {
-            (&models[1], &models[0])
-        };
-        let meta = MapperMeta::for_fitted(
-            f,
-            (&s.identity, s.config()),
-            (&t.identity, t.config()),
-            CorpusInfo {
-                files: corpus::describe(&files),
-                fingerprint: corpus::fingerprint(&docs),
-                sequences: opts.sequences,
-                seq_len: opts.seq_len,
-                observations: f.report.observations,
-            },
-        );
-        artifact::save(f, &meta, &path_for(dir, s, t))?;
-    }
+    let corpus = CorpusInfo {
+        files: corpus::describe(&files),
+        fingerprint: corpus::fingerprint(&docs),
+        sequences: opts.sequences,
+        seq_len: opts.seq_len,
+        observations: 0,
+    };
+    calibrate::save_fitted(&fitted, [&models[0], &models[1]], &corpus, dir)?;
     Ok(())
 }
 

@@ -9,6 +9,7 @@ pub mod conversation;
 mod core;
 pub mod load;
 mod measure;
+pub mod replay;
 pub mod script;
 pub mod switch;
 mod turn;
@@ -42,6 +43,8 @@ pub enum EngineError {
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
     Fetch(#[from] crate::fetch::FetchError),
+    #[error(transparent)]
+    Open(#[from] crate::fetch::OpenError),
     #[error(transparent)]
     Session(#[from] crate::session::SessionError),
     #[error("engine: {0}")]
@@ -141,7 +144,7 @@ pub fn start(config: EngineConfig, events: Sender<Event>) -> Result<Engine, Engi
     let mut models = Vec::with_capacity(2);
     for spec in &config.models {
         progress.stage(&format!("loading {spec}"), 0);
-        models.push(crate::model::Model::open(spec, &config.device, &progress)?);
+        models.push(crate::fetch::open_model(spec, &config.device, &progress)?);
     }
     let (Some(second), Some(first)) = (models.pop(), models.pop()) else {
         return Err(EngineError::Internal("two models are needed".into()));

@@ -13,6 +13,20 @@ pub enum FetchError {
     #[error("unknown model or data set `{name}`; known names: {known}")]
     UnknownName { name: String, known: String },
 
+    /// A model spec that is no path, no hub reference and no manifest model name.
+    #[error(
+        "model `{spec}` not found: it is not a file or directory, not hf:OWNER/REPO/FILE, \
+         and not a model name in assets/models.toml (known: {known})"
+    )]
+    UnknownModel { spec: String, known: String },
+
+    /// `hf:` followed by something other than OWNER/REPO/FILE.
+    #[error(
+        "`{0}` is not a hub reference: write hf:OWNER/REPO/FILE, e.g. \
+         hf:Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    )]
+    BadHubReference(String),
+
     /// A filesystem operation failed.
     #[error(
         "{action} {path}: {source} (check free disk space and permissions, \

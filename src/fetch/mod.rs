@@ -13,6 +13,7 @@ pub mod checksum;
 mod error;
 pub mod hub;
 mod manifest;
+pub mod models;
 mod npm;
 mod progress;
 mod pypi;
@@ -25,6 +26,7 @@ use std::time::Instant;
 pub use checksum::{sha256_file, Sidecar};
 pub use error::FetchError;
 pub use manifest::{Entry, Kind, Manifest, Source};
+pub use models::{local_sha256, open_model, resolve_model, OpenError};
 pub use progress::{BarProgress, FetchProgress, SilentProgress};
 
 /// Name of the marker that a data tree is complete (written last).

@@ -6,8 +6,8 @@
 
 use super::low_rank::Factors;
 use super::packed::SourceScales;
+use super::report::CalibrationReport;
 use super::ridge::{FitInfo, LayerMap};
-use crate::calibrate::{CalibrationReport, Fitted};
 use crate::model::{ModelConfig, ModelIdentity};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -144,38 +144,38 @@ pub struct MapperMeta {
 }
 
 impl MapperMeta {
-    /// The metadata of a freshly fitted mapper between `source` and `target`.
-    pub fn for_fitted(
-        f: &Fitted,
-        source: (&ModelIdentity, &ModelConfig),
-        target: (&ModelIdentity, &ModelConfig),
-        corpus: CorpusInfo,
-    ) -> Self {
-        Self {
-            format: FORMAT.into(),
-            version: VERSION,
-            direction: format!("{} -> {}", source.0.name, target.0.name),
-            source: ModelRef::new(source.0, source.1),
-            target: ModelRef::new(target.0, target.1),
-            k: f.k,
-            lambda: f.lambda,
-            standardize: f.standardize,
-            rank: f
-                .keys
-                .first()
-                .and_then(|m| m.factors.as_ref())
-                .map(|f| f.rank),
-            key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
-            value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
-            corpus,
-            report: f.report.clone(),
-            created_unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            baton_version: env!("CARGO_PKG_VERSION").into(),
-        }
+    /// What calibration chose and how it scored on held-out text, in one line.
+    pub fn summary_line(&self) -> String {
+        let r = &self.report;
+        format!(
+            "{}: k = {}, lambda = {}, held-out attention cosine {:.4}, R² K {:.3} V {:.3}",
+            self.direction,
+            self.k,
+            self.lambda,
+            mean(&r.cosine),
+            mean(&r.r2_k),
+            mean(&r.r2_v)
+        )
     }
+
+    /// One row of `baton mappers`: the direction, its choice, its corpus and its file.
+    pub fn list_line(&self, path: &Path) -> String {
+        format!(
+            "{:<45} k={:<3} lambda={:<6} cosine {:.4}  {} x {} tokens  {}",
+            self.direction,
+            self.k,
+            self.lambda,
+            mean(&self.report.cosine),
+            self.corpus.sequences,
+            self.corpus.seq_len,
+            path.display()
+        )
+    }
+}
+
+/// The mean over layers; 0 for none (an artifact always has layers).
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
 /// A loaded artifact: metadata plus the maps, in the ridge module's plain form.
@@ -234,8 +234,16 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError + '_ {
     }
 }
 
-/// Write `fitted` atomically to `path` (and `path` with `.json` for people).
-pub fn save(fitted: &Fitted, meta: &MapperMeta, path: &Path) -> Result<(), ArtifactError> {
+/// The maps an artifact stores, borrowed from whoever fitted them.
+#[derive(Clone, Copy)]
+pub struct Maps<'a> {
+    pub keys: &'a [LayerMap],
+    pub values: &'a [LayerMap],
+    pub source_scales: &'a SourceScales,
+}
+
+/// Write `maps` atomically to `path` (and `path` with `.json` for people).
+pub fn save(maps: Maps<'_>, meta: &MapperMeta, path: &Path) -> Result<(), ArtifactError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let json = serde_json::to_string_pretty(meta).map_err(|e| ArtifactError::Bad {
@@ -243,8 +251,8 @@ pub fn save(fitted: &Fitted, meta: &MapperMeta, path: &Path) -> Result<(), Artif
         reason: e.to_string(),
     })?;
     let mut buffers: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
-    for (kind, maps) in [("keys", &fitted.keys), ("values", &fitted.values)] {
-        for (j, m) in maps.iter().enumerate() {
+    for (kind, layer_maps) in [("keys", maps.keys), ("values", maps.values)] {
+        for (j, m) in layer_maps.iter().enumerate() {
             let rows = m.weight.len() / m.bias.len().max(1);
             buffers.push((
                 format!("{kind}.{j}.weight"),
@@ -270,7 +278,7 @@ pub fn save(fitted: &Fitted, meta: &MapperMeta, path: &Path) -> Result<(), Artif
             }
         }
     }
-    let sc = &fitted.source_scales;
+    let sc = maps.source_scales;
     for (name, v) in [
         ("source.key_mean", &sc.key_mean),
         ("source.key_std", &sc.key_std),

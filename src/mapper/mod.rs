@@ -41,5 +41,6 @@ pub mod artifact;
 pub mod features;
 pub mod low_rank;
 pub mod packed;
+pub mod report;
 
 pub use apply::{CacheMapper, MapPrecision, TargetLayerMap};

@@ -31,8 +31,6 @@ pub enum ModelError {
     #[error("generation cancelled")]
     Cancelled,
     #[error(transparent)]
-    Fetch(#[from] crate::fetch::FetchError),
-    #[error(transparent)]
     Tokenizer(#[from] crate::text::TokenizerError),
     #[error(transparent)]
     ChatTemplate(#[from] crate::text::ChatTemplateError),

@@ -18,6 +18,6 @@ pub use error::{ModelError, Result};
 pub use generate::{generate, GenerateOptions, Generation, StopReason, Throughput};
 pub use kv_cache::{KvCache, KvShape, LayerKv};
 pub use load::{load_decoder, LoadedDecoder, ModelFormat};
-pub use loaded::{resolve, Model, ModelIdentity, ResolvedModel};
+pub use loaded::{Model, ModelIdentity, ResolvedModel};
 pub use sampler::{Sampler, Sampling};
 pub use weights::LoadOptions;

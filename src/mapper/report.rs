@@ -1,7 +1,7 @@
 //! What a calibration measured, saved in the artifact next to the maps so that a mapper
-//! can be judged (and its k and λ understood) without calibrating again.
+//! can be judged (and its k and λ understood) without calibrating again. The types live
+//! with the artifact that stores them; calibration fills them in.
 
-use super::SelectBy;
 use crate::metrics::NextTokenAgreement;
 use serde::{Deserialize, Serialize};
 
@@ -18,16 +18,6 @@ pub struct SweepPoint {
     /// (absent in artifacts from before it was measured).
     #[serde(default)]
     pub agreement: Option<NextTokenAgreement>,
-}
-
-impl SweepPoint {
-    /// The number the choice of k and λ maximises.
-    pub fn merit(&self, by: SelectBy) -> f64 {
-        match by {
-            SelectBy::Cosine => self.cosine,
-            SelectBy::Agreement => self.agreement.map_or(f64::NEG_INFINITY, |a| a.top1),
-        }
-    }
 }
 
 /// A candidate k that was not swept.
@@ -96,30 +86,6 @@ pub struct CalibrationReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn point(cosine: f64, top1: Option<f64>) -> SweepPoint {
-        SweepPoint {
-            k: 1,
-            lambda: 0.01,
-            cosine,
-            r2_k: 0.5,
-            r2_v: 0.5,
-            agreement: top1.map(|top1| NextTokenAgreement {
-                top1,
-                kl: 0.1,
-                positions: 10,
-            }),
-        }
-    }
-
-    #[test]
-    fn merit_is_the_chosen_measure_and_a_missing_agreement_never_wins() {
-        let p = point(0.8, Some(0.6));
-        assert_eq!(p.merit(SelectBy::Cosine), 0.8);
-        assert_eq!(p.merit(SelectBy::Agreement), 0.6);
-        let old = point(0.9, None);
-        assert_eq!(old.merit(SelectBy::Agreement), f64::NEG_INFINITY);
-    }
 
     #[test]
     fn a_point_saved_before_agreement_was_measured_still_reads() {

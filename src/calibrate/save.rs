@@ -1,0 +1,87 @@
+//! Writing fitted mappers as artifacts: the metadata that binds each to its two models
+//! and its corpus, and the file next to the other mappers. One place, so the calibrate
+//! command, the workbench's first-run calibration and the tests write the same thing.
+
+use super::{CalibrateError, Fitted};
+use crate::mapper::artifact::{self, CorpusInfo, MapperMeta, Maps, ModelRef};
+use crate::model::{Model, ModelConfig, ModelIdentity};
+use std::path::{Path, PathBuf};
+
+/// One written artifact.
+pub struct Saved {
+    pub meta: MapperMeta,
+    pub path: PathBuf,
+}
+
+/// Saves each of `fitted` (directions between `models`) into `dir`, under the name
+/// keyed by both checksums. `corpus` describes the calibration text; each artifact
+/// records its own direction's observation count.
+pub fn save_fitted(
+    fitted: &[Fitted],
+    models: [&Model; 2],
+    corpus: &CorpusInfo,
+    dir: &Path,
+) -> Result<Vec<Saved>, CalibrateError> {
+    let mut saved = Vec::new();
+    for f in fitted {
+        let (s, t) = if f.source.sha256 == models[0].identity.sha256 {
+            (models[0], models[1])
+        } else {
+            (models[1], models[0])
+        };
+        let meta = meta_for(
+            f,
+            (&s.identity, s.config()),
+            (&t.identity, t.config()),
+            CorpusInfo {
+                observations: f.report.observations,
+                ..corpus.clone()
+            },
+        );
+        let path = artifact::artifact_path_in(dir, &meta.source, &meta.target);
+        artifact::save(
+            Maps {
+                keys: &f.keys,
+                values: &f.values,
+                source_scales: &f.source_scales,
+            },
+            &meta,
+            &path,
+        )?;
+        saved.push(Saved { meta, path });
+    }
+    Ok(saved)
+}
+
+/// The metadata of a freshly fitted mapper between `source` and `target`.
+pub fn meta_for(
+    f: &Fitted,
+    source: (&ModelIdentity, &ModelConfig),
+    target: (&ModelIdentity, &ModelConfig),
+    corpus: CorpusInfo,
+) -> MapperMeta {
+    MapperMeta {
+        format: artifact::FORMAT.into(),
+        version: artifact::VERSION,
+        direction: format!("{} -> {}", source.0.name, target.0.name),
+        source: ModelRef::new(source.0, source.1),
+        target: ModelRef::new(target.0, target.1),
+        k: f.k,
+        lambda: f.lambda,
+        standardize: f.standardize,
+        rank: f
+            .keys
+            .first()
+            .and_then(|m| m.factors.as_ref())
+            .map(|f| f.rank),
+        key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
+        value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
+        corpus,
+        report: f.report.clone(),
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        baton_version: env!("CARGO_PKG_VERSION").into(),
+    }
+}

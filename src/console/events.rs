@@ -1,0 +1,257 @@
+//! The headless commands' view of a conversation (`baton run`): answers, switches and
+//! comparisons as plain lines, answers on stdout and progress and problems on stderr, so
+//! a script can keep the transcript and drop the rest.
+
+use crate::protocol::{Event, PathKind, SwitchMetrics, SwitchTimings};
+
+/// Which stream a line belongs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Out,
+    Err,
+}
+
+/// Turns events into lines. It remembers the last loading stage because the engine
+/// reports byte counts under the same stage many times a second: one line per stage is
+/// what a log wants.
+#[derive(Debug, Default)]
+pub struct EventPrinter {
+    last_stage: String,
+}
+
+impl EventPrinter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Writes the event's line, if it has one, to stdout or stderr.
+    pub fn print(&mut self, e: &Event) {
+        match self.line(e) {
+            Some((Stream::Out, l)) => println!("{l}"),
+            Some((Stream::Err, l)) => eprintln!("{l}"),
+            None => {}
+        }
+    }
+
+    /// The event's line and its stream; `None` for events a log does not show (tokens,
+    /// repeated loading stages, turn starts).
+    pub fn line(&mut self, e: &Event) -> Option<(Stream, String)> {
+        let out = |s: String| Some((Stream::Out, s));
+        let err = |s: String| Some((Stream::Err, s));
+        match e {
+            Event::Loading { stage, .. } if !stage.is_empty() => {
+                if self.last_stage == *stage {
+                    return None;
+                }
+                self.last_stage = stage.clone();
+                err(stage.clone())
+            }
+            Event::Ready { models, device, .. } => err(format!(
+                "ready: {} on {device}",
+                models
+                    .iter()
+                    .map(|m| m.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            )),
+            Event::UserMessage { turn, text } => out(format!("\n[turn {turn}] user: {text}")),
+            Event::Generation {
+                turn,
+                path,
+                model,
+                text,
+                timings,
+                ..
+            } => {
+                let label = match path {
+                    PathKind::Mapped => "answer",
+                    PathKind::Reference => "reference",
+                };
+                out(format!(
+                    "[turn {turn}] {model} {label} ({:.0} ms to first token, {:.1} tok/s): {}",
+                    timings.first_token_ms,
+                    timings.decode_tokens_per_s,
+                    text.trim()
+                ))
+            }
+            Event::Switch {
+                index,
+                from,
+                to,
+                context_tokens,
+                timings,
+                metrics,
+                gate,
+                measurement_follows,
+                ..
+            } => {
+                let gate = gate
+                    .map(|g| {
+                        format!(
+                            ", gate {:.3} vs {:.3}: {:?}",
+                            g.estimate, g.threshold, g.used
+                        )
+                    })
+                    .unwrap_or_default();
+                if *measurement_follows {
+                    out(format!(
+                        "[switch {index}] {from} -> {to}, {context_tokens} tokens handed over in {:.1} ms{gate}",
+                        timings.end_to_end_ms
+                    ))
+                } else {
+                    out(format!(
+                        "[switch {index}] {from} -> {to}, {context_tokens} tokens: {}{gate}",
+                        measured_line(timings, metrics.as_ref())
+                    ))
+                }
+            }
+            Event::SwitchMeasured {
+                index,
+                timings,
+                metrics,
+                stopped,
+                ..
+            } => out(format!(
+                "[switch {index}] measured: {}{}",
+                measured_line(timings, metrics.as_ref()),
+                stopped
+                    .as_ref()
+                    .map(|s| format!(" (stopped: {s})"))
+                    .unwrap_or_default()
+            )),
+            Event::SwitchFollowUp {
+                index,
+                top1_agreement,
+                kl,
+                end_to_end_ms,
+                ..
+            } => out(format!(
+                "[switch {index}] end to end {end_to_end_ms:.0} ms{}",
+                match (top1_agreement, kl) {
+                    (Some(a), Some(k)) => format!(", next-turn top-1 agreement {a:.3}, KL {k:.3}"),
+                    _ => String::new(),
+                }
+            )),
+            Event::TurnComparison {
+                turn,
+                identical,
+                first_difference,
+                agreement,
+            } => out(format!(
+                "[turn {turn}] mapped vs reference: {}",
+                if *identical {
+                    "identical".to_string()
+                } else {
+                    format!(
+                        "first difference at token {}, agreement {agreement:.3}",
+                        first_difference.unwrap_or(0)
+                    )
+                }
+            )),
+            Event::Notice { message } => err(message.clone()),
+            Event::Error { message, fatal } => err(format!(
+                "{}: {message}",
+                if *fatal { "error" } else { "warning" }
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// A switch's map and re-prefill times, and its cosine when measured; "-" marks what
+/// was not measured, never a zero.
+pub fn measured_line(timings: &SwitchTimings, metrics: Option<&SwitchMetrics>) -> String {
+    let opt = |v: Option<f64>| v.map(|x| format!("{x:.1} ms")).unwrap_or("-".into());
+    format!(
+        "map {} (suffix {}) vs re-prefill {} (suffix {}){}",
+        opt(timings.map_full_ms),
+        opt(timings.map_suffix_ms),
+        opt(timings.reprefill_full_ms),
+        opt(timings.reprefill_suffix_ms),
+        metrics
+            .and_then(|m| Some(format!(
+                ", attention cosine mean {:.3} min {:.3}",
+                m.cosine_mean()?,
+                m.cosine_min()?
+            )))
+            .unwrap_or_default()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::fixtures;
+
+    fn lines(events: &[Event]) -> Vec<(Stream, String)> {
+        let mut p = EventPrinter::new();
+        events.iter().filter_map(|e| p.line(e)).collect()
+    }
+
+    #[test]
+    fn a_loading_stage_is_printed_once_however_often_it_reports() {
+        let stage = |s: &str, done| Event::Loading {
+            stage: s.into(),
+            done,
+            total: 10,
+            eta_seconds: None,
+        };
+        let got = lines(&[stage("fetch a", 1), stage("fetch a", 5), stage("load b", 0)]);
+        assert_eq!(
+            got,
+            vec![
+                (Stream::Err, "fetch a".to_string()),
+                (Stream::Err, "load b".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn answers_go_to_stdout_and_problems_to_stderr() {
+        let got = lines(&fixtures::events());
+        let answer = got
+            .iter()
+            .find(|(_, l)| l.contains(" answer ("))
+            .expect("an answer line");
+        assert_eq!(answer.0, Stream::Out);
+        let e = lines(&[Event::Error {
+            message: "disk full".into(),
+            fatal: false,
+        }]);
+        assert_eq!(e, vec![(Stream::Err, "warning: disk full".to_string())]);
+    }
+
+    #[test]
+    fn a_two_event_switch_prints_its_handoff_then_its_measurement() {
+        let got = lines(&fixtures::measured_later(fixtures::events()));
+        let handoff = got
+            .iter()
+            .position(|(_, l)| l.starts_with("[switch 0]") && l.contains("handed over in"))
+            .expect("a handoff line");
+        let measured = got
+            .iter()
+            .position(|(_, l)| l.starts_with("[switch 0] measured: map "))
+            .expect("a measurement line");
+        assert!(handoff < measured, "{got:#?}");
+        assert!(
+            got[measured].1.contains("attention cosine mean"),
+            "{got:#?}"
+        );
+    }
+
+    #[test]
+    fn what_was_not_measured_shows_as_a_dash_not_a_zero() {
+        let t = SwitchTimings {
+            source_prefill_ms: None,
+            map_full_ms: None,
+            map_suffix_ms: Some(2.5),
+            reprefill_full_ms: None,
+            reprefill_suffix_ms: None,
+            end_to_end_ms: 3.0,
+        };
+        assert_eq!(
+            measured_line(&t, None),
+            "map - (suffix 2.5 ms) vs re-prefill - (suffix -)"
+        );
+    }
+}

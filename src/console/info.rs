@@ -1,0 +1,110 @@
+//! `baton info`: what a model is, as a table for people or one JSON document.
+
+use crate::model::{Model, ModelConfig, ModelIdentity};
+use serde::Serialize;
+use std::fmt::Write;
+
+/// The `baton info --json` document.
+#[derive(Debug, Serialize)]
+pub struct ModelSummary<'a> {
+    pub identity: &'a ModelIdentity,
+    pub config: &'a ModelConfig,
+    pub kv_width: usize,
+    pub chat_template: bool,
+    pub load_conversions: Vec<Conversion<'a>>,
+}
+
+/// Weights requantised at load for the CPU kernels.
+#[derive(Debug, Serialize)]
+pub struct Conversion<'a> {
+    pub from: &'a str,
+    pub to: &'static str,
+    pub tensors: usize,
+    pub bytes_before: usize,
+    pub bytes_after: usize,
+}
+
+impl<'a> ModelSummary<'a> {
+    pub fn of(m: &'a Model) -> Self {
+        let c = m.config();
+        Self {
+            identity: &m.identity,
+            config: c,
+            kv_width: c.kv_width(),
+            chat_template: m.template.is_some(),
+            load_conversions: m
+                .decoder
+                .weights()
+                .conversion
+                .converted
+                .iter()
+                .map(|(from, n, before, after)| Conversion {
+                    from,
+                    to: "Q8_0",
+                    tensors: *n,
+                    bytes_before: *before,
+                    bytes_after: *after,
+                })
+                .collect(),
+        }
+    }
+
+    /// The table `baton info` prints.
+    pub fn table(&self) -> String {
+        let (id, c) = (self.identity, self.config);
+        let mut t = String::new();
+        let mut row = |k: &str, v: String| {
+            let _ = writeln!(t, "{k:<14}{v}");
+        };
+        row("model", id.name.clone());
+        row("path", id.path.display().to_string());
+        row("format", format!("{:?}", id.format));
+        row("sha256", id.sha256.clone());
+        row("architecture", c.arch.name().to_string());
+        row("layers", c.n_layer.to_string());
+        row("hidden", c.hidden.to_string());
+        row(
+            "heads",
+            format!(
+                "{} query, {} KV, head width {}",
+                c.n_head, c.n_kv_head, c.head_dim
+            ),
+        );
+        row(
+            "KV per token",
+            format!("{} per layer for K and for V", self.kv_width),
+        );
+        row("ffn", c.ffn.to_string());
+        let scaled = c.rope.llama3_scaling.is_some() || c.rope.freq_factors.is_some();
+        row(
+            "rope",
+            format!(
+                "theta {}, {:?}{}",
+                c.rope.theta,
+                c.rope.layout,
+                if scaled { ", scaled" } else { "" }
+            ),
+        );
+        row("context", format!("{} tokens", c.context_length));
+        row("vocabulary", c.vocab_size.to_string());
+        row("tokenizer", id.tokenizer_fingerprint.clone());
+        row(
+            "chat template",
+            if self.chat_template { "yes" } else { "no" }.into(),
+        );
+        for x in &self.load_conversions {
+            row(
+                "converted",
+                format!(
+                    "{} {} tensors to {} at load ({:.0} MB -> {:.0} MB) for fast CPU kernels",
+                    x.tensors,
+                    x.from,
+                    x.to,
+                    x.bytes_before as f64 / 1e6,
+                    x.bytes_after as f64 / 1e6
+                ),
+            );
+        }
+        t
+    }
+}

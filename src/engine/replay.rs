@@ -1,0 +1,128 @@
+//! Running a conversation without a screen: a script's steps, or a recorded session's
+//! commands replayed on this build with the settings it was recorded under, so its
+//! numbers can be compared with the recording's.
+
+use super::script::{self, ScriptError};
+use super::{EngineConfig, Settings};
+use crate::fetch::Manifest;
+use crate::protocol::{Command, Event, ModelInfo};
+use crate::session::Session;
+use candle_core::Device;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("{path} names {count} models, a replay needs two")]
+    ModelCount { path: String, count: usize },
+    #[error("{path}: the header's settings are not this baton's ({reason}); replay it with the baton that recorded it")]
+    Settings { path: String, reason: String },
+    #[error(transparent)]
+    Fetch(#[from] crate::fetch::FetchError),
+}
+
+/// The engine set-up that replays `recorded` (read from `path`) on `device`: the same
+/// two models and the same settings. Manifest names resolve anywhere; a model opened
+/// from a path is looked for at that path again.
+pub fn replay_config(
+    recorded: &Session,
+    path: &Path,
+    device: Device,
+) -> Result<EngineConfig, ReplayError> {
+    let models = &recorded.header.models;
+    if models.len() != 2 {
+        return Err(ReplayError::ModelCount {
+            path: path.display().to_string(),
+            count: models.len(),
+        });
+    }
+    let manifest = Manifest::builtin()?;
+    let spec = |m: &ModelInfo| match manifest.entry(&m.name) {
+        Some(_) => m.name.clone(),
+        None => m.path.clone(),
+    };
+    let mut cfg = EngineConfig::new([spec(&models[0]), spec(&models[1])], device);
+    cfg.settings =
+        serde_json::from_value::<Settings>(recorded.header.settings.clone()).map_err(|e| {
+            ReplayError::Settings {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            }
+        })?;
+    Ok(cfg)
+}
+
+/// The commands that produced `recorded`, in order.
+pub fn replay_steps(recorded: &Session) -> Vec<Command> {
+    let events: Vec<Event> = recorded.events().cloned().collect();
+    script::session_commands(&events)
+}
+
+/// Starts an engine on `cfg`, waits for it to be ready, sends `steps` one by one (each
+/// after the previous one completed) and shuts it down; every event goes to `on_event`.
+pub fn run_headless(
+    cfg: EngineConfig,
+    steps: &[Command],
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<(), ScriptError> {
+    let handle = super::spawn(cfg);
+    script::wait_ready(&handle.events, on_event)?;
+    tracing::info!(steps = steps.len(), "running headless steps");
+    script::run_steps(steps, &|c| handle.send(c), &handle.events, on_event)?;
+    handle.shutdown();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::fixtures;
+
+    #[test]
+    fn a_replay_uses_the_recorded_settings_and_models() {
+        let mut s = fixtures::session();
+        let mut want = Settings::default();
+        want.max_tokens = 7;
+        want.reference = !want.reference;
+        s.header.settings = serde_json::to_value(&want).unwrap();
+        let cfg = replay_config(&s, Path::new("s.jsonl"), Device::Cpu).unwrap();
+        assert_eq!(cfg.settings, want);
+        // Names not in the manifest are looked for at their recorded paths.
+        assert_eq!(
+            cfg.models.to_vec(),
+            s.header
+                .models
+                .iter()
+                .map(|m| m.path.clone())
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn settings_of_another_build_are_refused_by_name() {
+        let s = fixtures::session();
+        let e = replay_config(&s, Path::new("s.jsonl"), Device::Cpu).unwrap_err();
+        assert!(matches!(e, ReplayError::Settings { .. }), "{e}");
+        assert!(e.to_string().contains("s.jsonl"), "{e}");
+    }
+
+    #[test]
+    fn a_session_with_one_model_cannot_be_replayed() {
+        let mut s = fixtures::session();
+        s.header.models.truncate(1);
+        let e = replay_config(&s, Path::new("s.jsonl"), Device::Cpu).unwrap_err();
+        assert!(e.to_string().contains("names 1 models"), "{e}");
+    }
+
+    #[test]
+    fn the_steps_of_a_recording_are_its_messages_and_switches_in_order() {
+        let steps = replay_steps(&fixtures::session());
+        assert!(
+            matches!(steps.first(), Some(Command::Submit { .. })),
+            "{steps:?}"
+        );
+        assert!(
+            steps.iter().any(|c| matches!(c, Command::Switch)),
+            "{steps:?}"
+        );
+    }
+}

@@ -1,0 +1,213 @@
+//! From what the user typed to a model on a device: a path, `hf:OWNER/REPO/FILE`, or a
+//! name from assets/models.toml, fetched into the cache when missing and checksummed, so
+//! the runtime is handed a local path and a verified identity and never touches the
+//! network itself.
+
+use super::{checksum, FetchError, FetchProgress, Kind, Manifest, SilentProgress};
+use crate::model::{LoadOptions, Model, ModelError, ResolvedModel};
+use candle_core::Device;
+use std::path::{Path, PathBuf};
+
+/// Why a model could not be opened: it could not be found or fetched, or it could not be
+/// loaded once it was.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// Resolve `spec` (fetching if needed) and load it onto `device`.
+pub fn open_model(
+    spec: &str,
+    device: &Device,
+    progress: &dyn FetchProgress,
+) -> Result<Model, OpenError> {
+    let resolved = resolve_model(spec, progress)?;
+    Ok(Model::load(
+        &resolved,
+        device,
+        LoadOptions::for_device(device),
+    )?)
+}
+
+/// Turn `spec` into a local path and its checksum: an existing path, `hf:OWNER/REPO/FILE`,
+/// or a manifest name (fetched into the cache if missing).
+pub fn resolve_model(
+    spec: &str,
+    progress: &dyn FetchProgress,
+) -> Result<ResolvedModel, FetchError> {
+    let as_path = Path::new(spec);
+    if as_path.exists() {
+        let name = as_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| spec.to_string());
+        return Ok(ResolvedModel {
+            name,
+            path: as_path.to_path_buf(),
+            sha256: local_sha256(as_path)?,
+            source: None,
+        });
+    }
+    if let Some(rest) = spec.strip_prefix("hf:") {
+        return resolve_hub(spec, rest, progress);
+    }
+    let manifest = Manifest::builtin()?;
+    match manifest.entry(spec) {
+        Some(entry) if entry.kind == Kind::Model => {
+            let fetched = super::ensure(entry, progress)?;
+            Ok(ResolvedModel {
+                name: entry.name.clone(),
+                path: fetched.path,
+                sha256: entry.sha256.clone(),
+                source: Some(fetched.source_used),
+            })
+        }
+        _ => Err(FetchError::UnknownModel {
+            spec: spec.to_string(),
+            known: manifest
+                .entries()
+                .iter()
+                .filter(|e| e.kind == Kind::Model)
+                .map(|e| e.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+fn resolve_hub(
+    spec: &str,
+    rest: &str,
+    progress: &dyn FetchProgress,
+) -> Result<ResolvedModel, FetchError> {
+    let mut parts = rest.splitn(3, '/');
+    let (Some(owner), Some(repo), Some(file)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(FetchError::BadHubReference(spec.to_string()));
+    };
+    let repo_id = format!("{owner}/{repo}");
+    let root = super::cache_root();
+    let dest = root
+        .join("models")
+        .join("hf")
+        .join(owner)
+        .join(repo)
+        .join(file);
+    if !dest.is_file() {
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| FetchError::Io {
+                action: "create",
+                path: parent.to_path_buf(),
+                source: e,
+            })?;
+        }
+        super::hub::fetch_file(&repo_id, file, None, &root.join("hub"), &dest, progress)?;
+    }
+    Ok(ResolvedModel {
+        name: spec.to_string(),
+        sha256: local_sha256(&dest)?,
+        path: dest,
+        source: Some(format!("hub {repo_id}")),
+    })
+}
+
+/// The checksum that binds artifacts and sessions to a local model: of the file for a
+/// GGUF file; for a safetensors directory, of the sorted list of (file name, sha256) of
+/// its weight files.
+pub fn local_sha256(path: &Path) -> Result<String, FetchError> {
+    if !path.is_dir() {
+        return file_sha256(path);
+    }
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for f in weight_files(path)? {
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        h.update(name.as_bytes());
+        h.update(b"\0");
+        h.update(file_sha256(&f)?.as_bytes());
+        h.update(b"\n");
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// The `*.safetensors` files of a directory, sorted. A directory without any is left for
+/// the loader to refuse with its own message, so it hashes as the empty list here.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, FetchError> {
+    let read = std::fs::read_dir(dir).map_err(|e| FetchError::Io {
+        action: "read",
+        path: dir.to_path_buf(),
+        source: e,
+    })?;
+    let mut files: Vec<PathBuf> = read
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// sha256 of a file, remembered in a sidecar next to it (keyed by size and mtime) so a
+/// 1 GB model is hashed once, not at every start.
+fn file_sha256(path: &Path) -> Result<String, FetchError> {
+    if let (Some(sc), Some((size, mtime))) =
+        (checksum::read_sidecar(path), checksum::size_mtime(path))
+    {
+        if sc.size == size && sc.mtime_ns == mtime {
+            return Ok(sc.sha256);
+        }
+    }
+    let (sha, _) = super::sha256_file(path, &SilentProgress)?;
+    // A read-only location is fine: the hash is then just computed again next time.
+    if let Err(e) = checksum::write_sidecar(path, &sha, "local file", false) {
+        tracing::debug!(path = %path.display(), error = %e, "could not write checksum sidecar");
+    }
+    Ok(sha)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_hash_depends_on_its_weight_files_and_not_on_other_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.safetensors"), b"one").unwrap();
+        std::fs::write(dir.path().join("b.safetensors"), b"two").unwrap();
+        let first = local_sha256(dir.path()).unwrap();
+        std::fs::write(dir.path().join("config.json"), b"{}").unwrap();
+        assert_eq!(local_sha256(dir.path()).unwrap(), first);
+        std::fs::write(dir.path().join("b.safetensors"), b"three").unwrap();
+        assert_ne!(local_sha256(dir.path()).unwrap(), first);
+    }
+
+    #[test]
+    fn a_file_hash_is_its_sha256() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.gguf");
+        std::fs::write(&p, b"abc").unwrap();
+        assert_eq!(
+            local_sha256(&p).unwrap(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn an_unknown_name_lists_the_known_models() {
+        let e = resolve_model("no-such-model-xyz", &SilentProgress).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, FetchError::UnknownModel { .. }), "{msg}");
+        assert!(msg.contains("qwen2.5-coder-0.5b"), "{msg}");
+    }
+
+    #[test]
+    fn a_short_hub_reference_says_how_to_write_one() {
+        let e = resolve_model("hf:Qwen/only-two", &SilentProgress).unwrap_err();
+        assert!(matches!(e, FetchError::BadHubReference(_)), "{e}");
+        assert!(e.to_string().contains("hf:OWNER/REPO/FILE"), "{e}");
+    }
+}
