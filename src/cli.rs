@@ -1,8 +1,9 @@
 //! Command-line surface: subcommands and their options. Parsing only; the work is done
 //! by the library, called from main.rs.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use baton::calibrate::{CalibrateOptions, RankChoice, SelectBy};
+use candle_core::Device;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -25,6 +26,26 @@ pub struct DeviceArgs {
     /// Where to run: `cpu`, or `cuda` / `cuda:N` (needs a build with --features cuda).
     #[arg(long, global = true, default_value = "cpu")]
     pub device: String,
+}
+
+impl DeviceArgs {
+    pub fn device(&self) -> Result<Device> {
+        match self.device.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            s if s == "cuda" || s.starts_with("cuda:") => {
+                let ordinal: usize = match s.strip_prefix("cuda:") {
+                    Some(n) => n
+                        .parse()
+                        .with_context(|| format!("--device {s}: `{n}` is not a device number"))?,
+                    None => 0,
+                };
+                Device::new_cuda(ordinal).with_context(|| {
+                    format!("cannot open {s}: build with `cargo build --release --features cuda` on a machine with CUDA, or use --device cpu")
+                })
+            }
+            other => bail!("unknown device `{other}`: use cpu, cuda or cuda:N"),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -256,6 +277,27 @@ pub enum DirectionArg {
     TargetToSource,
 }
 
+impl DirectionArg {
+    /// The calibration directions asked for.
+    pub fn calibrated(self) -> Vec<baton::calibrate::Direction> {
+        use baton::calibrate::Direction::{Backward, Forward};
+        match self {
+            Self::Both => vec![Forward, Backward],
+            Self::SourceToTarget => vec![Forward],
+            Self::TargetToSource => vec![Backward],
+        }
+    }
+
+    /// The (source, target) pairs asked for, `first` being `--source`.
+    pub fn pairs<'m, T>(self, first: &'m T, second: &'m T) -> Vec<(&'m T, &'m T)> {
+        match self {
+            Self::Both => vec![(first, second), (second, first)],
+            Self::SourceToTarget => vec![(first, second)],
+            Self::TargetToSource => vec![(second, first)],
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum SelectByArg {
     /// Held-out attention-output cosine, mean over target layers.
@@ -459,6 +501,57 @@ fn number_or_all(v: &str, flag: &str) -> Result<usize> {
         .with_context(|| format!("{flag} takes a number or `all`, got `{v}`"))
 }
 
+impl RunArgs {
+    /// The command line's settings over the script's.
+    pub fn apply(&self, s: &mut baton::engine::Settings) {
+        if self.no_reference {
+            s.reference = false;
+        }
+        if self.gate.is_some() {
+            s.gate = self.gate;
+        }
+        s.premap |= self.premap;
+    }
+}
+
+impl GenerateArgs {
+    pub fn options(&self, stop_ids: &[u32]) -> baton::model::GenerateOptions {
+        baton::model::GenerateOptions {
+            max_tokens: self.max_tokens,
+            sampling: baton::model::Sampling {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+            stop_ids: stop_ids.to_vec(),
+        }
+    }
+}
+
+impl EvalArgs {
+    /// The text and task evaluation settings these flags ask for.
+    pub fn options(
+        &self,
+    ) -> (
+        baton::eval::text::TextEvalOptions,
+        baton::eval::tasks::TaskEvalOptions,
+    ) {
+        (
+            baton::eval::text::TextEvalOptions {
+                prefix: self.prefix,
+                continuation: self.continuation,
+                anchor: self.anchor,
+                ..Default::default()
+            },
+            baton::eval::tasks::TaskEvalOptions {
+                anchor: self.anchor,
+                tail: self.tail,
+                ..Default::default()
+            },
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,6 +577,22 @@ mod tests {
             .unwrap();
         assert_eq!((o.sequences, o.seq_len, o.max_k), (500, 1024, 4));
         assert_eq!(o.rank, Some(RankChoice::Fixed(16)));
+    }
+
+    #[test]
+    fn directions_put_the_source_first() {
+        assert_eq!(DirectionArg::Both.pairs(&1, &2), vec![(&1, &2), (&2, &1)]);
+        assert_eq!(DirectionArg::TargetToSource.pairs(&1, &2), vec![(&2, &1)]);
+    }
+
+    #[test]
+    fn an_unknown_device_says_which_ones_exist() {
+        let d = |s: &str| DeviceArgs { device: s.into() }.device();
+        assert!(d("cpu").unwrap().is_cpu());
+        let e = d("tpu").unwrap_err().to_string();
+        assert!(e.contains("cpu, cuda or cuda:N"), "{e}");
+        let e = d("cuda:x").unwrap_err().to_string();
+        assert!(e.contains("`x` is not a device number"), "{e}");
     }
 
     #[test]

@@ -3,16 +3,15 @@
 
 mod cli;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use baton::fetch::{self, BarProgress, FetchProgress};
-use baton::model::{self, GenerateOptions, Model, Sampling};
+use baton::model;
 use baton::session;
-use baton::text::ChatMessage;
 use candle_core::Device;
 use clap::Parser;
 use cli::{
-    BenchModelArgs, CalibrateArgs, Cli, Command, DirectionArg, EvalArgs, FetchArgs, GenerateArgs,
-    InfoArgs, MappersArgs, ReplayArgs, ReportArgs, RunArgs,
+    BenchModelArgs, CalibrateArgs, Cli, Command, EvalArgs, FetchArgs, GenerateArgs, InfoArgs,
+    MappersArgs, ReplayArgs, ReportArgs, RunArgs,
 };
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
@@ -35,25 +34,15 @@ fn main() {
     }
 }
 
-fn device(spec: &str) -> Result<Device> {
-    match spec {
-        "cpu" => Ok(Device::Cpu),
-        s if s == "cuda" || s.starts_with("cuda:") => {
-            let ordinal: usize = s
-                .strip_prefix("cuda:")
-                .map(str::parse)
-                .transpose()?
-                .unwrap_or(0);
-            Device::new_cuda(ordinal).with_context(|| {
-                format!("cannot open {s}: build with `cargo build --release --features cuda` on a machine with CUDA, or use --device cpu")
-            })
-        }
-        other => bail!("unknown device `{other}`: use cpu, cuda or cuda:N"),
-    }
+/// The two models of a pair command, with download and load progress.
+fn open_pair(source: &str, target: &str, dev: &Device) -> Result<(model::Model, model::Model)> {
+    let progress = BarProgress::new();
+    let first = fetch::open_model(source, dev, &progress)?;
+    Ok((first, fetch::open_model(target, dev, &progress)?))
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let dev = device(&cli.device.device)?;
+    let dev = cli.device.device()?;
     match cli.command {
         None => workbench_cmd(cli::WorkbenchArgs::defaults(), &dev, false),
         Some(Command::Fetch(a)) => fetch_cmd(a),
@@ -76,31 +65,27 @@ fn run(cli: Cli) -> Result<()> {
 /// and missing mappers calibrated by the engine, with progress on screen; a first run
 /// gets a quick mapper and a note saying how to fit the full one.
 fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> {
-    use baton::calibrate::CalibrateOptions;
-    use baton::engine::{script, EngineConfig};
+    use baton::engine::{script::Script, EngineConfig};
     let mut cfg = EngineConfig::new([a.pair.source.clone(), a.pair.target.clone()], dev.clone());
     cfg.mapper_dir = a.pair.mapper_dir.clone();
-    cfg.calibrate_missing = Some(CalibrateOptions::quick());
+    cfg.calibrate_missing = Some(baton::calibrate::CalibrateOptions::quick());
     cfg.settings.max_tokens = a.max_tokens;
     cfg.settings.gate = a.gate;
     cfg.settings.premap = a.premap;
     cfg.settings.reference = !a.no_reference;
-    let steps = if demo {
-        let s = script::Script::parse(DEMO_SCRIPT, "assets/demo.toml")?;
-        s.settings.apply(&mut cfg.settings);
-        Some(s.steps)
-    } else {
-        None
+    let steps = match demo {
+        true => {
+            let s = Script::demo()?;
+            s.settings.apply(&mut cfg.settings);
+            Some(s.steps)
+        }
+        false => None,
     };
-    cfg.record = if a.no_record {
-        None
-    } else {
-        Some(
-            a.record
-                .clone()
-                .unwrap_or_else(|| baton::session::default_session_path(".")),
-        )
-    };
+    cfg.record = (!a.no_record).then(|| {
+        a.record
+            .clone()
+            .unwrap_or_else(|| session::default_session_path("."))
+    });
     let record = cfg.record.clone();
     baton::workbench::run(baton::workbench::WorkbenchOptions {
         engine: cfg,
@@ -117,29 +102,8 @@ fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> 
     Ok(())
 }
 
-/// The demo conversation, built in so `baton demo` works from any directory.
-const DEMO_SCRIPT: &str = include_str!("../assets/demo.toml");
-
 fn fetch_cmd(a: FetchArgs) -> Result<()> {
-    let manifest = fetch::Manifest::builtin()?;
-    let names: Vec<String> = if a.all {
-        manifest.entries().iter().map(|e| e.name.clone()).collect()
-    } else if let Some(p) = &a.pair {
-        let (x, y) = manifest.pair(p).with_context(|| {
-            format!(
-                "no pair `{p}` in assets/models.toml (pairs: {})",
-                manifest.pair_names().collect::<Vec<_>>().join(", ")
-            )
-        })?;
-        vec![x.name.clone(), y.name.clone()]
-    } else if a.names.is_empty() {
-        let (x, y) = manifest
-            .pair("default")
-            .context("the manifest has no default pair")?;
-        vec![x.name.clone(), y.name.clone()]
-    } else {
-        a.names.clone()
-    };
+    let names = fetch::Manifest::builtin()?.selection(a.all, a.pair.as_deref(), &a.names)?;
     for name in names {
         let progress = BarProgress::new();
         progress.message(&format!("{name}: checking"));
@@ -156,9 +120,7 @@ fn fetch_cmd(a: FetchArgs) -> Result<()> {
 }
 
 fn info_cmd(a: InfoArgs, dev: &Device) -> Result<()> {
-    let progress = BarProgress::new();
-    let m = baton::fetch::open_model(&a.model, dev, &progress)?;
-    drop(progress);
+    let m = fetch::open_model(&a.model, dev, &BarProgress::new())?;
     let summary = baton::console::info::ModelSummary::of(&m);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -169,63 +131,24 @@ fn info_cmd(a: InfoArgs, dev: &Device) -> Result<()> {
 }
 
 fn generate_cmd(a: GenerateArgs, dev: &Device) -> Result<()> {
-    let progress = BarProgress::new();
-    let m = baton::fetch::open_model(&a.model, dev, &progress)?;
-    drop(progress);
-    let ids = if a.chat {
-        m.chat_template()?
-            .render_ids(&m.tokenizer, &[ChatMessage::user(a.prompt.clone())], true)?
-    } else {
-        m.tokenizer.encode(&a.prompt)?
-    };
-    let opts = GenerateOptions {
-        max_tokens: a.max_tokens,
-        sampling: Sampling {
-            temperature: a.temperature,
-            top_p: a.top_p,
-            seed: a.seed,
-        },
-        stop_ids: m.tokenizer.eos_ids().to_vec(),
-    };
-    let mut cache = m.decoder.new_cache();
-    let mut stream = m.tokenizer.stream();
+    let m = fetch::open_model(&a.model, dev, &BarProgress::new())?;
+    let opts = a.options(m.tokenizer.eos_ids());
     let stdout = std::io::stdout();
-    let cancel = AtomicBool::new(false);
-    let mut on_token = |id: u32| -> bool {
-        if m.tokenizer.eos_ids().contains(&id) {
-            return true;
-        }
-        if let Ok(text) = stream.push(id) {
-            let mut out = stdout.lock();
-            let _ = out.write_all(text.as_bytes());
-            let _ = out.flush();
-        }
-        true
+    let mut show = |text: &str| {
+        let mut out = stdout.lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
     };
-    let g = model::generate(&m.decoder, &mut cache, &ids, &opts, &cancel, &mut on_token)?;
-    let tail = stream.finish().unwrap_or_default();
-    println!("{tail}");
-    eprintln!(
-        "\n[{}] prefill {} tokens at {:.1} tokens/s; decode {} tokens at {:.1} tokens/s; stopped: {:?}",
-        m.identity.name,
-        g.prefill.tokens,
-        g.prefill.tokens_per_second(),
-        g.decode.tokens,
-        g.decode.tokens_per_second(),
-        g.stop
-    );
+    let cancel = AtomicBool::new(false);
+    let g = model::complete(&m, &a.prompt, a.chat, &opts, &cancel, &mut show)?;
+    println!();
+    eprintln!("\n[{}] {}", m.identity.name, g.summary_line());
     Ok(())
 }
 
 fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
-    let names = if a.model.is_empty() {
-        vec![
-            "qwen2.5-coder-0.5b".to_string(),
-            "qwen2.5-coder-1.5b".to_string(),
-        ]
-    } else {
-        a.model.clone()
-    };
+    // Nothing named: both models of the default pair.
+    let names = fetch::Manifest::builtin()?.selection(false, None, &a.model)?;
     let mut all = Vec::new();
     for name in &names {
         let progress = BarProgress::new();
@@ -257,47 +180,25 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
 }
 
 fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
-    use baton::calibrate::{self as cal, Direction};
+    use baton::calibrate as cal;
     use baton::data::corpus;
-    use baton::mapper::artifact::{self, CorpusInfo};
+    use baton::mapper::artifact;
     let cancel = std::sync::Arc::new(AtomicBool::new(false));
-    {
-        let c = cancel.clone();
-        // Ctrl-C stops at the next window; artifacts are only written at the very end.
-        let _ = ctrlc::set_handler(move || c.store(true, std::sync::atomic::Ordering::Relaxed));
-    }
+    let c = cancel.clone();
+    // Ctrl-C stops at the next window; artifacts are only written at the very end.
+    let _ = ctrlc::set_handler(move || c.store(true, std::sync::atomic::Ordering::Relaxed));
     let opts = a.options()?;
     // Before the corpus and the models: a mistaken option should not cost their loading.
     opts.validate()?;
-    let files = if a.corpus.is_empty() {
-        corpus::default_files()?
-    } else {
-        corpus::expand_inputs(&a.corpus)?
-    };
-    if files.is_empty() {
-        bail!("--corpus names no readable text files: give .txt/.md/.py/.rs/.html/.jsonl files or directories holding them");
-    }
+    let files = corpus::files_or_default(&a.corpus)?;
     let docs = corpus::read_documents(&files)?;
-    let progress = BarProgress::new();
-    let src = baton::fetch::open_model(&a.source, dev, &progress)?;
-    let tgt = baton::fetch::open_model(&a.target, dev, &progress)?;
-    drop(progress);
-    let directions: Vec<Direction> = match a.direction {
-        DirectionArg::Both => vec![Direction::Forward, Direction::Backward],
-        DirectionArg::SourceToTarget => vec![Direction::Forward],
-        DirectionArg::TargetToSource => vec![Direction::Backward],
-    };
+    let (src, tgt) = open_pair(&a.source, &a.target, dev)?;
+    let directions = a.direction.calibrated();
     let bars = baton::console::PhaseBars::new(a.json);
     let started = std::time::Instant::now();
     let fitted = cal::calibrate(&src, &tgt, &docs, &directions, &opts, &bars, &cancel)?;
     bars.finish(true);
-    let corpus = CorpusInfo {
-        files: corpus::describe(&files),
-        fingerprint: corpus::fingerprint(&docs),
-        sequences: opts.sequences,
-        seq_len: opts.seq_len,
-        observations: 0,
-    };
+    let corpus = cal::corpus_info(&files, &docs, &opts);
     let dir = a
         .mapper_dir
         .clone()
@@ -318,14 +219,10 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
     use baton::mapper::artifact;
     let list = artifact::list(&fetch::cache_root());
     if a.json {
-        let v: Vec<serde_json::Value> = list
-            .iter()
-            .map(|(p, m)| match m {
-                Ok(m) => serde_json::json!({"path": p, "meta": m}),
-                Err(e) => serde_json::json!({"path": p, "error": e.to_string()}),
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&artifact::listing(&list))?
+        );
         return Ok(());
     }
     if list.is_empty() {
@@ -341,60 +238,36 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
 }
 
 fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
-    use baton::data::corpus::{self, Split};
+    use baton::data::corpus;
     use baton::data::tasks;
     use baton::eval::{evaluate, EvalPlan};
-    use baton::eval::{tasks::TaskEvalOptions, text::TextEvalOptions};
     // Task names are checked before any model loads: a typo costs nothing.
     let task_list = tasks::parse_specs(&a.tasks, a.task_limit)?;
-    let progress = BarProgress::new();
-    let mut task_items = Vec::new();
-    if !task_list.is_empty() {
-        let root = fetch::ensure_by_name("eval-tasks", &progress)?.path;
-        for (def, limit) in &task_list {
-            task_items.push((*def, tasks::load_items(&root, def, *limit)?));
-        }
+    if a.no_text && task_list.is_empty() {
+        bail!("--no-text with no --tasks leaves nothing to evaluate: name tasks, e.g. --tasks hellaswag,gsm8k");
     }
-    let first = baton::fetch::open_model(&a.source, dev, &progress)?;
-    let second = baton::fetch::open_model(&a.target, dev, &progress)?;
-    drop(progress);
+    let task_items = tasks::load_all(&task_list, &BarProgress::new())?;
+    let (first, second) = open_pair(&a.source, &a.target, dev)?;
     let len = a.prefix + a.continuation;
     let windows = if a.no_text {
         Vec::new()
-    } else if a.texts.is_empty() {
-        let docs = corpus::read_documents(&corpus::default_files()?)?;
-        corpus::windows(&docs, &first.tokenizer, Split::Eval, len, a.limit)?
     } else {
-        let docs = corpus::read_documents(&corpus::expand_inputs(&a.texts)?)?;
-        // Named files are held out by the user: all of each file is used, windows taken
-        // from each file in turn.
-        corpus::windows(&docs, &first.tokenizer, Split::Whole, len, a.limit)?
+        corpus::eval_windows(&a.texts, &first.tokenizer, len, a.limit)?
     };
-    if !a.no_text && windows.is_empty() {
-        bail!("the evaluation text holds no window of {len} tokens: give longer --texts or a shorter --prefix/--continuation");
+    if windows.is_empty() && task_items.is_empty() {
+        bail!("nothing to evaluate: --limit 0 asks for no text windows; ask for some, or name --tasks");
     }
-    if a.no_text && task_items.is_empty() {
-        bail!("--no-text with no --tasks leaves nothing to evaluate: name tasks, e.g. --tasks hellaswag,gsm8k");
-    }
+    let (text, task_options) = a.options();
     let plan = EvalPlan {
         windows: &windows,
-        text: TextEvalOptions {
-            prefix: a.prefix,
-            continuation: a.continuation,
-            anchor: a.anchor,
-            ..TextEvalOptions::default()
-        },
+        text,
         tasks: &task_items,
-        task_options: TaskEvalOptions {
-            anchor: a.anchor,
-            tail: a.tail,
-            ..TaskEvalOptions::default()
-        },
+        task_options,
         mapper_dir: a.mapper_dir.as_deref(),
         precision: a.precision.into(),
     };
     let report = evaluate(
-        &directions(a.direction, &first, &second),
+        &a.direction.pairs(&first, &second),
         &plan,
         &baton::console::PhaseBars::new(a.json),
     )?;
@@ -402,19 +275,6 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
-}
-
-/// The (source, target) pairs a `--direction` asks for.
-fn directions<'m>(
-    d: DirectionArg,
-    first: &'m Model,
-    second: &'m Model,
-) -> Vec<(&'m Model, &'m Model)> {
-    match d {
-        DirectionArg::Both => vec![(first, second), (second, first)],
-        DirectionArg::SourceToTarget => vec![(first, second)],
-        DirectionArg::TargetToSource => vec![(second, first)],
-    }
 }
 
 fn report_cmd(a: ReportArgs) -> Result<()> {
@@ -443,13 +303,7 @@ fn run_cmd(a: RunArgs, dev: &Device) -> Result<()> {
     let script = script::Script::load(&a.script)?;
     let mut cfg = EngineConfig::new([a.pair.source.clone(), a.pair.target.clone()], dev.clone());
     script.settings.apply(&mut cfg.settings);
-    if a.no_reference {
-        cfg.settings.reference = false;
-    }
-    if a.gate.is_some() {
-        cfg.settings.gate = a.gate;
-    }
-    cfg.settings.premap |= a.premap;
+    a.apply(&mut cfg.settings);
     cfg.mapper_dir = a.pair.mapper_dir.clone();
     let record = a
         .record
@@ -499,10 +353,7 @@ fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
 
 fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
     use baton::bench::{sweep, BenchOptions, SweepPlan};
-    let progress = BarProgress::new();
-    let first = baton::fetch::open_model(&a.source, dev, &progress)?;
-    let second = baton::fetch::open_model(&a.target, dev, &progress)?;
-    drop(progress);
+    let (first, second) = open_pair(&a.source, &a.target, dev)?;
     let plan = SweepPlan {
         lengths: &a.lengths,
         options: BenchOptions {
@@ -513,7 +364,7 @@ fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
         precision: a.precision.into(),
         device: format!("{:?}", dev.location()).to_lowercase(),
     };
-    let directions = directions(a.direction, &first, &second);
+    let directions = a.direction.pairs(&first, &second);
     let doc = sweep(&directions, &plan, &mut |line| human!(a.json, "{line}"))?;
     if let Some(p) = &a.plot {
         let series: Vec<_> = doc

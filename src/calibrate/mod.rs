@@ -34,7 +34,7 @@ pub use heldout::continuation_start;
 pub use options::{
     CalibrateOptions, RankChoice, SelectBy, AUTO_RANKS, DEFAULT_MAX_K, K_TOLERANCE, RANK_TOLERANCE,
 };
-pub use save::{save_fitted, Saved};
+pub use save::{corpus_info, save_fitted, Saved};
 
 use crate::data::corpus::{self, Document, Split};
 use crate::mapper::packed::SourceScales;

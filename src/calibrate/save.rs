@@ -2,7 +2,8 @@
 //! and its corpus, and the file next to the other mappers. One place, so the calibrate
 //! command, the workbench's first-run calibration and the tests write the same thing.
 
-use super::{CalibrateError, Fitted};
+use super::{CalibrateError, CalibrateOptions, Fitted};
+use crate::data::corpus::{self, Document};
 use crate::mapper::artifact::{self, CorpusInfo, MapperMeta, Maps, ModelRef};
 use crate::model::{Model, ModelConfig, ModelIdentity};
 use std::path::{Path, PathBuf};
@@ -11,6 +12,18 @@ use std::path::{Path, PathBuf};
 pub struct Saved {
     pub meta: MapperMeta,
     pub path: PathBuf,
+}
+
+/// The corpus as the artifact records it; each direction fills in its own observation
+/// count when it is saved.
+pub fn corpus_info(files: &[PathBuf], docs: &[Document], opts: &CalibrateOptions) -> CorpusInfo {
+    CorpusInfo {
+        files: corpus::describe(files),
+        fingerprint: corpus::fingerprint(docs),
+        sequences: opts.sequences,
+        seq_len: opts.seq_len,
+        observations: 0,
+    }
 }
 
 /// Saves each of `fitted` (directions between `models`) into `dir`, under the name

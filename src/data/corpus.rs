@@ -26,6 +26,8 @@ pub enum CorpusError {
     Extension(PathBuf),
     #[error("the corpus yields only {got} windows of {len} tokens, {want} were asked for: add text (--corpus) or ask for fewer sequences")]
     TooSmall { got: usize, want: usize, len: usize },
+    #[error("the files and directories named hold no readable text files: give .txt/.md/.py/.rs/.html/.jsonl files or directories holding them")]
+    NoTextFiles,
     #[error(transparent)]
     Fetch(#[from] fetch::FetchError),
     #[error(transparent)]
@@ -246,6 +248,41 @@ fn char_slice(text: &str, from: f64, to: f64) -> &str {
     &text[start..end]
 }
 
+/// The files a command reads its text from: those named (directories expanded), or the
+/// default calibration text when none is named.
+pub fn files_or_default(named: &[PathBuf]) -> Result<Vec<PathBuf>, CorpusError> {
+    if named.is_empty() {
+        return default_files();
+    }
+    let files = expand_inputs(named)?;
+    if files.is_empty() {
+        return Err(CorpusError::NoTextFiles);
+    }
+    Ok(files)
+}
+
+/// Windows to evaluate on: the evaluation split of the default corpus, or, for named
+/// files (held out by the user), all of each file, windows taken from each in turn.
+pub fn eval_windows(
+    named: &[PathBuf],
+    tok: &TextTokenizer,
+    len: usize,
+    count: usize,
+) -> Result<Vec<Vec<u32>>, CorpusError> {
+    let split = if named.is_empty() {
+        Split::Eval
+    } else {
+        Split::Whole
+    };
+    windows(
+        &read_documents(&files_or_default(named)?)?,
+        tok,
+        split,
+        len,
+        count,
+    )
+}
+
 /// Up to `count` windows of exactly `len` tokens from `split` of the documents, taken in
 /// turn from each document so every domain is represented.
 pub fn windows(
@@ -311,6 +348,16 @@ pub fn describe(files: &[PathBuf]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn named_inputs_without_text_files_are_refused_not_replaced_by_the_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = files_or_default(&[dir.path().to_path_buf()]).unwrap_err();
+        assert!(matches!(e, CorpusError::NoTextFiles), "{e}");
+        std::fs::write(dir.path().join("a.txt"), "text").unwrap();
+        let files = files_or_default(&[dir.path().to_path_buf()]).unwrap();
+        assert_eq!(files, vec![dir.path().join("a.txt")]);
+    }
 
     #[test]
     fn splits_are_disjoint_and_cover_the_text() {

@@ -40,6 +40,8 @@ pub enum TaskError {
     Unknown(String, String),
     #[error("`{0}`: the item count after `:` must be a number (e.g. gsm8k:20)")]
     BadCount(String),
+    #[error(transparent)]
+    Fetch(#[from] crate::fetch::FetchError),
 }
 
 /// How a task is scored.
@@ -230,6 +232,22 @@ pub fn task_file(root: &Path, def: &TaskDef) -> PathBuf {
             .join("requests.jsonl.gz"),
         TaskSource::MmluArrow => root.join(MMLU_DIR),
     }
+}
+
+/// The items of each parsed task spec, fetching the task files first if any task is
+/// asked for.
+pub fn load_all(
+    specs: &[(&'static TaskDef, usize)],
+    progress: &dyn crate::fetch::FetchProgress,
+) -> Result<Vec<(&'static TaskDef, Vec<TaskItem>)>, TaskError> {
+    if specs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let root = crate::fetch::ensure_by_name("eval-tasks", progress)?.path;
+    specs
+        .iter()
+        .map(|&(def, limit)| Ok((def, load_items(&root, def, limit)?)))
+        .collect()
 }
 
 /// `limit` items of a task, a fixed, documented subset: the first ones in file order for

@@ -5,7 +5,7 @@ use super::EngineError;
 use crate::calibrate::{self, CalibrateOptions, CalibrationProgress, Direction};
 use crate::data::corpus;
 use crate::fetch::{self, FetchProgress};
-use crate::mapper::artifact::{self, CorpusInfo, ModelRef};
+use crate::mapper::artifact::{self, ModelRef};
 use crate::mapper::CacheMapper;
 use crate::model::Model;
 use crate::protocol::{Event, MapperInfo};
@@ -133,13 +133,7 @@ pub fn calibrate_missing(
         progress,
         cancel,
     )?;
-    let corpus = CorpusInfo {
-        files: corpus::describe(&files),
-        fingerprint: corpus::fingerprint(&docs),
-        sequences: opts.sequences,
-        seq_len: opts.seq_len,
-        observations: 0,
-    };
+    let corpus = calibrate::corpus_info(&files, &docs, opts);
     calibrate::save_fitted(&fitted, [&models[0], &models[1]], &corpus, dir)?;
     Ok(())
 }

@@ -160,6 +160,11 @@ impl Script {
         })
     }
 
+    /// The demo conversation, built in so `baton demo` works from any directory.
+    pub fn demo() -> Result<Self, ScriptError> {
+        Self::parse(include_str!("../../assets/demo.toml"), "assets/demo.toml")
+    }
+
     pub fn load(path: &Path) -> Result<Self, ScriptError> {
         let text = std::fs::read_to_string(path).map_err(|e| ScriptError::Io {
             path: path.display().to_string(),
@@ -277,6 +282,16 @@ pub fn session_commands(events: &[Event]) -> Vec<Command> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_built_in_demo_parses_and_talks_and_switches() {
+        let demo = Script::demo().unwrap();
+        assert!(demo
+            .steps
+            .iter()
+            .any(|c| matches!(c, Command::Submit { .. })));
+        assert!(demo.steps.iter().any(|c| matches!(c, Command::Switch)));
+    }
 
     #[test]
     fn a_script_parses_into_settings_and_commands() {

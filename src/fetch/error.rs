@@ -13,6 +13,10 @@ pub enum FetchError {
     #[error("unknown model or data set `{name}`; known names: {known}")]
     UnknownName { name: String, known: String },
 
+    /// A pair name that is not in the manifest.
+    #[error("no pair `{name}` in assets/models.toml (pairs: {known})")]
+    UnknownPair { name: String, known: String },
+
     /// A model spec that is no path, no hub reference and no manifest model name.
     #[error(
         "model `{spec}` not found: it is not a file or directory, not hf:OWNER/REPO/FILE, \

@@ -214,6 +214,28 @@ impl Manifest {
         self.pairs.keys().map(String::as_str)
     }
 
+    /// The names `baton fetch` is asked for: every entry, one pair's two models, the
+    /// names given, or the default pair when nothing is named.
+    pub fn selection(
+        &self,
+        all: bool,
+        pair: Option<&str>,
+        names: &[String],
+    ) -> Result<Vec<String>, FetchError> {
+        if all {
+            return Ok(self.entries.iter().map(|e| e.name.clone()).collect());
+        }
+        if !names.is_empty() && pair.is_none() {
+            return Ok(names.to_vec());
+        }
+        let p = pair.unwrap_or("default");
+        let (x, y) = self.pair(p).ok_or_else(|| FetchError::UnknownPair {
+            name: p.to_string(),
+            known: self.pair_names().collect::<Vec<_>>().join(", "),
+        })?;
+        Ok(vec![x.name.clone(), y.name.clone()])
+    }
+
     /// Comma-separated list of entry names, for error messages.
     pub fn known_names(&self) -> String {
         self.entries

@@ -227,3 +227,21 @@ strip = "tiny_part1/"
     std::env::remove_var("BATON_PYTHON");
     std::env::remove_var("HF_ENDPOINT");
 }
+
+#[test]
+fn fetch_selects_the_default_pair_unless_told_otherwise() {
+    let m = Manifest::builtin().unwrap();
+    let default = m.selection(false, None, &[]).unwrap();
+    assert_eq!(default.len(), 2);
+    let (a, b) = m.pair("default").unwrap();
+    assert_eq!(default, vec![a.name.clone(), b.name.clone()]);
+    let named = vec!["calibration-text".to_string()];
+    assert_eq!(m.selection(false, None, &named).unwrap(), named);
+    assert_eq!(
+        m.selection(true, None, &[]).unwrap().len(),
+        m.entries().len()
+    );
+    let e = m.selection(false, Some("nope"), &[]).unwrap_err();
+    assert!(matches!(e, FetchError::UnknownPair { .. }), "{e}");
+    assert!(e.to_string().contains("default"), "{e}");
+}

@@ -51,6 +51,20 @@ pub struct Generation {
     pub decode: Throughput,
 }
 
+impl Generation {
+    /// Throughput of both phases and why it stopped, in one line.
+    pub fn summary_line(&self) -> String {
+        format!(
+            "prefill {} tokens at {:.1} tokens/s; decode {} tokens at {:.1} tokens/s; stopped: {:?}",
+            self.prefill.tokens,
+            self.prefill.tokens_per_second(),
+            self.decode.tokens,
+            self.decode.tokens_per_second(),
+            self.stop
+        )
+    }
+}
+
 /// Run `new_ids` after what `cache` holds and generate. The last returned id is never in
 /// the cache: the caller runs it with the next input (so a turn's end-of-turn id costs
 /// nothing extra and the next turn starts exactly where the template expects). `on_token` sees every generated

@@ -1,6 +1,7 @@
 //! The model runtime: configs, weights, a decoder whose KV cache the caller owns.
 
 pub mod attention;
+pub mod complete;
 pub mod config;
 pub mod decoder;
 pub mod error;
@@ -12,6 +13,7 @@ pub mod rope;
 pub mod sampler;
 pub mod weights;
 
+pub use complete::complete;
 pub use config::{Arch, ModelConfig, RopeLayout};
 pub use decoder::{Decoder, ForwardOptions, ForwardOutput, Logits};
 pub use error::{ModelError, Result};
