@@ -38,7 +38,8 @@ use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
-use super::tokenizer::{config_token, meta, meta_str, meta_u32, TextTokenizer, TokenizerError};
+use super::gguf_meta::{meta, meta_str, meta_u32};
+use super::tokenizer::{config_token, TextTokenizer, TokenizerError};
 
 const TEMPLATE_NAME: &str = "chat_template";
 

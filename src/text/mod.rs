@@ -2,6 +2,8 @@
 //! detokenization and chat templates.
 
 pub mod chat_template;
+mod fingerprint;
+mod gguf_meta;
 pub mod stream;
 pub mod tokenizer;
 

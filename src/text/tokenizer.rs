@@ -12,8 +12,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::quantized::gguf_file::{Content, Value};
-use sha2::{Digest, Sha256};
+use super::fingerprint::compute_fingerprint;
+use super::gguf_meta::{int_array, meta, meta_bool, meta_str, meta_str_array, meta_u32};
+use candle_core::quantized::gguf_file::Content;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{NormalizerWrapper, NFC};
@@ -95,7 +96,7 @@ pub enum TokenizerError {
     Mismatch { a: String, b: String },
 }
 
-fn build_err(e: impl fmt::Display) -> TokenizerError {
+pub(crate) fn build_err(e: impl fmt::Display) -> TokenizerError {
     TokenizerError::Build(e.to_string())
 }
 
@@ -594,81 +595,6 @@ fn post_processor(
     Ok(PostProcessorWrapper::Template(tp))
 }
 
-fn compute_fingerprint(tokenizer: &Tokenizer) -> Result<String, TokenizerError> {
-    let mut h = Sha256::new();
-    let line = |h: &mut Sha256, s: &str| {
-        h.update(s.as_bytes());
-        h.update(b"\n");
-    };
-    line(&mut h, "baton-tokenizer-fingerprint v1");
-    line(
-        &mut h,
-        &format!("normalizer {}", to_json(&tokenizer.get_normalizer())?),
-    );
-    line(
-        &mut h,
-        &format!("pre_tokenizer {}", to_json(&tokenizer.get_pre_tokenizer())?),
-    );
-
-    let model = serde_json::to_value(tokenizer.get_model()).map_err(build_err)?;
-    let serde_json::Value::Object(mut model) = model else {
-        return Err(build_err("model does not serialise to an object"));
-    };
-    let merges = model.remove("merges");
-    model.remove("vocab");
-    line(
-        &mut h,
-        &format!("model {}", serde_json::Value::Object(model)),
-    );
-
-    let vocab = tokenizer.get_vocab(true);
-    let mut by_id: Vec<(u32, &str)> = vocab.iter().map(|(t, &id)| (id, t.as_str())).collect();
-    by_id.sort_unstable();
-    line(&mut h, &format!("vocab {}", by_id.len()));
-    for (id, tok) in &by_id {
-        line(
-            &mut h,
-            &format!("{id} {}", serde_json::to_string(tok).map_err(build_err)?),
-        );
-    }
-
-    match merges {
-        Some(serde_json::Value::Array(merges)) => {
-            line(&mut h, &format!("merges {}", merges.len()));
-            for m in &merges {
-                line(&mut h, &m.to_string());
-            }
-        }
-        _ => line(&mut h, "merges none"),
-    }
-
-    let added = tokenizer.get_added_tokens_decoder();
-    let mut added: Vec<_> = added.iter().collect();
-    added.sort_unstable_by_key(|(id, _)| **id);
-    line(&mut h, &format!("added {}", added.len()));
-    for (id, t) in added {
-        line(
-            &mut h,
-            &format!(
-                "{id} {} single_word={} lstrip={} rstrip={} normalized={}",
-                serde_json::to_string(&t.content).map_err(build_err)?,
-                t.single_word,
-                t.lstrip,
-                t.rstrip,
-                t.normalized
-            ),
-        );
-    }
-
-    let empty = tokenizer.encode_fast("", true).map_err(build_err)?;
-    line(&mut h, &format!("post {:?}", empty.get_ids()));
-    Ok(hex::encode(h.finalize()))
-}
-
-fn to_json<T: serde::Serialize>(v: &T) -> Result<String, TokenizerError> {
-    serde_json::to_string(v).map_err(build_err)
-}
-
 fn read_config_special_tokens(
     path: &Path,
 ) -> Result<(Option<String>, Option<String>), TokenizerError> {
@@ -693,123 +619,6 @@ pub(crate) fn config_token(cfg: &serde_json::Value, key: &str) -> Option<String>
         serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
         _ => None,
     }
-}
-
-// ---- GGUF metadata helpers -------------------------------------------------------------
-
-pub(crate) fn meta<'a>(content: &'a Content, key: &str) -> Option<&'a Value> {
-    content.metadata.get(key)
-}
-
-fn bad(key: &str, message: impl Into<String>) -> TokenizerError {
-    TokenizerError::BadMetadata {
-        key: key.to_string(),
-        message: message.into(),
-    }
-}
-
-pub(crate) fn meta_str<'a>(
-    content: &'a Content,
-    key: &str,
-) -> Result<Option<&'a str>, TokenizerError> {
-    match meta(content, key) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.as_str())),
-        Some(v) => Err(bad(
-            key,
-            format!("expected a string, found {:?}", v.value_type()),
-        )),
-    }
-}
-
-fn value_to_i64(v: &Value) -> Option<i64> {
-    Some(match v {
-        Value::U8(x) => i64::from(*x),
-        Value::I8(x) => i64::from(*x),
-        Value::U16(x) => i64::from(*x),
-        Value::I16(x) => i64::from(*x),
-        Value::U32(x) => i64::from(*x),
-        Value::I32(x) => i64::from(*x),
-        Value::U64(x) => i64::try_from(*x).ok()?,
-        Value::I64(x) => *x,
-        _ => return None,
-    })
-}
-
-pub(crate) fn meta_u32(content: &Content, key: &str) -> Result<Option<u32>, TokenizerError> {
-    match meta(content, key) {
-        None => Ok(None),
-        Some(v) => {
-            let i = value_to_i64(v).ok_or_else(|| {
-                bad(
-                    key,
-                    format!("expected an integer, found {:?}", v.value_type()),
-                )
-            })?;
-            u32::try_from(i)
-                .map(Some)
-                .map_err(|_| bad(key, format!("{i} is not a valid token id")))
-        }
-    }
-}
-
-fn meta_bool(content: &Content, key: &str) -> Result<Option<bool>, TokenizerError> {
-    match meta(content, key) {
-        None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => match value_to_i64(v) {
-            Some(i) => Ok(Some(i != 0)),
-            None => Err(bad(
-                key,
-                format!("expected a bool, found {:?}", v.value_type()),
-            )),
-        },
-    }
-}
-
-fn meta_str_array<'a>(content: &'a Content, key: &str) -> Result<Vec<&'a str>, TokenizerError> {
-    let v = meta(content, key).ok_or_else(|| TokenizerError::MissingKey(key.to_string()))?;
-    let Value::Array(items) = v else {
-        return Err(bad(
-            key,
-            format!("expected an array, found {:?}", v.value_type()),
-        ));
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| match item {
-            Value::String(s) => Ok(s.as_str()),
-            other => Err(bad(
-                key,
-                format!("element {i} is {:?}, expected a string", other.value_type()),
-            )),
-        })
-        .collect()
-}
-
-fn int_array(v: &Value, key: &str) -> Result<Vec<i64>, TokenizerError> {
-    let Value::Array(items) = v else {
-        return Err(bad(
-            key,
-            format!("expected an array, found {:?}", v.value_type()),
-        ));
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            value_to_i64(item).ok_or_else(|| {
-                bad(
-                    key,
-                    format!(
-                        "element {i} is {:?}, expected an integer",
-                        item.value_type()
-                    ),
-                )
-            })
-        })
-        .collect()
 }
 
 /// A small in-memory GGUF tokenizer for unit tests: the 256 byte-level symbols, a few merges,
@@ -902,6 +711,7 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::*;
     use super::*;
+    use candle_core::quantized::gguf_file::Value;
 
     #[test]
     fn builds_from_gguf_metadata() {
