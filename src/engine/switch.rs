@@ -4,9 +4,9 @@
 //! queries at probe positions), R² of keys and values, and key-error concentration.
 
 use super::core::{no_logits, split, synced_ms, Engine, FollowUp};
-use crate::mapper::features::{layer_features, rows_to_heads};
+use crate::eval::fidelity;
 use crate::mapper::CacheMapper;
-use crate::metrics::{self, QueryGram};
+use crate::metrics::QueryGram;
 use crate::model::{KvCache, Model};
 use crate::protocol::{CacheOrigin, Event, GateDecision, SwitchMetrics, SwitchTimings};
 use candle_core::Tensor;
@@ -160,9 +160,8 @@ pub fn empty_metrics(n_layer: usize) -> SwitchMetrics {
     }
 }
 
-/// Compare positions `0..n` of `mapped` with `truth` at layer `l` for `model`, whose
-/// queries at `probes` are `queries` (one [n_head, probes, hd] tensor per layer), and
-/// append the layer's values to `out`. Either cache may hold more than `n` positions.
+/// Compare positions `0..n` of `mapped` with `truth` at layer `l` for `model` (see
+/// [`crate::eval::fidelity`]) and append the layer's values to `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_metrics(
     model: &Model,
@@ -175,40 +174,12 @@ pub fn layer_metrics(
     l: usize,
     out: &mut SwitchMetrics,
 ) -> Result<(), EngineError> {
-    let cfg = model.config();
-    let rope = model.decoder.rope();
-    let ft = layer_features(truth, rope, l, 0, n, 1)?;
-    let fm = layer_features(mapped, rope, l, 0, n, 1)?;
-    let err = rows_to_heads(&(&ft.k - &fm.k)?, cfg.n_kv_head)?;
-    let concentration = gram.concentration(&err)?;
-    let r = metrics::r2_per_layer(&[ft.k, ft.v], &[fm.k, fm.v])?;
-    let (a, b) = (truth.layer_range(l, 0, n)?, mapped.layer_range(l, 0, n)?);
-    let cos = match queries.get(l) {
-        Some(q) if !probes.is_empty() => {
-            metrics::attention_output_cosine(q, probes, &a.k, &a.v, &b.k, &b.v)?
-        }
-        _ => f64::NAN,
-    };
-    out.key_error_concentration.push(concentration);
-    out.r2_k.push(r[0]);
-    out.r2_v.push(r[1]);
-    out.attention_cosine.push(cos);
+    let f = fidelity::layer_fidelity(model, gram, truth, mapped, n, queries.get(l), probes, l)?;
+    out.key_error_concentration.push(f.key_error_concentration);
+    out.r2_k.push(f.r2_k);
+    out.r2_v.push(f.r2_v);
+    out.attention_cosine.push(f.attention_cosine);
     Ok(())
-}
-
-/// Query-projection Grams of every layer, for key-error concentration.
-pub fn query_grams(model: &Model) -> Result<Vec<QueryGram>, EngineError> {
-    let cfg = model.config();
-    model
-        .decoder
-        .weights()
-        .layers
-        .iter()
-        .map(|w| {
-            let wq = w.q.dense_weight(cfg.hidden, model.decoder.device())?;
-            Ok(QueryGram::new(&wq, cfg.n_head, cfg.head_dim)?)
-        })
-        .collect()
 }
 
 /// Map positions `from..to` of `src_cache` onto the end of `dst` (which must hold

@@ -2,8 +2,10 @@
 //! layer, next-token agreement, continuation perplexity) and on benchmark tasks
 //! ([`tasks`]: retention against the target's own prefill, raw and floor-normalised).
 //! [`run`] does all of it for `baton eval`; [`report`] is the JSON document it prints.
+//! [`fidelity`] holds the per-layer measures, shared with the workbench's switches.
 
 mod error;
+pub mod fidelity;
 pub mod report;
 pub mod run;
 pub mod tasks;

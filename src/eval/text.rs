@@ -2,10 +2,9 @@
 //! replaces the target's own, and the target continues teacher-forced. Every metric of
 //! the metrics module, per target layer where it has layers.
 
-use super::EvalError;
-use crate::mapper::features::{layer_features, rows_to_heads};
+use super::{fidelity, EvalError};
 use crate::mapper::CacheMapper;
-use crate::metrics::{self, probe_positions, ContinuationScores, QueryGram};
+use crate::metrics::{self, probe_positions, ContinuationScores};
 use crate::model::{ForwardOptions, KvCache, Logits, Model};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -107,17 +106,7 @@ pub fn eval_text(
         .map(|q| q + p)
         .collect();
     let mut scores_acc = ContinuationScores::default();
-    let cfg = tgt.config();
-    let grams: Vec<QueryGram> = tgt
-        .decoder
-        .weights()
-        .layers
-        .iter()
-        .map(|w| {
-            let wq = w.q.dense_weight(cfg.hidden, tgt.decoder.device())?;
-            Ok(QueryGram::new(&wq, cfg.n_head, cfg.head_dim)?)
-        })
-        .collect::<Result<_, EvalError>>()?;
+    let grams = fidelity::query_grams(tgt)?;
     for w in windows {
         if w.len() < p + c {
             return Err(EvalError::Input(format!(
@@ -176,22 +165,20 @@ pub fn eval_text(
         let mut cos_p = Vec::with_capacity(l_t);
         let mut conc = Vec::with_capacity(l_t);
         for (l, gram) in grams.iter().enumerate().take(l_t) {
-            let ft = layer_features(&true_cache, tgt.decoder.rope(), l, 0, p, 1)?;
-            let fm = layer_features(&mapped, tgt.decoder.rope(), l, 0, p, 1)?;
-            let err = rows_to_heads(&(&ft.k - &fm.k)?, cfg.n_kv_head)?;
-            conc.push(gram.concentration(&err)?);
-            let r = metrics::r2_per_layer(&[ft.k, ft.v], &[fm.k, fm.v])?;
-            r2k.push(r[0]);
-            r2v.push(r[1]);
-            let (a, b) = (true_cache.layer(l)?, mapped.layer(l)?);
-            cos_p.push(metrics::attention_output_cosine(
-                &truth.queries[l],
+            let f = fidelity::layer_fidelity(
+                tgt,
+                gram,
+                &true_cache,
+                &mapped,
+                p,
+                truth.queries.get(l),
                 &prefix_probes,
-                &a.k,
-                &a.v,
-                &b.k,
-                &b.v,
-            )?);
+                l,
+            )?;
+            conc.push(f.key_error_concentration);
+            r2k.push(f.r2_k);
+            r2v.push(f.r2_v);
+            cos_p.push(f.attention_cosine);
         }
         add(&mut out.r2_k, &r2k);
         add(&mut out.r2_v, &r2v);
