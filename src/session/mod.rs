@@ -1,6 +1,6 @@
 //! Session files: an append-only JSON Lines record of one conversation's protocol events,
 //! written as they happen so a crash loses at most the line being written, and read back
-//! for reports, replays and the charts of [`crate::plot`].
+//! for reports, replays and the drift charts.
 //!
 //! Line 1 is a [`SessionHeader`]; every further line is a [`RecordedEvent`]: one
 //! [`Event`](crate::protocol::Event) with its sequence number and its time since the
