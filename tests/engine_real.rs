@@ -243,6 +243,17 @@ fn cancel_and_switch_during_generation_have_defined_effects() {
         }
     }
     assert_eq!(started, Some(CacheOrigin::Mapped));
+    // The switch's measurement gave way to that turn and resumes once the engine is idle.
+    loop {
+        match next(&handle) {
+            Event::SwitchMeasured { stopped, .. } => {
+                assert_eq!(stopped, None, "the measurement completes after the turn");
+                break;
+            }
+            Event::Error { message, .. } => panic!("{message}"),
+            _ => {}
+        }
+    }
     // A cancel with nothing running is answered, not ignored.
     handle.send(Command::Cancel);
     match next(&handle) {
