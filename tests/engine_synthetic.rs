@@ -546,3 +546,47 @@ fn a_script_waits_for_the_last_switch_to_be_measured() {
     assert!(measured(&seen).is_some(), "{seen:?}");
     handle.shutdown();
 }
+
+#[test]
+fn a_prefill_asked_to_stop_gives_up_before_the_next_layer_and_counts_nothing() {
+    use baton::model::{ForwardOptions, Logits, ModelError};
+    let dir = tempfile::tempdir().unwrap();
+    tiny().write_chat_model(&dir.path().join("a"), 5);
+    let m = load_model(&dir.path().join("a"), "a");
+    let ids = m.tokenizer.encode(&tiny().chat_text(40, 3)).unwrap();
+    let all = ForwardOptions {
+        logits: Logits::All,
+        probe_positions: vec![],
+    };
+    let checks = std::cell::Cell::new(0);
+    let mut cache = m.decoder.new_cache();
+    let e = m
+        .decoder
+        .forward_until(&ids, &mut cache, &all, &|| {
+            checks.set(checks.get() + 1);
+            checks.get() > 1
+        })
+        .unwrap_err();
+    assert!(matches!(e, ModelError::Interrupted), "{e}");
+    // Asked before the first layer's attention (go on) and before its MLP (stop).
+    assert_eq!(checks.get(), 2);
+    assert_eq!(cache.len(), 0, "an interrupted chunk adds no position");
+    // Never told to stop, it is the plain forward pass.
+    let mut a = m.decoder.new_cache();
+    let mut b = m.decoder.new_cache();
+    let x = m
+        .decoder
+        .forward_until(&ids, &mut a, &all, &|| false)
+        .unwrap();
+    let y = m.decoder.forward(&ids, &mut b, &all).unwrap();
+    let diff = (x.logits.unwrap() - y.logits.unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert_eq!(diff, 0.0);
+    assert_eq!(a.len(), ids.len());
+}

@@ -194,6 +194,8 @@ pub struct Engine {
     /// slot): the gate's estimate at the next handoff that way.
     pub(super) measured_cosine: [Option<f64>; 2],
     pub(super) queued: VecDeque<Envelope>,
+    /// Commands taken off the channel while a measurement step ran, not yet looked at.
+    pub(super) inbox: VecDeque<Envelope>,
     pub(super) shutdown: bool,
     pub(super) out: Outbox,
 }
@@ -239,6 +241,7 @@ impl Engine {
             measurement: None,
             measured_cosine: [None, None],
             queued: VecDeque::new(),
+            inbox: VecDeque::new(),
             shutdown: false,
             out,
         }
@@ -248,7 +251,7 @@ impl Engine {
     /// measurement runs whenever no command is waiting.
     pub fn run(mut self, commands: Receiver<Envelope>) {
         while !self.shutdown {
-            let next = match self.queued.pop_front() {
+            let next = match self.queued.pop_front().or_else(|| self.inbox.pop_front()) {
                 Some(e) => Some(e),
                 None if self.measurement.is_some() => match commands.try_recv() {
                     Ok(e) => Some(e),

@@ -1,9 +1,11 @@
 //! A switch's measurement, after its handoff: the whole cache mapped again and timed,
 //! the target's full and suffix re-prefill, and the per-layer metrics of the handed-over
 //! cache against the re-prefilled one. It runs a step at a time (one map, one prefill or
-//! one layer's metrics), looking at the commands between steps, so that a message sent
-//! meanwhile waits for one step at most: the measurement is then put aside and resumes
-//! once the engine is idle again.
+//! one layer's metrics), looking at the commands between steps and, inside a prefill,
+//! before every layer, so that a message sent meanwhile waits for one layer's work at
+//! most: the measurement is then put aside and resumes once the engine is idle again.
+//! An interrupted prefill is thrown away and run again whole, so the re-prefill time
+//! reported is always that of one uninterrupted prefill.
 //!
 //! It reads only what stays put until it is done: the positions `0..n` of both models'
 //! primary caches (turns and pre-maps only append) and the history's first `n` ids. The
@@ -12,9 +14,10 @@
 use super::core::{no_logits, synced_ms, Engine, Envelope};
 use super::switch::{empty_metrics, layer_metrics, Handoff};
 use super::EngineError;
-use crate::model::{ForwardOptions, KvCache, Logits};
+use crate::model::{ForwardOptions, KvCache, Logits, ModelError};
 use crate::protocol::{Command, Event, SwitchMetrics, SwitchTimings};
 use candle_core::Tensor;
+use std::cell::RefCell;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
@@ -126,12 +129,28 @@ impl Engine {
             let Some(mut job) = self.measurement.take() else {
                 return;
             };
-            match self.measure_step(&mut job) {
+            let drained = RefCell::new(Vec::new());
+            let stop = || {
+                while let Ok(e) = commands.try_recv() {
+                    drained.borrow_mut().push(e);
+                }
+                drained.borrow().iter().any(|e| match e.command {
+                    Command::Cancel | Command::Shutdown => true,
+                    Command::Submit { .. } => may_yield,
+                    _ => false,
+                })
+            };
+            let result = self.measure_step(&mut job, &stop);
+            // What arrived during the step is taken as if it had arrived after it.
+            self.inbox.extend(drained.into_inner());
+            match result {
                 Ok(true) => {
                     self.finish_measurement(job, None);
                     return;
                 }
-                Ok(false) => self.measurement = Some(job),
+                Ok(false) | Err(EngineError::Model(ModelError::Interrupted)) => {
+                    self.measurement = Some(job)
+                }
                 Err(e) => {
                     self.report(&e);
                     self.finish_measurement(job, Some(format!("failed: {e}")));
@@ -146,7 +165,11 @@ impl Engine {
     /// switches wait in the queue.
     fn poll_for_measurement(&mut self, commands: &Receiver<Envelope>, may_yield: bool) -> Poll {
         loop {
-            match commands.try_recv() {
+            let next = match self.inbox.pop_front() {
+                Some(e) => Ok(e),
+                None => commands.try_recv(),
+            };
+            match next {
                 Ok(e) => match e.command {
                     Command::Cancel => return Poll::Cancel,
                     Command::Shutdown => {
@@ -176,8 +199,13 @@ impl Engine {
         }
     }
 
-    /// One step of `job`; true once it is complete.
-    fn measure_step(&mut self, job: &mut Measurement) -> Result<bool, EngineError> {
+    /// One step of `job`; true once it is complete. A prefill gives up with
+    /// [`ModelError::Interrupted`] as soon as `stop` says so.
+    fn measure_step(
+        &mut self,
+        job: &mut Measurement,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<bool, EngineError> {
         let n = job.n;
         let history = &self.conv.history[..n];
         let (src, tgt) = (&self.slots[job.source], &self.slots[job.target]);
@@ -212,19 +240,19 @@ impl Engine {
             Step::ReprefillFull => {
                 let t = Instant::now();
                 let mut fresh = tgt.model.decoder.new_cache();
-                let out = tgt.model.decoder.forward(
+                let out = tgt.model.decoder.forward_until(
                     history,
                     &mut fresh,
                     &ForwardOptions {
                         logits: Logits::None,
                         probe_positions: job.probes.clone(),
                     },
+                    stop,
                 )?;
                 job.timings.reprefill_full_ms = Some(synced_ms(dev, t));
                 job.fresh = Some((fresh, out.queries));
             }
             Step::ReprefillSuffix => {
-                job.suffix_done = true;
                 let seen = job.seen;
                 if seen > 0 {
                     let tgt = &mut self.slots[job.target];
@@ -240,14 +268,23 @@ impl Engine {
                         let cache = copy.as_mut().unwrap_or(&mut tgt.truth);
                         let t = Instant::now();
                         if seen < n {
-                            tgt.model
-                                .decoder
-                                .forward(&history[seen..], cache, &no_logits())?;
+                            let done = tgt.model.decoder.forward_until(
+                                &history[seen..],
+                                cache,
+                                &no_logits(),
+                                stop,
+                            );
+                            if done.is_err() {
+                                // The truth must not keep half a suffix.
+                                cache.truncate(seen);
+                            }
+                            done?;
                         }
                         job.timings.reprefill_suffix_ms =
                             Some(synced_ms(tgt.model.decoder.device(), t));
                     }
                 }
+                job.suffix_done = true;
             }
             Step::Layer(l) => {
                 let Some((fresh, queries)) = &job.fresh else {

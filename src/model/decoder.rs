@@ -132,6 +132,21 @@ impl Decoder {
         cache: &mut KvCache,
         opts: &ForwardOptions,
     ) -> Result<ForwardOutput> {
+        self.forward_until(tokens, cache, opts, &|| false)
+    }
+
+    /// [`Decoder::forward`] that gives up with [`ModelError::Interrupted`] as soon as
+    /// `stop` says so, checked before every layer's attention and its MLP: for work someone may be waiting behind
+    /// (a switch's measurement). `cache` then holds the whole chunks of
+    /// [`PREFILL_CHUNK`] completed before the stop; a caller that wants all or nothing
+    /// drops it.
+    pub fn forward_until(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        opts: &ForwardOptions,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<ForwardOutput> {
         self.check_tokens(tokens, cache)?;
         if tokens.is_empty() {
             return Ok(ForwardOutput {
@@ -164,7 +179,7 @@ impl Decoder {
                 .filter(|&&p| p >= chunk_start && p < chunk_start + chunk.len())
                 .map(|&p| p - chunk_start)
                 .collect();
-            let out = self.forward_chunk(chunk, cache, want, &probes)?;
+            let out = self.forward_chunk(chunk, cache, want, &probes, stop)?;
             if let Some(l) = out.logits {
                 logits.push(l);
             }
@@ -191,6 +206,7 @@ impl Decoder {
         cache: &mut KvCache,
         want: Logits,
         probes: &[usize],
+        stop: &dyn Fn() -> bool,
     ) -> Result<ForwardOutput> {
         let cfg = &self.cfg;
         let t = tokens.len();
@@ -208,6 +224,9 @@ impl Decoder {
         };
         let mut queries = Vec::new();
         for (l, w) in self.weights.layers.iter().enumerate() {
+            if stop() {
+                return Err(ModelError::Interrupted);
+            }
             let x = candle_nn::ops::rms_norm(&h, &w.attn_norm, eps)?;
             let [q, k, v]: [Tensor; 3] = Linear::forward_many(&[&w.q, &w.k, &w.v], &x)?
                 .try_into()
@@ -234,6 +253,11 @@ impl Decoder {
             let kv = cache.write(l, &k, &v)?;
             let o = attention::causal_attention(&q, &kv.k, &kv.v, start)?;
             h = w.o.forward_residual(&o, &h)?;
+            // Attention and the MLP take about as long each: asking between them halves
+            // how long a waiting message can wait.
+            if stop() {
+                return Err(ModelError::Interrupted);
+            }
             let x = candle_nn::ops::rms_norm(&h, &w.ffn_norm, eps)?;
             let act = Linear::forward_swiglu(&w.gate, &w.up, &x)?;
             h = w.down.forward_residual(&act, &h)?;

@@ -30,6 +30,9 @@ pub enum ModelError {
     Cache(String),
     #[error("generation cancelled")]
     Cancelled,
+    /// A forward pass stopped early because its caller asked (not an error to report).
+    #[error("forward pass interrupted")]
+    Interrupted,
     #[error(transparent)]
     Tokenizer(#[from] crate::text::TokenizerError),
     #[error(transparent)]
