@@ -158,6 +158,10 @@ pub struct WorkbenchArgs {
     /// Start with the re-prefilled reference path off (Ctrl-R toggles it).
     #[arg(long)]
     pub no_reference: bool,
+    /// At a switch, the target reads the newest N tokens of the conversation itself
+    /// instead of receiving them mapped: a longer handoff for the facts said last.
+    #[arg(long, default_value_t = 0)]
+    pub tail: usize,
 }
 
 impl WorkbenchArgs {
@@ -205,6 +209,10 @@ pub struct RunArgs {
     /// Turn the re-prefilled reference path off.
     #[arg(long)]
     pub no_reference: bool,
+    /// At a switch, the target reads the newest N tokens itself (overrides the script's
+    /// `tail`).
+    #[arg(long)]
+    pub tail: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -244,9 +252,9 @@ pub struct EvalArgs {
     /// receiving them mapped, in text windows and task contexts; 0 maps everything.
     #[arg(long, default_value_t = 0)]
     pub anchor: usize,
-    /// Task contexts: the target computes the last N tokens itself on top of the mapped
-    /// cache (a re-read question over a mapped background); their cost counts as
-    /// mapping time. 0 maps the whole context.
+    /// The target reads the last N tokens of each text prefix and task context itself,
+    /// on top of the mapped rest (as the workbench's `--tail` does at a switch); their
+    /// cost counts as mapping time. 0 maps everything.
     #[arg(long, default_value_t = 0)]
     pub tail: usize,
     /// Task retention on these benchmarks, comma-separated, each `name` or `name:items`
@@ -511,6 +519,9 @@ impl RunArgs {
             s.gate = self.gate;
         }
         s.premap |= self.premap;
+        if let Some(t) = self.tail {
+            s.tail = t;
+        }
     }
 }
 
@@ -541,6 +552,7 @@ impl EvalArgs {
                 prefix: self.prefix,
                 continuation: self.continuation,
                 anchor: self.anchor,
+                tail: self.tail,
                 ..Default::default()
             },
             baton::eval::tasks::TaskEvalOptions {

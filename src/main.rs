@@ -73,6 +73,7 @@ fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> 
     cfg.settings.gate = a.gate;
     cfg.settings.premap = a.premap;
     cfg.settings.reference = !a.no_reference;
+    cfg.settings.tail = a.tail;
     let steps = match demo {
         true => {
             let s = Script::demo()?;

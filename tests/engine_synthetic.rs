@@ -590,3 +590,46 @@ fn a_prefill_asked_to_stop_gives_up_before_the_next_layer_and_counts_nothing() {
     assert_eq!(diff, 0.0);
     assert_eq!(a.len(), ids.len());
 }
+
+#[test]
+fn with_a_tail_the_target_reads_the_newest_tokens_itself() {
+    // A tail covering the whole conversation: the target reads all of it, so what it
+    // holds is its own prefill and the measurement finds it exact.
+    let mut r = rig(|s| {
+        s.tail = 10_000;
+        s.anchor = 0;
+    });
+    say(&mut r, 12, 1);
+    r.handle(Command::Switch);
+    r.engine.measure_pending(&r.rx);
+    let whole = metrics_of(measured(&r.drain()));
+    for (l, c) in whole.attention_cosine.iter().enumerate() {
+        assert!((c - 1.0).abs() < 1e-4, "layer {l}: cosine {c}");
+    }
+    // No tail: the same conversation handed over mapped is measurably not exact, and a
+    // partial tail sits in between on the cosine averaged over the layers.
+    let mean = |m: &SwitchMetrics| m.cosine_mean().unwrap();
+    let run = |tail: usize| {
+        let mut r = rig(|s| {
+            s.tail = tail;
+            s.anchor = 0;
+        });
+        say(&mut r, 12, 1);
+        let events = r.handle(Command::Switch);
+        let Some(Event::Switch { context_tokens, .. }) = events.first() else {
+            panic!("{events:?}");
+        };
+        let n = *context_tokens;
+        r.engine.measure_pending(&r.rx);
+        (n, metrics_of(measured(&r.drain())))
+    };
+    let (n, mapped) = run(0);
+    assert!(mean(&mapped) < 1.0 - 1e-3, "{}", mean(&mapped));
+    let (_, half) = run(n / 2);
+    assert!(
+        mean(&half) > mean(&mapped) && mean(&half) < 1.0,
+        "{} {}",
+        mean(&half),
+        mean(&mapped)
+    );
+}

@@ -56,6 +56,7 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
             continuation: 64,
             probes: 16,
             anchor: 0,
+            tail: 0,
         },
     )
     .unwrap();

@@ -662,3 +662,38 @@ fn the_int8_map_agrees_with_the_f32_map() {
         }
     }
 }
+
+#[test]
+fn a_text_evaluation_with_the_whole_prefix_as_tail_is_the_targets_own_reading() {
+    use baton::data::corpus::{windows, Split};
+    use baton::eval::text::{eval_text, TextEvalOptions};
+    let (_dir, tiny, a, b) = two_unrelated_models();
+    let f = run(&a, &b, vec![1], &tiny);
+    let mapper = f.cache_mapper(&a, &b).unwrap();
+    let w = windows(&docs(&tiny), &a.tokenizer, Split::Whole, 48, 2).unwrap();
+    let eval = |tail: usize| {
+        eval_text(
+            &a,
+            &b,
+            &mapper,
+            &w,
+            &TextEvalOptions {
+                prefix: 32,
+                continuation: 16,
+                probes: 8,
+                anchor: 0,
+                tail,
+            },
+        )
+        .unwrap()
+    };
+    let own = eval(32);
+    assert!(own.scores.agreement.top1 > 0.999, "{:?}", own.scores);
+    assert!(own.scores.agreement.kl < 1e-6, "{:?}", own.scores);
+    let mapped = eval(0);
+    assert!(
+        mapped.scores.agreement.kl > own.scores.agreement.kl,
+        "{:?}",
+        mapped.scores
+    );
+}

@@ -26,6 +26,11 @@ pub struct Settings {
     /// heavily; a server keeps it cached for every model anyway).
     #[serde(default)]
     pub anchor: usize,
+    /// The newest positions of the conversation the target reads itself at a switch
+    /// instead of receiving them mapped: the handoff then costs their prefill, and the
+    /// facts said last reach the target as it would have read them.
+    #[serde(default)]
+    pub tail: usize,
 }
 
 impl Default for Settings {
@@ -41,6 +46,7 @@ impl Default for Settings {
             // Measured on held-out code (`baton eval --anchor 1`): top-1 agreement 0.848 →
             // 0.864 (0.5B→1.5B) and 0.855 → 0.859 (1.5B→0.5B) for one token's prefill.
             anchor: 1,
+            tail: 0,
         }
     }
 }

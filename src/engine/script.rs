@@ -4,6 +4,7 @@
 //! ```toml
 //! reference = true      # optional settings, see `ScriptSettings`
 //! max_tokens = 96
+//! tail = 32            # the target reads the newest 32 tokens itself at a switch
 //!
 //! [[step]]
 //! user = "Write a function that reverses a string."
@@ -46,6 +47,7 @@ pub struct ScriptSettings {
     pub premap: Option<bool>,
     pub max_tokens: Option<usize>,
     pub system: Option<String>,
+    pub tail: Option<usize>,
 }
 
 impl ScriptSettings {
@@ -64,6 +66,9 @@ impl ScriptSettings {
         }
         if let Some(v) = &self.system {
             s.system_prompt = Some(v.clone());
+        }
+        if let Some(v) = self.tail {
+            s.tail = v;
         }
     }
 }
@@ -87,6 +92,7 @@ struct RawScript {
     premap: Option<bool>,
     max_tokens: Option<usize>,
     system: Option<String>,
+    tail: Option<usize>,
     #[serde(default)]
     step: Vec<RawStep>,
 }
@@ -155,6 +161,7 @@ impl Script {
                 premap: raw.premap,
                 max_tokens: raw.max_tokens,
                 system: raw.system,
+                tail: raw.tail,
             },
             steps,
         })

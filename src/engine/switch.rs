@@ -64,7 +64,10 @@ impl Engine {
         let mapper: &CacheMapper = &self.mappers[a].mapper;
         let history = &self.conv.history[..n];
         let (sa, sb) = split(&mut self.slots, a);
-        let held = sb.primary.len().min(n);
+        // The newest `tail` positions are the target's to read; what it holds of them
+        // (a pre-map, an earlier handoff) is dropped and read again.
+        let tail_start = n - self.settings.tail.min(n);
+        let held = sb.primary.len().min(tail_start);
         sb.primary.truncate(held);
         let own_prefix = if self.settings.reference && sb.origin == CacheOrigin::True {
             held
@@ -97,6 +100,7 @@ impl Engine {
                 sb.fill_anchor(history, anchor)?;
                 prior = anchor;
             }
+            let map_end = tail_start.max(prior);
             let t_map = Instant::now();
             map_onto(
                 mapper,
@@ -105,9 +109,14 @@ impl Engine {
                 &sb.model,
                 &mut sb.primary,
                 prior,
-                n,
+                map_end,
             )?;
             map_suffix_ms = Some(synced_ms(sb.model.decoder.device(), t_map));
+            if map_end < n {
+                sb.model
+                    .decoder
+                    .forward(&history[map_end..], &mut sb.primary, &no_logits())?;
+            }
             sb.origin = CacheOrigin::Mapped;
         }
         let handoff_ms = synced_ms(sb.model.decoder.device(), t_handoff);

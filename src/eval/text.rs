@@ -17,6 +17,9 @@ pub struct TextEvalOptions {
     pub probes: usize,
     /// Leading positions the target computes itself instead of receiving them mapped.
     pub anchor: usize,
+    /// The last positions of the prefix the target reads itself, on top of the mapped
+    /// rest (the newest part of a conversation, re-read at the handoff).
+    pub tail: usize,
 }
 
 impl Default for TextEvalOptions {
@@ -26,6 +29,7 @@ impl Default for TextEvalOptions {
             continuation: 128,
             probes: 32,
             anchor: 0,
+            tail: 0,
         }
     }
 }
@@ -86,6 +90,13 @@ fn all_logits(
     Ok((logits, out.queries))
 }
 
+fn no_logits() -> ForwardOptions {
+    ForwardOptions {
+        logits: Logits::None,
+        probe_positions: vec![],
+    }
+}
+
 pub fn eval_text(
     src: &Model,
     tgt: &Model,
@@ -137,25 +148,30 @@ pub fn eval_text(
         )?;
         out.reprefill_seconds += t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let mut mapped = if opts.anchor == 0 {
+        // Mapped over `anchor..map_end`; the target reads the anchor and the tail itself.
+        let map_end = p.saturating_sub(opts.tail).max(opts.anchor.min(p));
+        let mut mapped = if opts.anchor == 0 && map_end == p {
             mapper.map_cache(&src_cache, src.decoder.rope(), tgt.decoder.rope())?
         } else {
             let mut c = tgt.decoder.new_cache();
-            tgt.decoder.forward(
-                &prefix[..opts.anchor],
-                &mut c,
-                &ForwardOptions {
-                    logits: Logits::None,
-                    probe_positions: vec![],
-                },
-            )?;
-            c.extend_with(&mapper.map_range(
-                &src_cache,
-                src.decoder.rope(),
-                tgt.decoder.rope(),
-                opts.anchor,
-                p,
-            )?)?;
+            let anchor = opts.anchor.min(map_end);
+            if anchor > 0 {
+                tgt.decoder
+                    .forward(&prefix[..anchor], &mut c, &no_logits())?;
+            }
+            if map_end > anchor {
+                c.extend_with(&mapper.map_range(
+                    &src_cache,
+                    src.decoder.rope(),
+                    tgt.decoder.rope(),
+                    anchor,
+                    map_end,
+                )?)?;
+            }
+            if map_end < p {
+                tgt.decoder
+                    .forward(&prefix[map_end..], &mut c, &no_logits())?;
+            }
             c
         };
         out.map_seconds += t1.elapsed().as_secs_f64();
