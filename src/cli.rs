@@ -257,6 +257,13 @@ pub struct EvalArgs {
     /// cost counts as mapping time. 0 maps everything.
     #[arg(long, default_value_t = 0)]
     pub tail: usize,
+    /// Stretch the mapped keys away from their mean prediction by this factor (1: as
+    /// fitted); ridge predictions are shrunk toward the mean, which flattens attention.
+    #[arg(long, default_value_t = 1.0)]
+    pub key_gain: f32,
+    /// The same for the mapped values.
+    #[arg(long, default_value_t = 1.0)]
+    pub value_gain: f32,
     /// Task retention on these benchmarks, comma-separated, each `name` or `name:items`
     /// (hellaswag, arc_challenge, arc_easy, winogrande, piqa, gsm8k; `all` for every one).
     #[arg(long, value_delimiter = ',')]

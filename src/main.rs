@@ -266,6 +266,10 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         task_options,
         mapper_dir: a.mapper_dir.as_deref(),
         precision: a.precision.into(),
+        gains: baton::eval::Gains {
+            key: a.key_gain,
+            value: a.value_gain,
+        },
     };
     let report = evaluate(
         &a.direction.pairs(&first, &second),

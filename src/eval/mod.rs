@@ -13,4 +13,4 @@ pub mod text;
 
 pub use error::EvalError;
 pub use report::{DirectionEval, EvalReport};
-pub use run::{evaluate, EvalPlan, EvalProgress};
+pub use run::{evaluate, EvalPlan, EvalProgress, Gains};

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 pub const FORMAT: &str = "baton.eval";
 /// 2: `anchor`, `tail` and GSM8K `generations` added.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalReport {
@@ -50,12 +50,22 @@ pub struct DirectionEval {
     pub precision: MapPrecision,
     /// Leading positions the target computed itself.
     pub anchor: usize,
-    /// Final context tokens the target re-read on top of the mapped cache (tasks).
+    /// Final context tokens the target re-read on top of the mapped cache (text
+    /// prefixes and task contexts).
     pub tail: usize,
+    /// Gains around the mean prediction applied to the mapped keys and values (1: none).
+    #[serde(default = "one")]
+    pub key_gain: f32,
+    #[serde(default = "one")]
+    pub value_gain: f32,
     /// Held-out text, when any was evaluated.
     pub text: Option<TextEval>,
     /// One result per task asked for.
     pub tasks: Vec<TaskResult>,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// The one-line summary of a text evaluation printed for people.
@@ -149,6 +159,8 @@ mod tests {
             precision: MapPrecision::Int8,
             anchor: 1,
             tail: 0,
+            key_gain: 1.0,
+            value_gain: 1.0,
             text: Some(TextEval {
                 windows: 2,
                 prefix: 384,
@@ -174,7 +186,7 @@ mod tests {
     fn the_eval_document_names_its_format_and_version() {
         let v = serde_json::to_value(report()).unwrap_or_default();
         assert_eq!(v["format"], "baton.eval");
-        assert_eq!(v["version"], 2);
+        assert_eq!(v["version"], 3);
     }
 
     #[test]

@@ -20,6 +20,25 @@ pub struct EvalPlan<'a> {
     /// Where the mappers are (the cache's mappers/ when `None`).
     pub mapper_dir: Option<&'a Path>,
     pub precision: MapPrecision,
+    /// Gains around the mean prediction for the mapped keys and values (1 for none; see
+    /// [`crate::mapper::gain`]).
+    pub gains: Gains,
+}
+
+/// Gains for the mapped keys and values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gains {
+    pub key: f32,
+    pub value: f32,
+}
+
+impl Default for Gains {
+    fn default() -> Self {
+        Self {
+            key: 1.0,
+            value: 1.0,
+        }
+    }
 }
 
 /// Where an evaluation reports as it goes.
@@ -47,6 +66,33 @@ pub fn evaluate(
     Ok(EvalReport::new(results))
 }
 
+/// The artifact's maps with `gains` folded in.
+fn with_gains(
+    art: &artifact::MapperArtifact,
+    s: &Model,
+    t: &Model,
+    gains: Gains,
+) -> Result<crate::mapper::CacheMapper, EvalError> {
+    use crate::mapper::gain::{apply_gain, Half};
+    let scales = art.source_scales.as_ref().ok_or_else(|| {
+        EvalError::Input(format!(
+            "{} has no source feature means (made before the int8 map): calibrate again to use a gain",
+            art.path.display()
+        ))
+    })?;
+    let width = s.config().kv_width();
+    let (mut keys, mut values) = (art.keys.clone(), art.values.clone());
+    apply_gain(&mut keys, Half::Keys, scales, width, gains.key)?;
+    apply_gain(&mut values, Half::Values, scales, width, gains.value)?;
+    Ok(crate::mapper::CacheMapper::from_layer_maps(
+        s,
+        t,
+        &keys,
+        &values,
+        Some(scales),
+    )?)
+}
+
 fn evaluate_direction(
     s: &Model,
     t: &Model,
@@ -54,6 +100,11 @@ fn evaluate_direction(
     progress: &dyn EvalProgress,
 ) -> Result<DirectionEval, EvalError> {
     let (art, mapper) = artifact::open_for(plan.mapper_dir, s, t)?;
+    let mapper = if plan.gains == Gains::default() {
+        mapper
+    } else {
+        with_gains(&art, s, t, plan.gains)?
+    };
     let mapper = mapper.with_precision(plan.precision)?;
     let direction = format!("{} -> {}", s.identity.name, t.identity.name);
     progress.status(&format!(
@@ -96,6 +147,8 @@ fn evaluate_direction(
         precision: mapper.precision(),
         anchor: plan.text.anchor,
         tail: plan.task_options.tail,
+        key_gain: plan.gains.key,
+        value_gain: plan.gains.value,
         text,
         tasks,
     })

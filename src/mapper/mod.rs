@@ -39,6 +39,7 @@ pub use stats::PairStats;
 pub mod apply;
 pub mod artifact;
 pub mod features;
+pub mod gain;
 pub mod low_rank;
 pub mod packed;
 pub mod report;

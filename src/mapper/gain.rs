@@ -1,0 +1,152 @@
+//! Gain around the mean: ridge predictions are shrunk toward the mean of what they
+//! predict (a key R² of 0.65 leaves the mapped keys with about two thirds of the true
+//! keys' variance), so the target's attention logits q·k̂ come out smaller and its
+//! attention flatter than on its own keys, which blurs the retrieval of one exact
+//! token. A gain `g` stretches each prediction away from the mean prediction ȳ:
+//!
+//! ```text
+//! ŷ' = ȳ + g·(ŷ − ȳ) = x·(g·W) + (g·b + (1 − g)·ȳ),   ȳ = μ_x·W + b
+//! ```
+//!
+//! with `μ_x` the calibration mean of the source features the map reads. It is folded
+//! into the weights and bias, so it costs nothing when mapping.
+
+use super::packed::SourceScales;
+use super::ridge::LayerMap;
+use super::MapperError;
+
+/// Which of a map's two halves a gain applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    Keys,
+    Values,
+}
+
+/// Applies `gain` around the mean prediction to every layer map of `maps`, whose source
+/// features have width `source_width` per source layer and the calibration means in
+/// `scales`.
+pub fn apply_gain(
+    maps: &mut [LayerMap],
+    half: Half,
+    scales: &SourceScales,
+    source_width: usize,
+    gain: f32,
+) -> Result<(), MapperError> {
+    if !gain.is_finite() || gain <= 0.0 {
+        return Err(MapperError::Options(format!(
+            "a gain must be a positive number, got {gain}"
+        )));
+    }
+    let means = match half {
+        Half::Keys => &scales.key_mean,
+        Half::Values => &scales.value_mean,
+    };
+    for m in maps.iter_mut() {
+        let mu: Vec<f32> = m
+            .sources
+            .iter()
+            .map(|&s| {
+                means
+                    .get(s * source_width..(s + 1) * source_width)
+                    .ok_or_else(|| {
+                        MapperError::MapShape(format!(
+                            "source layer {s} has no calibration mean (the scales cover {} values)",
+                            means.len()
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?
+            .concat();
+        let cols = m.bias.len();
+        if m.weight.len() != mu.len() * cols {
+            return Err(MapperError::MapShape(format!(
+                "a {}-value map does not read {} source features into {cols}",
+                m.weight.len(),
+                mu.len()
+            )));
+        }
+        let mut mean = m.bias.clone();
+        for (i, &x) in mu.iter().enumerate() {
+            let row = &m.weight[i * cols..(i + 1) * cols];
+            for (y, &w) in mean.iter_mut().zip(row) {
+                *y += x * w;
+            }
+        }
+        for w in m.weight.iter_mut() {
+            *w *= gain;
+        }
+        for (b, y) in m.bias.iter_mut().zip(&mean) {
+            *b = gain * *b + (1.0 - gain) * y;
+        }
+        if let Some(f) = m.factors.as_mut() {
+            for w in f.left.iter_mut() {
+                *w *= gain;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mapper::ridge::FitInfo;
+
+    fn map() -> LayerMap {
+        LayerMap {
+            sources: vec![1],
+            // 2 source features -> 2 target features
+            weight: vec![1.0, 2.0, 3.0, 4.0],
+            bias: vec![0.5, -1.0],
+            info: FitInfo::default(),
+            factors: None,
+        }
+    }
+
+    fn scales() -> SourceScales {
+        SourceScales {
+            key_mean: vec![9.0, 9.0, 1.0, -1.0],
+            key_std: vec![1.0; 4],
+            value_mean: vec![0.0; 4],
+            value_std: vec![1.0; 4],
+        }
+    }
+
+    fn predict(m: &LayerMap, x: [f32; 2]) -> [f32; 2] {
+        let c = m.bias.len();
+        let mut y = [m.bias[0], m.bias[1]];
+        for (i, xi) in x.iter().enumerate() {
+            for (j, yj) in y.iter_mut().enumerate() {
+                *yj += xi * m.weight[i * c + j];
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn the_mean_prediction_stays_and_deviations_from_it_scale_by_the_gain() {
+        let before = map();
+        let mut after = vec![map()];
+        apply_gain(&mut after, Half::Keys, &scales(), 2, 1.5).unwrap();
+        // Layer 1's features have mean (1, -1).
+        let at_mean = predict(&after[0], [1.0, -1.0]);
+        let was = predict(&before, [1.0, -1.0]);
+        assert_eq!(at_mean, was);
+        let x = [3.0, 0.5];
+        let (y0, y1) = (predict(&before, x), predict(&after[0], x));
+        for j in 0..2 {
+            assert!((y1[j] - was[j] - 1.5 * (y0[j] - was[j])).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn a_gain_of_one_changes_nothing_and_a_bad_gain_is_refused() {
+        let mut m = vec![map()];
+        apply_gain(&mut m, Half::Values, &scales(), 2, 1.0).unwrap();
+        assert_eq!(m[0].weight, map().weight);
+        assert_eq!(m[0].bias, map().bias);
+        for g in [0.0, -1.0, f32::NAN] {
+            assert!(apply_gain(&mut m, Half::Keys, &scales(), 2, g).is_err());
+        }
+    }
+}
