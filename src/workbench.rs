@@ -94,12 +94,14 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
     terminal.clear()?;
 
     let reference = opts.engine.settings.reference;
+    let tail = opts.engine.settings.tail;
     let handle = engine::spawn(opts.engine);
     let mut app = App::new(AppInfo {
         record_path,
         demo: opts.demo.is_some(),
         quick_mapper_note: opts.loading_note,
         reference,
+        tail,
     });
     let (w, h) = crossterm::terminal::size()?;
     let _ = app.update(Msg::Resize(w, h));

@@ -467,6 +467,27 @@ fn status_lines() {
 }
 
 #[test]
+fn the_status_line_names_a_tail_when_one_is_set() {
+    let status = |tail: usize| {
+        let mut app = App::new(AppInfo {
+            tail,
+            ..AppInfo::default()
+        });
+        app.update(Msg::Resize(140, 30));
+        for e in run() {
+            app.update(Msg::Engine(e));
+        }
+        let shown = draw(140, 1, |f: &mut Frame| {
+            let r = f.area();
+            panels::status::render_status(f, r, &app)
+        });
+        format!("{:?}", shown.backend())
+    };
+    assert!(status(32).contains("tail 32"), "{}", status(32));
+    assert!(!status(0).contains("tail"), "{}", status(0));
+}
+
+#[test]
 fn bookmark_entry_keeps_the_message() {
     let mut app = app_after_run(100, 30);
     app.update(Msg::Key(Key::ctrl('b')));

@@ -21,6 +21,8 @@ pub struct AppInfo {
     pub quick_mapper_note: Option<String>,
     /// Whether the engine starts with the reference path on.
     pub reference: bool,
+    /// Newest tokens the target reads itself at a switch (0: all mapped).
+    pub tail: usize,
 }
 
 impl Default for AppInfo {
@@ -30,6 +32,7 @@ impl Default for AppInfo {
             demo: false,
             quick_mapper_note: None,
             reference: true,
+            tail: 0,
         }
     }
 }

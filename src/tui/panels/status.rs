@@ -130,6 +130,11 @@ fn status_line(app: &App, fit: Fit) -> Line<'static> {
         ("reference off", Style::new().fg(WARN))
     };
     spans.push(Span::styled(reference, style));
+    if app.info.tail > 0 {
+        // The handoff time includes the target reading these itself.
+        spans.push(sep());
+        spans.push(Span::raw(format!("tail {}", app.info.tail)));
+    }
     spans.push(sep());
     spans.push(match (&app.info.record_path, app.recording_stopped) {
         (_, true) => Span::styled("recording stopped", BOLD.fg(BAD)),
