@@ -102,10 +102,10 @@ pub struct BenchArgs {
     )]
     pub lengths: Vec<usize>,
     /// Timed repeats per length (after one warm-up).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = at_least_one)]
     pub repeats: usize,
     /// Tokens of the suffix handoff (what a target already holding the rest needs).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     pub suffix: usize,
     /// Read the mappers from here instead of the cache dir's mappers/.
     #[arg(long)]
@@ -146,7 +146,7 @@ pub struct WorkbenchArgs {
     #[arg(long, conflicts_with = "record")]
     pub no_record: bool,
     /// Longest answer, in tokens.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = at_least_one)]
     pub max_tokens: usize,
     /// Re-prefill instead of mapping when the switch's fidelity estimate (mean
     /// attention cosine) is below this.
@@ -244,9 +244,9 @@ pub struct EvalArgs {
     /// Windows of prefix + continuation tokens.
     #[arg(long, default_value_t = 16)]
     pub limit: usize,
-    #[arg(long, default_value_t = 384)]
+    #[arg(long, default_value_t = 384, value_parser = at_least_one)]
     pub prefix: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = at_least_one)]
     pub continuation: usize,
     /// Leading positions the target computes itself (attention sinks) instead of
     /// receiving them mapped, in text windows and task contexts; 0 maps everything.
@@ -428,12 +428,13 @@ pub struct GenerateArgs {
     /// Wrap the prompt as a user turn with the model's own chat template.
     #[arg(long)]
     pub chat: bool,
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = at_least_one)]
     pub max_tokens: usize,
     /// 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = temperature)]
     pub temperature: f64,
-    #[arg(long, default_value_t = 0.95)]
+    /// Sample from the smallest set of tokens whose probabilities reach this, in (0, 1].
+    #[arg(long, default_value_t = 0.95, value_parser = top_p)]
     pub top_p: f64,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -448,7 +449,7 @@ pub struct BenchModelArgs {
     pub prompt_len: usize,
     #[arg(long, default_value_t = 32)]
     pub decode_len: usize,
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = at_least_one)]
     pub repeats: usize,
     #[arg(long)]
     pub json: bool,
@@ -571,6 +572,60 @@ impl EvalArgs {
     }
 }
 
+/// A count that must be at least 1 (0 would mean nothing to do, or divide by zero).
+fn at_least_one(v: &str) -> std::result::Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{v}` is not a count: {e}")),
+    }
+}
+
+/// A sampling temperature: finite and not negative (0 is greedy).
+fn temperature(v: &str) -> std::result::Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(t) if t.is_finite() && t >= 0.0 => Ok(t),
+        Ok(t) => Err(format!("{t} is not a temperature: give 0 (greedy) or more")),
+        Err(e) => Err(format!("`{v}` is not a number: {e}")),
+    }
+}
+
+/// A nucleus-sampling mass in (0, 1].
+fn top_p(v: &str) -> std::result::Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(p) if p > 0.0 && p <= 1.0 => Ok(p),
+        Ok(p) => Err(format!("{p} is outside (0, 1]")),
+        Err(e) => Err(format!("`{v}` is not a number: {e}")),
+    }
+}
+
+impl EvalArgs {
+    /// What the flags cannot ask for together, checked before any model loads.
+    pub fn validate(&self) -> Result<()> {
+        if !self.no_text && self.anchor >= self.prefix {
+            bail!(
+                "--anchor {} leaves nothing of the {}-token prefix to map: give an anchor below --prefix",
+                self.anchor,
+                self.prefix
+            );
+        }
+        Ok(())
+    }
+}
+
+impl BenchArgs {
+    /// What the flags cannot ask for together, checked before any model loads.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(&l) = self.lengths.iter().find(|&&l| l <= self.suffix) {
+            bail!(
+                "--suffix {} is not shorter than the length {l} in --lengths: the suffix is the new part of a longer context; give a smaller --suffix or longer --lengths",
+                self.suffix
+            );
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -596,6 +651,49 @@ mod tests {
             .unwrap();
         assert_eq!((o.sequences, o.seq_len, o.max_k), (500, 1024, 4));
         assert_eq!(o.rank, Some(RankChoice::Fixed(16)));
+    }
+
+    fn parse(args: &[&str]) -> std::result::Result<Cli, clap::Error> {
+        Cli::try_parse_from([&["baton"], args].concat())
+    }
+
+    #[test]
+    fn counts_of_zero_and_impossible_sampling_are_refused_when_parsing() {
+        for args in [
+            &["generate", "-p", "x", "--max-tokens", "0"][..],
+            &["generate", "-p", "x", "--temperature", "NaN"],
+            &["generate", "-p", "x", "--temperature=-1"],
+            &["generate", "-p", "x", "--top-p", "0"],
+            &["bench", "--repeats", "0"],
+            &["bench", "--suffix", "0"],
+            &["eval", "--prefix", "0"],
+            &["eval", "--continuation", "0"],
+            &["bench-model", "--repeats", "0"],
+        ] {
+            let e = parse(args).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains("invalid value"), "{args:?}: {e}");
+        }
+        assert!(parse(&["generate", "-p", "x", "--temperature", "0.7"]).is_ok());
+    }
+
+    #[test]
+    fn an_anchor_past_the_prefix_and_a_suffix_past_a_length_are_refused() {
+        let eval = |args: &[&str]| match parse(&[&["eval"], args].concat()).unwrap().command {
+            Some(Command::Eval(a)) => a.validate(),
+            _ => unreachable!(),
+        };
+        let e = eval(&["--anchor", "500"]).unwrap_err().to_string();
+        assert!(e.contains("--anchor 500") && e.contains("384"), "{e}");
+        assert!(eval(&["--anchor", "1"]).is_ok());
+        let bench = |args: &[&str]| match parse(&[&["bench"], args].concat()).unwrap().command {
+            Some(Command::Bench(a)) => a.validate(),
+            _ => unreachable!(),
+        };
+        let e = bench(&["--lengths", "128", "--suffix", "1000"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--suffix 1000") && e.contains("128"), "{e}");
+        assert!(bench(&[]).is_ok());
     }
 
     #[test]

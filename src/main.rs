@@ -239,6 +239,7 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
 }
 
 fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
+    a.validate()?;
     use baton::data::corpus;
     use baton::data::tasks;
     use baton::eval::{evaluate, EvalPlan};
@@ -357,6 +358,7 @@ fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
 }
 
 fn bench_cmd(a: cli::BenchArgs, dev: &Device) -> Result<()> {
+    a.validate()?;
     use baton::bench::{sweep, BenchOptions, SweepPlan};
     let (first, second) = open_pair(&a.source, &a.target, dev)?;
     let plan = SweepPlan {

@@ -158,3 +158,44 @@ fn the_workbench_without_a_terminal_says_so_and_names_the_headless_command() {
         "{err}"
     );
 }
+
+#[test]
+fn impossible_options_are_refused_by_the_binary_before_any_model_loads() {
+    for (args, says) in [
+        (&["eval", "--anchor", "500"][..], "--anchor 500"),
+        (&["eval", "--prefix", "0"], "--prefix"),
+        (
+            &["generate", "-p", "hi", "--temperature", "NaN"],
+            "temperature",
+        ),
+        (
+            &["generate", "-p", "hi", "--max-tokens", "0"],
+            "--max-tokens",
+        ),
+        (
+            &["bench", "--suffix", "1000", "--lengths", "128"],
+            "--suffix 1000",
+        ),
+        (&["bench", "--repeats", "0"], "--repeats"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(args)
+            // A model name that does not exist: had the check come after loading, the
+            // error would name the model instead.
+            .args(if args[0] == "generate" {
+                &["--model", "no-such-model"][..]
+            } else {
+                &["--source", "no-such-model"][..]
+            })
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(
+            !err.contains("no-such-model"),
+            "{args:?} loaded first: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

@@ -697,3 +697,19 @@ fn a_text_evaluation_with_the_whole_prefix_as_tail_is_the_targets_own_reading() 
         mapped.scores
     );
 }
+
+#[test]
+fn a_k_past_the_source_layer_count_is_refused_before_any_capture() {
+    let (_dir, tiny, a, b) = two_unrelated_models();
+    let e = forward(&a, &b, &tiny, &opts(vec![1, tiny.n_layer + 5]))
+        .err()
+        .expect("refused");
+    let msg = e.to_string();
+    assert!(matches!(e, CalibrateError::Options(_)), "{msg}");
+    assert!(
+        msg.contains(&format!("--k {}", tiny.n_layer + 5)) && msg.contains("`all`"),
+        "{msg}"
+    );
+    // `all` is every layer, not a number past them.
+    assert!(forward(&a, &b, &tiny, &opts(vec![usize::MAX])).is_ok());
+}

@@ -129,6 +129,25 @@ pub fn calibrate(
         ));
     }
     opts.validate()?;
+    for d in directions {
+        let source = match d {
+            Direction::Forward => a,
+            Direction::Backward => b,
+        };
+        let layers = source.config().n_layer;
+        // `all` (usize::MAX) means every layer; a number past the count is a mistake
+        // that would otherwise quietly become a different k.
+        if let Some(&k) = opts
+            .k_sweep
+            .iter()
+            .find(|&&k| k != usize::MAX && k > layers)
+        {
+            return Err(CalibrateError::Options(format!(
+                "--k {k}: {} has {layers} layers; give k up to {layers}, or `all`",
+                source.identity.name
+            )));
+        }
+    }
     let (len, tok) = (opts.seq_len, &a.tokenizer);
     let fit_windows = corpus::windows(docs, tok, Split::Fit, len, opts.sequences)?;
     let sel_windows = corpus::windows(docs, tok, Split::Select, len, opts.select_sequences)?;
