@@ -2,14 +2,13 @@
 
 use std::path::{Path, PathBuf};
 
-/// Where logs go unless `BATON_LOG_DIR` says otherwise.
+/// Where logs go unless `BATON_LOG_DIR` says otherwise: `logs/` in the cache dir.
 pub fn default_log_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("BATON_LOG_DIR") {
         return PathBuf::from(dir);
     }
-    directories::ProjectDirs::from("", "", "baton")
-        .map(|d| d.cache_dir().join("logs"))
-        .unwrap_or_else(|| std::env::temp_dir().join("baton-logs"))
+    // Beside the models and mappers, so BATON_CACHE_DIR moves the logs too.
+    crate::fetch::cache_root().join("logs")
 }
 
 /// Install a file logger; the returned guard flushes on drop. Filter with `BATON_LOG`

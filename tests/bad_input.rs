@@ -199,3 +199,41 @@ fn impossible_options_are_refused_by_the_binary_before_any_model_loads() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn an_empty_prompt_is_named_as_such() {
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["generate", "-p", "", "--model"])
+        .arg(common::qwen_small())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("the prompt is empty"), "{err}");
+    assert!(!err.contains("KV cache"), "{err}");
+}
+
+#[test]
+fn a_folder_named_like_a_known_model_does_not_shadow_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("qwen2.5-coder-0.5b")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .current_dir(dir.path())
+        .args(["info", "--model", "qwen2.5-coder-0.5b", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("\"name\": \"qwen2.5-coder-0.5b\""), "{text}");
+    // Written as a path, the folder is what is opened (and it holds no model).
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .current_dir(dir.path())
+        .args(["info", "--model", "./qwen2.5-coder-0.5b"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

@@ -39,7 +39,19 @@ pub fn resolve_model(
     progress: &dyn FetchProgress,
 ) -> Result<ResolvedModel, FetchError> {
     let as_path = Path::new(spec);
-    if as_path.exists() {
+    let manifest = Manifest::builtin()?;
+    let known = manifest
+        .entry(spec)
+        .filter(|e| e.kind == Kind::Model)
+        .is_some();
+    // A bare known name is the known model even when a file or folder here has that
+    // name (an output folder, say); that one is reached by writing it as a path.
+    if known && as_path.exists() && !looks_like_a_path(spec) {
+        tracing::warn!(
+            spec,
+            "a path of this name exists here; using the known model (write ./{spec} for the path)"
+        );
+    } else if as_path.exists() {
         let name = as_path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -54,7 +66,6 @@ pub fn resolve_model(
     if let Some(rest) = spec.strip_prefix("hf:") {
         return resolve_hub(spec, rest, progress);
     }
-    let manifest = Manifest::builtin()?;
     match manifest.entry(spec) {
         Some(entry) if entry.kind == Kind::Model => {
             let fetched = super::ensure(entry, progress)?;
@@ -76,6 +87,11 @@ pub fn resolve_model(
                 .join(", "),
         }),
     }
+}
+
+/// Whether `spec` was written as a path rather than a bare name.
+fn looks_like_a_path(spec: &str) -> bool {
+    spec.contains('/') || spec.contains(std::path::MAIN_SEPARATOR) || spec.starts_with('.')
 }
 
 fn resolve_hub(
@@ -202,6 +218,14 @@ mod tests {
         let msg = e.to_string();
         assert!(matches!(e, FetchError::UnknownModel { .. }), "{msg}");
         assert!(msg.contains("qwen2.5-coder-0.5b"), "{msg}");
+    }
+
+    #[test]
+    fn a_bare_known_name_is_the_known_model_and_a_path_is_written_as_one() {
+        assert!(!looks_like_a_path("qwen2.5-coder-0.5b"));
+        assert!(looks_like_a_path("./qwen2.5-coder-0.5b"));
+        assert!(looks_like_a_path("models/x.gguf"));
+        assert!(looks_like_a_path("../x"));
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub enum ModelError {
     Cache(String),
     #[error("generation cancelled")]
     Cancelled,
+    #[error(
+        "the prompt is empty: give some text to continue (or use --chat to answer it as a message)"
+    )]
+    EmptyPrompt,
     /// A forward pass stopped early because its caller asked (not an error to report).
     #[error("forward pass interrupted")]
     Interrupted,

@@ -80,10 +80,14 @@ pub fn generate(
     let max_ctx = decoder.config().context_length;
     let t0 = Instant::now();
     if new_ids.is_empty() {
-        return Err(ModelError::Cache(
-            "generation needs at least one new id after the cache (e.g. the generation prompt)"
-                .into(),
-        ));
+        return Err(if cache.is_empty() {
+            ModelError::EmptyPrompt
+        } else {
+            ModelError::Cache(
+                "generation needs at least one new id after the cache (e.g. the generation prompt)"
+                    .into(),
+            )
+        });
     }
     let mut logits = decoder.next_logits(new_ids, cache)?;
     let prefill = Throughput {
