@@ -88,6 +88,9 @@ fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> 
             .unwrap_or_else(|| session::default_session_path("."))
     });
     let record = cfg.record.clone();
+    if let Some(p) = &record {
+        session::check_record_path(p)?;
+    }
     baton::workbench::run(baton::workbench::WorkbenchOptions {
         engine: cfg,
         loading_note: Some(
@@ -256,6 +259,13 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
     } else {
         corpus::eval_windows(&a.texts, &first.tokenizer, len, a.limit)?
     };
+    if !a.no_text && windows.len() < a.limit {
+        eprintln!(
+            "the text holds {} windows of {len} tokens, fewer than --limit {}: evaluating those",
+            windows.len(),
+            a.limit
+        );
+    }
     if windows.is_empty() && task_items.is_empty() {
         bail!("nothing to evaluate: --limit 0 asks for no text windows; ask for some, or name --tasks");
     }
@@ -315,6 +325,7 @@ fn run_cmd(a: RunArgs, dev: &Device) -> Result<()> {
         .record
         .clone()
         .unwrap_or_else(|| session::default_session_path("."));
+    session::check_record_path(&record)?;
     cfg.record = Some(record.clone());
     let mut printer = baton::console::EventPrinter::new();
     replay::run_headless(cfg, &script.steps, &mut |e| printer.print(e))?;
@@ -334,6 +345,7 @@ fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
         .record
         .clone()
         .unwrap_or_else(|| session::default_session_path("."));
+    session::check_record_path(&record)?;
     cfg.record = Some(record.clone());
     let steps = replay::replay_steps(&recorded);
     eprintln!(

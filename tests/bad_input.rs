@@ -237,3 +237,22 @@ fn a_folder_named_like_a_known_model_does_not_shadow_it() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+#[test]
+fn a_record_path_under_a_file_is_refused_before_anything_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, "x").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["workbench", "--source", "no-such-model", "--record"])
+        .arg(file.join("s.jsonl"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("notes.txt is a file, not a directory"),
+        "{err}"
+    );
+    assert!(!err.contains("no-such-model"), "{err}");
+}

@@ -26,6 +26,8 @@ pub enum CorpusError {
     Extension(PathBuf),
     #[error("the corpus yields only {got} windows of {len} tokens, {want} were asked for: add text (--corpus) or ask for fewer sequences")]
     TooSmall { got: usize, want: usize, len: usize },
+    #[error("the text holds no window of {len} tokens to evaluate: give longer --texts, or a shorter --prefix and --continuation")]
+    NoWindow { len: usize },
     #[error("the files and directories named hold no readable text files: give .txt/.md/.py/.rs/.html/.jsonl files or directories holding them")]
     NoTextFiles,
     #[error(transparent)]
@@ -262,7 +264,9 @@ pub fn files_or_default(named: &[PathBuf]) -> Result<Vec<PathBuf>, CorpusError> 
 }
 
 /// Windows to evaluate on: the evaluation split of the default corpus, or, for named
-/// files (held out by the user), all of each file, windows taken from each in turn.
+/// files (held out by the user), all of each file, windows taken from each in turn. Text
+/// for fewer than `count` windows gives the windows there are (the caller says so);
+/// text for none is an error.
 pub fn eval_windows(
     named: &[PathBuf],
     tok: &TextTokenizer,
@@ -274,13 +278,12 @@ pub fn eval_windows(
     } else {
         Split::Whole
     };
-    windows(
-        &read_documents(&files_or_default(named)?)?,
-        tok,
-        split,
-        len,
-        count,
-    )
+    let docs = read_documents(&files_or_default(named)?)?;
+    match windows(&docs, tok, split, len, count) {
+        Err(CorpusError::TooSmall { got: 0, len, .. }) => Err(CorpusError::NoWindow { len }),
+        Err(CorpusError::TooSmall { got, .. }) => windows(&docs, tok, split, len, got),
+        other => other,
+    }
 }
 
 /// Up to `count` windows of exactly `len` tokens from `split` of the documents, taken in
@@ -348,6 +351,28 @@ pub fn describe(files: &[PathBuf]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_text_is_evaluated_on_the_windows_it_has_and_an_empty_one_refused() {
+        use crate::text::tokenizer::test_support::tokenizer;
+        let tok = tokenizer();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("short.txt");
+        std::fs::write(
+            &p,
+            "the cat sat on the mat and then the dog sat too ".repeat(4),
+        )
+        .unwrap();
+        let n = tok
+            .encode_raw(&std::fs::read_to_string(&p).unwrap())
+            .unwrap()
+            .len();
+        let w = eval_windows(std::slice::from_ref(&p), &tok, n / 3, 100).unwrap();
+        assert_eq!(w.len(), 3);
+        let e = eval_windows(&[p], &tok, n + 1, 4).unwrap_err();
+        assert!(matches!(e, CorpusError::NoWindow { .. }), "{e}");
+        assert!(e.to_string().contains("--texts"), "{e}");
+    }
 
     #[test]
     fn named_inputs_without_text_files_are_refused_not_replaced_by_the_default() {

@@ -318,7 +318,11 @@ fn read_meta(path: &Path, bytes: &[u8]) -> Result<MapperMeta, ArtifactError> {
         path: path.to_path_buf(),
         reason,
     };
-    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| {
+        bad(format!(
+            "the file is corrupt or cut short ({e}); delete it and run `baton calibrate` again"
+        ))
+    })?;
     let json = header
         .metadata()
         .as_ref()
@@ -350,7 +354,11 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
         path: path.to_path_buf(),
         reason,
     };
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+        bad(format!(
+            "the file is corrupt or cut short ({e}); delete it and run `baton calibrate` again"
+        ))
+    })?;
     let read = |name: &str| -> Result<Vec<f32>, ArtifactError> {
         let t = st.tensor(name).map_err(|e| bad(format!("{name}: {e}")))?;
         if t.dtype() != Dtype::F32 {
@@ -493,4 +501,23 @@ pub fn list(root: &Path) -> Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> {
         .collect();
     out.sort_by_key(|(_, m)| std::cmp::Reverse(m.as_ref().map(|m| m.created_unix).unwrap_or(0)));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_short_artifact_is_called_corrupt_and_the_fix_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.safetensors");
+        // A header length that promises more bytes than the file holds.
+        let mut bytes = 4096u64.to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"{\"__metadata__\":");
+        std::fs::write(&p, &bytes).unwrap();
+        let e = load(&p).err().expect("refused").to_string();
+        assert!(e.contains("corrupt or cut short"), "{e}");
+        assert!(e.contains("baton calibrate"), "{e}");
+        assert!(e.contains("m.safetensors"), "{e}");
+    }
 }

@@ -23,4 +23,4 @@ pub use error::SessionError;
 pub use header::{RecordedEvent, SessionHeader, FORMAT, MINOR, VERSION};
 pub use reader::{parse_session, read_session, Session};
 pub use report::Report;
-pub use writer::{default_session_path, SessionWriter};
+pub use writer::{check_record_path, default_session_path, SessionWriter};

@@ -96,6 +96,23 @@ impl SessionWriter {
 
 /// Where a new session goes by default: `dir/sessions/<UTC start time>.jsonl`, with a
 /// counter appended when a session started in the same second already has that name.
+/// Whether a session could be recorded to `path`, checked before anything is loaded: no
+/// file where a directory of the path has to be, and no session there already.
+pub fn check_record_path(path: &Path) -> Result<(), SessionError> {
+    if path.exists() {
+        return Err(SessionError::Exists {
+            path: path.to_path_buf(),
+        });
+    }
+    if let Some(blocker) = path.ancestors().skip(1).find(|a| a.is_file()) {
+        return Err(SessionError::NotADirectory {
+            path: path.to_path_buf(),
+            blocker: blocker.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
 pub fn default_session_path(dir: impl AsRef<Path>) -> PathBuf {
     let sessions = dir.as_ref().join("sessions");
     let stamp = UtcTime::now().file_stamp();
@@ -106,4 +123,24 @@ pub fn default_session_path(dir: impl AsRef<Path>) -> PathBuf {
         path = sessions.join(format!("{stamp}-{n}.jsonl"));
     }
     path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_path_under_a_file_or_onto_a_session_is_refused_up_front() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("notes.txt");
+        std::fs::write(&file, "x").unwrap();
+        let e = check_record_path(&file.join("s.jsonl")).unwrap_err();
+        assert!(matches!(e, SessionError::NotADirectory { .. }), "{e}");
+        assert!(e.to_string().contains("notes.txt is a file"), "{e}");
+        assert!(matches!(
+            check_record_path(&file),
+            Err(SessionError::Exists { .. })
+        ));
+        assert!(check_record_path(&dir.path().join("new/s.jsonl")).is_ok());
+    }
 }
