@@ -383,7 +383,7 @@ fn a_cancel_stops_the_measurement_and_the_handoff_stands() {
 }
 
 #[test]
-fn a_cancel_during_generation_keeps_what_was_generated() {
+fn a_cancel_during_the_prefill_stops_it_and_the_conversation_goes_on() {
     let mut r = rig(|s| s.max_tokens = 200);
     r.queue(Command::Cancel);
     let events = say(&mut r, 8, 1);
@@ -396,8 +396,9 @@ fn a_cancel_during_generation_keeps_what_was_generated() {
             _ => None,
         })
         .collect();
-    // Seen after the first token: the answer stops there and the turn completes.
-    assert_eq!(stops, [(StopKind::Cancelled, 1)]);
+    // Seen while the prompt is read (before its first layer): nothing is generated,
+    // and the turn still completes.
+    assert_eq!(stops, [(StopKind::Cancelled, 0)]);
     let events = say(&mut r, 4, 2);
     let Some(Event::Generation {
         stop, token_ids, ..

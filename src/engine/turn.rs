@@ -8,9 +8,11 @@ use super::core::{ms, no_logits, split, synced_ms, Engine, Inbox, Outbox};
 use super::switch::map_onto;
 use super::EngineError;
 use crate::metrics;
-use crate::model::{generate, ForwardOptions, GenerateOptions, KvCache, Logits, Model, StopReason};
+use crate::model::{
+    generate_until, ForwardOptions, GenerateOptions, KvCache, Logits, Model, StopReason,
+};
 use crate::protocol::{CacheOrigin, Event, GenerationTimings, PathKind, StopKind};
-use std::sync::atomic::AtomicBool;
+use std::cell::RefCell;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
@@ -58,9 +60,17 @@ fn generate_on(
     let mut text = String::new();
     let t0 = Instant::now();
     let mut first = None;
-    let never = AtomicBool::new(false);
-    let (out, inbox) = (s.out, s.inbox);
-    let g = generate(&model.decoder, cache, pending, &opts, &never, &mut |id| {
+    // The prefill asks the inbox too (a long paste can be cancelled while it is read);
+    // the two never run at once, so one RefCell serves both.
+    let io = RefCell::new((s.out, s.inbox));
+    let asked = || {
+        let mut g = io.borrow_mut();
+        let (out, inbox) = &mut *g;
+        inbox.poll(out)
+    };
+    let g = generate_until(&model.decoder, cache, pending, &opts, &asked, &mut |id| {
+        let mut g = io.borrow_mut();
+        let (out, inbox) = &mut *g;
         first.get_or_insert_with(|| (ms(t0), ms(s.sent)));
         if !opts.stop_ids.contains(&id) {
             if let Ok(piece) = stream.push(id) {

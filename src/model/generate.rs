@@ -1,7 +1,7 @@
 //! Generation on a caller-owned cache: prefill the new ids, then sample token by token,
 //! streaming each one, until an end-of-turn id, the token budget, or a cancel.
 
-use super::decoder::Decoder;
+use super::decoder::{Decoder, ForwardOptions};
 use super::error::{ModelError, Result};
 use super::kv_cache::KvCache;
 use super::sampler::{Sampler, Sampling};
@@ -77,6 +77,27 @@ pub fn generate(
     cancel: &AtomicBool,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<Generation> {
+    generate_until(
+        decoder,
+        cache,
+        new_ids,
+        opts,
+        &|| cancel.load(Ordering::Relaxed),
+        on_token,
+    )
+}
+
+/// [`generate`] with the cancel asked of `stop`, which is also asked during the prefill
+/// (before every half layer), so a long prompt can be cancelled while it is read. A
+/// prefill cancelled that way leaves `cache` as it was and generates nothing.
+pub fn generate_until(
+    decoder: &Decoder,
+    cache: &mut KvCache,
+    new_ids: &[u32],
+    opts: &GenerateOptions,
+    stop: &dyn Fn() -> bool,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<Generation> {
     let max_ctx = decoder.config().context_length;
     let t0 = Instant::now();
     if new_ids.is_empty() {
@@ -89,7 +110,30 @@ pub fn generate(
             )
         });
     }
-    let mut logits = decoder.next_logits(new_ids, cache)?;
+    let before = cache.len();
+    let read = decoder.forward_until(new_ids, cache, &ForwardOptions::last_logits(), stop);
+    let mut logits = match read {
+        Ok(out) => out
+            .logits
+            .ok_or_else(|| ModelError::Cache("the prefill returned no logits".into()))?
+            .squeeze(0)?,
+        Err(ModelError::Interrupted) => {
+            cache.truncate(before);
+            return Ok(Generation {
+                tokens: Vec::new(),
+                stop: StopReason::Cancelled,
+                prefill: Throughput {
+                    tokens: 0,
+                    seconds: t0.elapsed().as_secs_f64(),
+                },
+                decode: Throughput {
+                    tokens: 0,
+                    seconds: 0.0,
+                },
+            });
+        }
+        Err(e) => return Err(e),
+    };
     let prefill = Throughput {
         tokens: new_ids.len(),
         seconds: t0.elapsed().as_secs_f64(),
@@ -98,8 +142,8 @@ pub fn generate(
     let mut tokens = Vec::new();
     let t1 = Instant::now();
     let mut decoded = 0usize;
-    let stop = loop {
-        if cancel.load(Ordering::Relaxed) {
+    let reason = loop {
+        if stop() {
             break StopReason::Cancelled;
         }
         let tok = sampler.sample(&logits)?;
@@ -126,7 +170,7 @@ pub fn generate(
     };
     Ok(Generation {
         tokens,
-        stop,
+        stop: reason,
         prefill,
         decode,
     })

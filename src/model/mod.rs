@@ -17,7 +17,7 @@ pub use complete::complete;
 pub use config::{Arch, ModelConfig, RopeLayout};
 pub use decoder::{Decoder, ForwardOptions, ForwardOutput, Logits};
 pub use error::{ModelError, Result};
-pub use generate::{generate, GenerateOptions, Generation, StopReason, Throughput};
+pub use generate::{generate, generate_until, GenerateOptions, Generation, StopReason, Throughput};
 pub use kv_cache::{KvCache, KvShape, LayerKv};
 pub use load::{load_decoder, LoadedDecoder, ModelFormat};
 pub use loaded::{Model, ModelIdentity, ResolvedModel};
