@@ -73,17 +73,7 @@ impl DirectionBench {
 
     /// The cost line printed above a direction's table.
     pub fn cost_line(&self) -> String {
-        let c = &self.mapper_cost;
-        format!(
-            "{} (k={}{}, {:?}): mapper {:.1} MFLOP/token, {:.1} MB of weights, {:.1} KB of features per token",
-            self.direction,
-            self.k,
-            c.rank.map(|r| format!(", rank {r}")).unwrap_or_default(),
-            c.precision,
-            c.flops_per_token / 1e6,
-            c.weight_bytes / 1e6,
-            c.activation_bytes_per_token / 1e3
-        )
+        cost_line(&self.direction, self.k, &self.mapper_cost)
     }
 
     /// How map and re-prefill grow with length; `None` with fewer than two lengths.
@@ -97,6 +87,18 @@ impl DirectionBench {
 }
 
 /// The header of the per-length table.
+/// The cost line of a direction's mapper, known before anything is timed.
+pub fn cost_line(direction: &str, k: usize, c: &MapperCost) -> String {
+    format!(
+        "{direction} (k={k}{}, {:?}): mapper {:.1} MFLOP/token, {:.1} MB of weights, {:.1} KB of features per token",
+        c.rank.map(|r| format!(", rank {r}")).unwrap_or_default(),
+        c.precision,
+        c.flops_per_token / 1e6,
+        c.weight_bytes / 1e6,
+        c.activation_bytes_per_token / 1e3
+    )
+}
+
 pub fn table_header() -> String {
     format!(
         "{:>7} {:>11} {:>11} {:>9} {:>8} {:>11} {:>9} {:>8} {:>9}  (median ms, [min–max] in --json)",

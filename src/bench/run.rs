@@ -53,14 +53,7 @@ pub fn sweep(
         let mapper = mapper.with_precision(plan.precision)?;
         let direction = format!("{} -> {}", s.identity.name, t.identity.name);
         let cost = mapper_cost(&mapper);
-        let header = DirectionBench::new(
-            direction.clone(),
-            art.path.clone(),
-            art.meta.k,
-            cost,
-            Vec::new(),
-        );
-        on_line(&header.cost_line());
+        on_line(&report::cost_line(&direction, art.meta.k, &cost));
         on_line(&report::table_header());
         let mut points = Vec::new();
         for &n in plan.lengths {
@@ -68,7 +61,7 @@ pub fn sweep(
             on_line(&report::table_row(&p));
             points.push(p);
         }
-        let d = DirectionBench::new(direction, art.path.clone(), art.meta.k, cost, points);
+        let d = DirectionBench::new(direction, art.path, art.meta.k, cost, points);
         if let Some(line) = d.growth_line() {
             on_line(&line);
         }

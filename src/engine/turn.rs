@@ -60,8 +60,9 @@ fn generate_on(
     let mut text = String::new();
     let t0 = Instant::now();
     let mut first = None;
-    // The prefill asks the inbox too (a long paste can be cancelled while it is read);
-    // the two never run at once, so one RefCell serves both.
+    // The inbox is asked during the prefill (a long paste can be cancelled while it is
+    // read) and before every token; streaming and asking never overlap, so one RefCell
+    // serves both.
     let io = RefCell::new((s.out, s.inbox));
     let asked = || {
         let mut g = io.borrow_mut();
@@ -70,7 +71,7 @@ fn generate_on(
     };
     let g = generate_until(&model.decoder, cache, pending, &opts, &asked, &mut |id| {
         let mut g = io.borrow_mut();
-        let (out, inbox) = &mut *g;
+        let out = &mut g.0;
         first.get_or_insert_with(|| (ms(t0), ms(s.sent)));
         if !opts.stop_ids.contains(&id) {
             if let Ok(piece) = stream.push(id) {
@@ -85,7 +86,8 @@ fn generate_on(
                 }
             }
         }
-        !inbox.poll(out)
+        // The inbox is asked before the next step (`asked`): once per token is enough.
+        true
     })?;
     if let Ok(rest) = stream.finish() {
         text.push_str(&rest);

@@ -66,13 +66,12 @@ pub fn evaluate(
     Ok(EvalReport::new(results))
 }
 
-/// The artifact's maps with `gains` folded in.
-fn with_gains(
-    art: &artifact::MapperArtifact,
+/// Folds `gains` into the artifact's maps, before they become tensors.
+fn apply_gains(
+    art: &mut artifact::MapperArtifact,
     s: &Model,
-    t: &Model,
     gains: Gains,
-) -> Result<crate::mapper::CacheMapper, EvalError> {
+) -> Result<(), EvalError> {
     use crate::mapper::gain::{apply_gain, Half};
     let scales = art.source_scales.as_ref().ok_or_else(|| {
         EvalError::Input(format!(
@@ -81,16 +80,9 @@ fn with_gains(
         ))
     })?;
     let width = s.config().kv_width();
-    let (mut keys, mut values) = (art.keys.clone(), art.values.clone());
-    apply_gain(&mut keys, Half::Keys, scales, width, gains.key)?;
-    apply_gain(&mut values, Half::Values, scales, width, gains.value)?;
-    Ok(crate::mapper::CacheMapper::from_layer_maps(
-        s,
-        t,
-        &keys,
-        &values,
-        Some(scales),
-    )?)
+    apply_gain(&mut art.keys, Half::Keys, scales, width, gains.key)?;
+    apply_gain(&mut art.values, Half::Values, scales, width, gains.value)?;
+    Ok(())
 }
 
 fn evaluate_direction(
@@ -99,13 +91,11 @@ fn evaluate_direction(
     plan: &EvalPlan<'_>,
     progress: &dyn EvalProgress,
 ) -> Result<DirectionEval, EvalError> {
-    let (art, mapper) = artifact::open_for(plan.mapper_dir, s, t)?;
-    let mapper = if plan.gains == Gains::default() {
-        mapper
-    } else {
-        with_gains(&art, s, t, plan.gains)?
-    };
-    let mapper = mapper.with_precision(plan.precision)?;
+    let mut art = artifact::find_for(plan.mapper_dir, s, t)?;
+    if plan.gains != Gains::default() {
+        apply_gains(&mut art, s, plan.gains)?;
+    }
+    let mapper = art.cache_mapper(s, t)?.with_precision(plan.precision)?;
     let direction = format!("{} -> {}", s.identity.name, t.identity.name);
     progress.status(&format!(
         "{direction}: the map runs in {:?}",

@@ -6,7 +6,7 @@
 use super::{checksum, FetchError, FetchProgress, Kind, Manifest, SilentProgress};
 use crate::model::{LoadOptions, Model, ModelError, ResolvedModel};
 use candle_core::Device;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Why a model could not be opened: it could not be found or fetched, or it could not be
 /// loaded once it was.
@@ -138,7 +138,14 @@ pub fn local_sha256(path: &Path) -> Result<String, FetchError> {
     }
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
-    for f in weight_files(path)? {
+    // A directory without weight files hashes as the empty list: the loader then
+    // refuses it with its own message.
+    let files = crate::model::weights::list_safetensors(path).map_err(|e| FetchError::Io {
+        action: "read",
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    for f in files {
         let name = f
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -149,22 +156,6 @@ pub fn local_sha256(path: &Path) -> Result<String, FetchError> {
         h.update(b"\n");
     }
     Ok(hex::encode(h.finalize()))
-}
-
-/// The `*.safetensors` files of a directory, sorted. A directory without any is left for
-/// the loader to refuse with its own message, so it hashes as the empty list here.
-fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, FetchError> {
-    let read = std::fs::read_dir(dir).map_err(|e| FetchError::Io {
-        action: "read",
-        path: dir.to_path_buf(),
-        source: e,
-    })?;
-    let mut files: Vec<PathBuf> = read
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    Ok(files)
 }
 
 /// sha256 of a file, remembered in a sidecar next to it (keyed by size and mtime) so a

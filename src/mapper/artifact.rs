@@ -45,6 +45,18 @@ pub fn open_for(
     s: &crate::model::Model,
     t: &crate::model::Model,
 ) -> Result<(MapperArtifact, super::CacheMapper), ArtifactError> {
+    let art = find_for(dir, s, t)?;
+    let mapper = art.cache_mapper(s, t)?;
+    Ok((art, mapper))
+}
+
+/// The artifact from `s` to `t` in `dir`, found, loaded and checked against both models,
+/// its maps still in plain form (for a caller that adjusts them before applying).
+pub fn find_for(
+    dir: Option<&Path>,
+    s: &crate::model::Model,
+    t: &crate::model::Model,
+) -> Result<MapperArtifact, ArtifactError> {
     let (sr, tr) = (
         ModelRef::new(&s.identity, s.config()),
         ModelRef::new(&t.identity, t.config()),
@@ -61,18 +73,28 @@ pub fn open_for(
     }
     let art = load(&path)?;
     art.check(&sr, &tr)?;
-    let mapper = super::CacheMapper::from_layer_maps(
-        s,
-        t,
-        &art.keys,
-        &art.values,
-        art.source_scales.as_ref(),
-    )
-    .map_err(|e| ArtifactError::Apply {
-        path,
-        source: Box::new(e),
-    })?;
-    Ok((art, mapper))
+    Ok(art)
+}
+
+impl MapperArtifact {
+    /// The maps as tensors on the target's device, ready to apply.
+    pub fn cache_mapper(
+        &self,
+        s: &crate::model::Model,
+        t: &crate::model::Model,
+    ) -> Result<super::CacheMapper, ArtifactError> {
+        super::CacheMapper::from_layer_maps(
+            s,
+            t,
+            &self.keys,
+            &self.values,
+            self.source_scales.as_ref(),
+        )
+        .map_err(|e| ArtifactError::Apply {
+            path: self.path.clone(),
+            source: Box::new(e),
+        })
+    }
 }
 
 /// An artifact applied to models it was not made for.

@@ -143,16 +143,15 @@ pub fn generate_until(
     let t1 = Instant::now();
     let mut decoded = 0usize;
     let reason = loop {
-        if stop() {
-            break StopReason::Cancelled;
-        }
         let tok = sampler.sample(&logits)?;
         tokens.push(tok);
         let keep_going = on_token(tok);
         if opts.stop_ids.contains(&tok) {
             break StopReason::EndOfTurn;
         }
-        if !keep_going {
+        // Asked after each token, before the next decode step is paid for (the prefill
+        // asked it last before its final half layer).
+        if !keep_going || stop() {
             break StopReason::Cancelled;
         }
         if tokens.len() >= opts.max_tokens {

@@ -201,17 +201,22 @@ pub(crate) fn load_gguf(
     })
 }
 
-/// The `*.safetensors` files of a Hugging Face model directory.
-pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let rd = std::fs::read_dir(dir).map_err(|e| ModelError::Io {
-        path: dir.to_path_buf(),
-        source: e,
-    })?;
-    let mut files: Vec<PathBuf> = rd
+/// The `*.safetensors` files of a directory, sorted; none is not an error here.
+pub fn list_safetensors(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
+    Ok(files)
+}
+
+/// The `*.safetensors` files of a Hugging Face model directory.
+pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let files = list_safetensors(dir).map_err(|e| ModelError::Io {
+        path: dir.to_path_buf(),
+        source: e,
+    })?;
     if files.is_empty() {
         return Err(ModelError::BadSafetensors {
             path: dir.to_path_buf(),

@@ -8,6 +8,7 @@ mod linear;
 mod load;
 
 pub use linear::Linear;
+pub use load::list_safetensors;
 pub(crate) use load::{load_gguf, load_safetensors, safetensors_files, GgufSource};
 
 use super::error::Result;
