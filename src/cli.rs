@@ -271,7 +271,13 @@ pub struct EvalArgs {
     /// Items per task where `--tasks` gives no count.
     #[arg(long, default_value_t = 100)]
     pub task_limit: usize,
-    /// Skip the held-out text evaluation (tasks only).
+    /// The multi-turn recall suite on this many conversations (SQuAD passages with
+    /// two to four questions each, 165 in all): the passage read in the first turn, one
+    /// question a turn after a switch, scored against the reference answers and the
+    /// re-prefilled answer. 0 runs none.
+    #[arg(long, default_value_t = 0)]
+    pub conversations: usize,
+    /// Skip the held-out text evaluation (tasks and conversations only).
     #[arg(long)]
     pub no_text: bool,
     /// Read the mappers from here instead of the cache dir's mappers/.
@@ -554,6 +560,7 @@ impl EvalArgs {
     ) -> (
         baton::eval::text::TextEvalOptions,
         baton::eval::tasks::TaskEvalOptions,
+        baton::eval::recall::RecallOptions,
     ) {
         (
             baton::eval::text::TextEvalOptions {
@@ -564,6 +571,11 @@ impl EvalArgs {
                 ..Default::default()
             },
             baton::eval::tasks::TaskEvalOptions {
+                anchor: self.anchor,
+                tail: self.tail,
+                ..Default::default()
+            },
+            baton::eval::recall::RecallOptions {
                 anchor: self.anchor,
                 tail: self.tail,
                 ..Default::default()

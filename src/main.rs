@@ -248,10 +248,24 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
     use baton::eval::{evaluate, EvalPlan};
     // Task names are checked before any model loads: a typo costs nothing.
     let task_list = tasks::parse_specs(&a.tasks, a.task_limit)?;
-    if a.no_text && task_list.is_empty() {
-        bail!("--no-text with no --tasks leaves nothing to evaluate: name tasks, e.g. --tasks hellaswag,gsm8k");
+    if a.no_text && task_list.is_empty() && a.conversations == 0 {
+        bail!("--no-text with no --tasks and no --conversations leaves nothing to evaluate: name tasks (e.g. --tasks hellaswag,gsm8k) or ask for --conversations 12");
     }
     let task_items = tasks::load_all(&task_list, &BarProgress::new())?;
+    let conversations = if a.conversations == 0 {
+        Vec::new()
+    } else {
+        let root = baton::fetch::ensure_by_name("eval-tasks", &BarProgress::new())?.path;
+        let c = baton::data::recall::load_conversations(&root, a.conversations)?;
+        if c.len() < a.conversations {
+            eprintln!(
+                "the suite has {} conversations, fewer than --conversations {}: evaluating those",
+                c.len(),
+                a.conversations
+            );
+        }
+        c
+    };
     let (first, second) = open_pair(&a.source, &a.target, dev)?;
     let len = a.prefix + a.continuation;
     let windows = if a.no_text {
@@ -266,15 +280,17 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
             a.limit
         );
     }
-    if windows.is_empty() && task_items.is_empty() {
+    if windows.is_empty() && task_items.is_empty() && conversations.is_empty() {
         bail!("nothing to evaluate: --limit 0 asks for no text windows; ask for some, or name --tasks");
     }
-    let (text, task_options) = a.options();
+    let (text, task_options, recall) = a.options();
     let plan = EvalPlan {
         windows: &windows,
         text,
         tasks: &task_items,
         task_options,
+        conversations: &conversations,
+        recall,
         mapper_dir: a.mapper_dir.as_deref(),
         precision: a.precision.into(),
         gains: baton::eval::Gains {

@@ -4,4 +4,5 @@
 
 pub mod arrow;
 pub mod corpus;
+pub mod recall;
 pub mod tasks;

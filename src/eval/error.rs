@@ -24,6 +24,8 @@ pub enum EvalError {
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
     Tokenizer(#[from] crate::text::TokenizerError),
+    #[error("the conversation cannot be rendered: {0}")]
+    Template(#[from] crate::text::ChatTemplateError),
     /// Options or inputs that cannot be evaluated, with what to change.
     #[error("{0}")]
     Input(String),

@@ -1,11 +1,13 @@
 //! How faithful a mapper is, measured: on held-out text ([`text`]: attention cosine per
 //! layer, next-token agreement, continuation perplexity) and on benchmark tasks
-//! ([`tasks`]: retention against the target's own prefill, raw and floor-normalised).
+//! ([`tasks`]: retention against the target's own prefill, raw and floor-normalised)
+//! and in conversations ([`recall`]: facts of a passage asked for after a switch).
 //! [`run`] does all of it for `baton eval`; [`report`] is the JSON document it prints.
 //! [`fidelity`] holds the per-layer measures, shared with the workbench's switches.
 
 mod error;
 pub mod fidelity;
+pub mod recall;
 pub mod report;
 pub mod run;
 pub mod tasks;

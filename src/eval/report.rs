@@ -4,9 +4,11 @@
 //!
 //! ```text
 //! {format: "baton.eval", version, results: [{direction, mapper, k, precision, anchor,
-//!  tail, text: null | TextEval, tasks: [TaskResult]}]}
+//!  tail, key_gain, value_gain, text: null | TextEval, tasks: [TaskResult],
+//!  conversations: null | RecallResult}]}
 //! ```
 
+use super::recall::RecallResult;
 use super::tasks::TaskResult;
 use super::text::TextEval;
 use crate::mapper::MapPrecision;
@@ -14,8 +16,9 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 pub const FORMAT: &str = "baton.eval";
-/// 2: `anchor`, `tail` and GSM8K `generations` added.
-pub const VERSION: u32 = 3;
+/// 2: `anchor`, `tail` and GSM8K `generations` added. 3: `key_gain`, `value_gain`.
+/// 4: `conversations`, the multi-turn recall suite.
+pub const VERSION: u32 = 4;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalReport {
@@ -62,6 +65,9 @@ pub struct DirectionEval {
     pub text: Option<TextEval>,
     /// One result per task asked for.
     pub tasks: Vec<TaskResult>,
+    /// The multi-turn recall suite, when asked for.
+    #[serde(default)]
+    pub conversations: Option<RecallResult>,
 }
 
 fn one() -> f32 {
@@ -86,6 +92,29 @@ pub fn text_line(direction: &str, k: usize, r: &TextEval) -> String {
         r.scores.ppl_no_prefix,
         r.map_seconds * 1e3,
         r.reprefill_seconds * 1e3
+    )
+}
+
+/// The one-line summary of the recall suite printed for people.
+pub fn recall_line(direction: &str, r: &RecallResult) -> String {
+    let ci = |e: &crate::metrics::interval::Estimate| {
+        format!("{:.3} [{:.3}, {:.3}]", e.value, e.ci95[0], e.ci95[1])
+    };
+    format!(
+        "{direction} recall: {} conversations, {} turns | F1 source alone {}  target alone {}  mapped {} | EM {:.3} / {:.3} / {:.3} | F1 retention {}  gap recovered {}  identical {} | map {:.1} ms vs re-prefill {:.0} ms",
+        r.conversations,
+        r.turns,
+        ci(&r.f1_source),
+        ci(&r.f1_reference),
+        ci(&r.f1_mapped),
+        r.em_source.value,
+        r.em_reference.value,
+        r.em_mapped.value,
+        ci(&r.f1_retention),
+        ci(&r.gap_recovered),
+        ci(&r.identical),
+        r.map_seconds * 1e3,
+        r.reprefill_seconds * 1e3,
     )
 }
 
@@ -173,6 +202,28 @@ mod tests {
                 ..TextEval::default()
             }),
             tasks: vec![task],
+            conversations: Some(crate::eval::recall::summarise(
+                1,
+                vec![crate::eval::recall::TurnOutcome {
+                    conversation: 0,
+                    question_number: 1,
+                    question_id: "q".into(),
+                    context_tokens: 200,
+                    source: "William James".into(),
+                    reference: "William Astbury".into(),
+                    mapped: "William James".into(),
+                    f1_source: 0.5,
+                    f1_reference: 1.0,
+                    f1_mapped: 0.5,
+                    em_source: 0.0,
+                    em_reference: 1.0,
+                    em_mapped: 0.0,
+                    f1_mapped_vs_reference: 0.5,
+                    identical: false,
+                }],
+                (0.08, 2.0),
+                &crate::eval::recall::RecallOptions::default(),
+            )),
         }])
     }
 
@@ -186,7 +237,7 @@ mod tests {
     fn the_eval_document_names_its_format_and_version() {
         let v = serde_json::to_value(report()).unwrap_or_default();
         assert_eq!(v["format"], "baton.eval");
-        assert_eq!(v["version"], 3);
+        assert_eq!(v["version"], 4);
     }
 
     #[test]
@@ -202,5 +253,13 @@ mod tests {
         let task = task_line(&d.direction, &d.tasks[0]);
         assert!(task.contains("mapped 0.250 [0.150, 0.350]"), "{task}");
         assert!(task.contains("same answer 0.500"), "{task}");
+        let recall = recall_line(&d.direction, d.conversations.as_ref().unwrap());
+        assert!(recall.contains("1 conversations, 1 turns"), "{recall}");
+        assert!(recall.contains("target alone 1.000"), "{recall}");
+        assert!(recall.contains("F1 retention 0.500"), "{recall}");
+        assert!(
+            recall.contains("map 80.0 ms vs re-prefill 2000 ms"),
+            "{recall}"
+        );
     }
 }

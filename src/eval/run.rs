@@ -1,10 +1,12 @@
 //! `baton eval` as a library call: every asked direction through held-out text and the
 //! asked tasks, gathered into one [`EvalReport`]. The binary only parses and prints.
 
-use super::report::{task_line, text_line, DirectionEval, EvalReport};
+use super::recall::{eval_recall, RecallOptions};
+use super::report::{recall_line, task_line, text_line, DirectionEval, EvalReport};
 use super::tasks::{eval_task, TaskEvalOptions};
 use super::text::{eval_text, TextEvalOptions};
 use super::EvalError;
+use crate::data::recall::RecallConversation;
 use crate::data::tasks::{TaskDef, TaskItem};
 use crate::mapper::{artifact, MapPrecision};
 use crate::model::Model;
@@ -17,6 +19,9 @@ pub struct EvalPlan<'a> {
     pub text: TextEvalOptions,
     pub tasks: &'a [(&'static TaskDef, Vec<TaskItem>)],
     pub task_options: TaskEvalOptions,
+    /// The multi-turn recall suite's conversations; empty for none.
+    pub conversations: &'a [RecallConversation],
+    pub recall: RecallOptions,
     /// Where the mappers are (the cache's mappers/ when `None`).
     pub mapper_dir: Option<&'a Path>,
     pub precision: MapPrecision,
@@ -130,6 +135,19 @@ fn evaluate_direction(
         progress.result(&task_line(&direction, &r));
         tasks.push(r);
     }
+    let conversations = if plan.conversations.is_empty() {
+        None
+    } else {
+        let turns = plan.conversations.iter().map(|c| c.questions.len()).sum();
+        progress.task_started("recall (turns)", turns);
+        let r = eval_recall(s, t, &mapper, plan.conversations, &plan.recall, &mut |n| {
+            progress.task_advanced(n)
+        });
+        progress.task_finished();
+        let r = r?;
+        progress.result(&recall_line(&direction, &r));
+        Some(r)
+    };
     Ok(DirectionEval {
         direction,
         mapper: art.path.clone(),
@@ -141,5 +159,6 @@ fn evaluate_direction(
         value_gain: plan.gains.value,
         text,
         tasks,
+        conversations,
     })
 }

@@ -282,7 +282,7 @@ fn pick(scores: &[f64], choices: &[Choice]) -> usize {
     best.0
 }
 
-fn generate_until(
+pub(crate) fn generate_until(
     tgt: &Model,
     mut cache: KvCache,
     last: u32,

@@ -2,8 +2,14 @@
 //! a Wilson interval for a single accuracy (well behaved near 0 and 1, unlike the normal
 //! approximation) and a paired bootstrap for ratios of two accuracies measured on the
 //! same items (the items are shared, so resampling them together keeps the correlation).
+//! Where items come in groups that are not independent (the turns of one conversation),
+//! [`cluster_bootstrap`] resamples whole groups.
+//!
+//! The resampling generator is ChaCha12 by name, not the rand crate's `StdRng`, whose
+//! algorithm may change between versions: a seeded report stays reproducible.
 
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
 
 /// A value with its 95% interval.
@@ -64,7 +70,7 @@ pub fn paired_bootstrap(
             ci95: [f64::NAN, f64::NAN],
         };
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut rng = ChaCha12Rng::seed_from_u64(seed);
     let mut samples = Vec::with_capacity(resamples);
     for _ in 0..resamples {
         let n = items.len();
@@ -81,6 +87,67 @@ pub fn paired_bootstrap(
         }
         let i = ((samples.len() - 1) as f64 * p).round() as usize;
         samples[i]
+    };
+    Estimate {
+        value,
+        ci95: [q(0.025), q(0.975)],
+    }
+}
+
+/// `statistic` of the column means of `rows`, with a 95% percentile interval from
+/// `resamples` resamples of whole clusters (`cluster[i]` names row i's). Resamples where
+/// the statistic is undefined are dropped.
+pub fn cluster_bootstrap<const N: usize>(
+    rows: &[[f64; N]],
+    cluster: &[usize],
+    statistic: impl Fn(&[f64; N]) -> Option<f64>,
+    resamples: usize,
+    seed: u64,
+) -> Estimate {
+    let means = |members: &mut dyn Iterator<Item = usize>| {
+        let mut sum = [0f64; N];
+        let mut n = 0usize;
+        for i in members {
+            for (s, v) in sum.iter_mut().zip(rows[i]) {
+                *s += v;
+            }
+            n += 1;
+        }
+        sum.map(|s| s / n.max(1) as f64)
+    };
+    let value = statistic(&means(&mut (0..rows.len()))).unwrap_or(f64::NAN);
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut index: std::collections::HashMap<usize, usize> = Default::default();
+    for (row, &c) in cluster.iter().enumerate().take(rows.len()) {
+        let g = *index.entry(c).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[g].push(row);
+    }
+    if groups.is_empty() {
+        return Estimate {
+            value,
+            ci95: [f64::NAN, f64::NAN],
+        };
+    }
+    let mut rng = ChaCha12Rng::seed_from_u64(seed);
+    let mut samples = Vec::with_capacity(resamples);
+    for _ in 0..resamples {
+        let picks: Vec<usize> = (0..groups.len())
+            .map(|_| rng.random_range(0..groups.len()))
+            .collect();
+        let mut members = picks.iter().flat_map(|&g| groups[g].iter().copied());
+        if let Some(s) = statistic(&means(&mut members)).filter(|s| s.is_finite()) {
+            samples.push(s);
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| -> f64 {
+        if samples.is_empty() {
+            return f64::NAN;
+        }
+        samples[((samples.len() - 1) as f64 * p).round() as usize]
     };
     Estimate {
         value,
@@ -133,6 +200,33 @@ mod tests {
         let e = paired_bootstrap(&same, raw_retention, 500, 1);
         assert_eq!(e.value, 1.0);
         assert_eq!(e.ci95, [1.0, 1.0]);
+    }
+
+    #[test]
+    fn resampling_whole_clusters_widens_the_interval_of_correlated_rows() {
+        // Ten conversations of four turns; every turn of a conversation scores alike.
+        let rows: Vec<[f64; 1]> = (0..40).map(|i| [((i / 4) % 3) as f64 / 2.0]).collect();
+        let by_conversation: Vec<usize> = (0..40).map(|i| i / 4).collect();
+        let each_alone: Vec<usize> = (0..40).collect();
+        let mean = |m: &[f64; 1]| Some(m[0]);
+        let clustered = cluster_bootstrap(&rows, &by_conversation, mean, 2000, 3);
+        let independent = cluster_bootstrap(&rows, &each_alone, mean, 2000, 3);
+        let plain = rows.iter().map(|r| r[0]).sum::<f64>() / 40.0;
+        assert!((clustered.value - plain).abs() < 1e-12);
+        assert_eq!(clustered.value, independent.value);
+        for e in [clustered, independent] {
+            assert!(e.ci95[0] <= e.value && e.value <= e.ci95[1], "{e:?}");
+        }
+        let width = |e: Estimate| e.ci95[1] - e.ci95[0];
+        assert!(
+            width(clustered) > 1.3 * width(independent),
+            "{clustered:?} vs {independent:?}"
+        );
+        // The same seed gives the same interval.
+        assert_eq!(
+            cluster_bootstrap(&rows, &by_conversation, mean, 2000, 3),
+            clustered
+        );
     }
 
     #[test]

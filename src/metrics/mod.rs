@@ -1,6 +1,7 @@
 //! Instruments that say how faithful a mapped KV cache is. Used by `eval` and by the
 //! workbench; each works on plain tensors so the engine and the tests can call it alike.
 
+pub mod answers;
 pub mod attention_cosine;
 pub mod concentration;
 pub mod interval;

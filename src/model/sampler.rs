@@ -3,7 +3,10 @@
 
 use super::error::Result;
 use candle_core::{DType, Tensor};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand::{Rng, SeedableRng};
+// ChaCha12 by name: `StdRng` may change algorithm between rand versions, and a seed
+// must replay the same tokens.
+use rand_chacha::ChaCha12Rng;
 
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Sampling {
@@ -35,14 +38,14 @@ impl Sampling {
 
 pub struct Sampler {
     cfg: Sampling,
-    rng: StdRng,
+    rng: ChaCha12Rng,
 }
 
 impl Sampler {
     pub fn new(cfg: Sampling) -> Self {
         Self {
             cfg,
-            rng: StdRng::seed_from_u64(cfg.seed),
+            rng: ChaCha12Rng::seed_from_u64(cfg.seed),
         }
     }
 

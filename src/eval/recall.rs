@@ -1,0 +1,395 @@
+//! Multi-turn recall: does the target still know the facts of a conversation it was
+//! handed through the mapper? The handoff's own shape: a passage read in the first turn,
+//! then one short question a turn, each asked right after a switch.
+//!
+//! Each conversation (see [`crate::data::recall`]) is rendered through the chat
+//! template: the first user message holds the passage, the assistant acknowledges it,
+//! then come the questions, earlier ones followed by their first reference answer (so
+//! every turn sees the same history whatever a model answered before: turns are
+//! comparable across models and paths). For question *j* the history is everything
+//! before its user message. Three answers are generated greedily:
+//! - **source alone**: the source reads the history and the question itself;
+//! - **reference**: the target does (its re-prefilled cache; "target alone");
+//! - **mapped**: the source's cache of the history goes through the mapper (the target
+//!   computes its first `anchor` positions and re-reads the last `tail` history tokens
+//!   itself, as at a workbench switch), then the target reads the question.
+//!
+//! Each answer is scored against the reference answers (SQuAD F1 and exact match, see
+//! [`crate::metrics::answers`]), and the mapped one also against the re-prefilled one.
+//! From those: the mapped F1 as a share of the re-prefilled F1, the share of turns whose
+//! mapped answer is word for word the re-prefilled one, and how much of the gap between
+//! the source alone and the target alone the mapped cache recovers,
+//! `(F1 mapped − F1 source) / (F1 target − F1 source)`. Turns of one conversation share
+//! a passage, so intervals resample whole conversations.
+
+use super::tasks::{common_prefix_len, generate_until};
+use super::EvalError;
+use crate::data::recall::RecallConversation;
+use crate::mapper::CacheMapper;
+use crate::metrics::answers::{best_exact_match, best_f1, token_f1};
+use crate::metrics::interval::{cluster_bootstrap, Estimate};
+use crate::model::{ForwardOptions, KvCache, Logits, Model};
+use crate::text::ChatMessage;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// What the user says with the passage, before it.
+pub const PASSAGE_INTRO: &str = "Read this passage. I will ask you questions about it.";
+/// The assistant's reply to the passage, the same for every model.
+pub const ACKNOWLEDGEMENT: &str = "I have read the passage. Ask me about it.";
+/// Appended to every question, so that answers are short phrases, as SQuAD's are.
+pub const ANSWER_STYLE: &str = "Answer in a few words, using the passage.";
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct RecallOptions {
+    /// Leading positions the target computes itself (attention sinks).
+    pub anchor: usize,
+    /// Last history tokens the target re-reads itself on top of the mapped rest.
+    pub tail: usize,
+    /// Longest answer generated, in tokens.
+    pub max_answer_tokens: usize,
+    pub bootstrap_resamples: usize,
+    pub seed: u64,
+}
+
+impl Default for RecallOptions {
+    fn default() -> Self {
+        Self {
+            anchor: 0,
+            tail: 0,
+            max_answer_tokens: 32,
+            bootstrap_resamples: 2000,
+            seed: 20_261_201,
+        }
+    }
+}
+
+/// One question of one conversation, answered three ways.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TurnOutcome {
+    /// Index of the conversation in the suite.
+    pub conversation: usize,
+    /// 1 for the first question.
+    pub question_number: usize,
+    pub question_id: String,
+    /// History tokens handed over at the switch before the question.
+    pub context_tokens: usize,
+    pub source: String,
+    pub reference: String,
+    pub mapped: String,
+    pub f1_source: f64,
+    pub f1_reference: f64,
+    pub f1_mapped: f64,
+    pub em_source: f64,
+    pub em_reference: f64,
+    pub em_mapped: f64,
+    /// F1 of the mapped answer against the re-prefilled one.
+    pub f1_mapped_vs_reference: f64,
+    /// The mapped answer is word for word the re-prefilled one.
+    pub identical: bool,
+}
+
+/// The suite's result in one direction.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RecallResult {
+    pub conversations: usize,
+    pub turns: usize,
+    pub anchor: usize,
+    pub tail: usize,
+    /// Mean F1 / exact match against the reference answers, 95% intervals.
+    pub f1_source: Estimate,
+    pub f1_reference: Estimate,
+    pub f1_mapped: Estimate,
+    pub em_source: Estimate,
+    pub em_reference: Estimate,
+    pub em_mapped: Estimate,
+    /// F1 mapped / F1 re-prefilled.
+    pub f1_retention: Estimate,
+    /// (F1 mapped − F1 source) / (F1 target − F1 source).
+    pub gap_recovered: Estimate,
+    /// Share of turns with the mapped answer identical to the re-prefilled one.
+    pub identical: Estimate,
+    pub f1_mapped_vs_reference: Estimate,
+    /// Mean seconds per turn to hand the history over: the map (with the anchor and tail
+    /// the target reads) against the target re-prefilling it.
+    pub map_seconds: f64,
+    pub reprefill_seconds: f64,
+    pub outcomes: Vec<TurnOutcome>,
+}
+
+/// The messages up to and including question `j`'s (0-based), earlier questions
+/// answered with their first reference answer.
+pub fn messages_for(conv: &RecallConversation, j: usize) -> Vec<ChatMessage> {
+    let title = conv.title.replace('_', " ");
+    let mut m = vec![
+        ChatMessage::user(format!(
+            "{PASSAGE_INTRO}\n\nTitle: {title}\n\n{}",
+            conv.passage
+        )),
+        ChatMessage::assistant(ACKNOWLEDGEMENT),
+    ];
+    for (i, q) in conv.questions.iter().enumerate().take(j + 1) {
+        m.push(ChatMessage::user(format!("{}\n{ANSWER_STYLE}", q.question)));
+        if i < j {
+            m.push(ChatMessage::assistant(
+                q.answers.first().cloned().unwrap_or_default(),
+            ));
+        }
+    }
+    m
+}
+
+fn no_logits() -> ForwardOptions {
+    ForwardOptions {
+        logits: Logits::None,
+        probe_positions: vec![],
+    }
+}
+
+/// Grows `cache` (which holds `held` ids) to hold `ids`, keeping what they share.
+fn extend_to(
+    model: &Model,
+    cache: &mut KvCache,
+    held: &mut Vec<u32>,
+    ids: &[u32],
+) -> Result<(), EvalError> {
+    let keep = common_prefix_len(&[held.as_slice(), ids]);
+    cache.truncate(keep);
+    held.truncate(keep);
+    if keep < ids.len() {
+        model.decoder.forward(&ids[keep..], cache, &no_logits())?;
+        held.extend_from_slice(&ids[keep..]);
+    }
+    Ok(())
+}
+
+/// Run the suite in one direction. `on_turn` is called after each answered question.
+pub fn eval_recall(
+    src: &Model,
+    tgt: &Model,
+    mapper: &CacheMapper,
+    conversations: &[RecallConversation],
+    opts: &RecallOptions,
+    on_turn: &mut dyn FnMut(usize),
+) -> Result<RecallResult, EvalError> {
+    let template = tgt.chat_template()?;
+    let tok = &tgt.tokenizer;
+    let mut outcomes = Vec::new();
+    let (mut map_s, mut pre_s) = (0f64, 0f64);
+    for (c, conv) in conversations.iter().enumerate() {
+        let mut src_cache = src.decoder.new_cache();
+        let mut src_held: Vec<u32> = Vec::new();
+        for (j, q) in conv.questions.iter().enumerate() {
+            let messages = messages_for(conv, j);
+            let ids = template.render_ids(tok, &messages, true)?;
+            let before = template.render_ids(tok, &messages[..messages.len() - 1], false)?;
+            let h = common_prefix_len(&[&ids, &before]);
+            if ids.len() < 2 || h == 0 || h >= ids.len() {
+                return Err(EvalError::Input(format!(
+                    "conversation {c} question {}: the rendered prompt does not extend its history",
+                    j + 1
+                )));
+            }
+            let (prompt, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
+            let history = &ids[..h];
+
+            // The source's cache of the history, handed over as it would be at a switch.
+            extend_to(src, &mut src_cache, &mut src_held, history)?;
+            let t0 = Instant::now();
+            let mut reference = tgt.decoder.new_cache();
+            tgt.decoder.forward(history, &mut reference, &no_logits())?;
+            pre_s += t0.elapsed().as_secs_f64();
+
+            let anchor = opts.anchor.min(h);
+            let map_end = h.saturating_sub(opts.tail).max(anchor);
+            let t1 = Instant::now();
+            let mut mapped = reference.try_clone_prefix(anchor)?;
+            mapped.extend_with(&mapper.map_range(
+                &src_cache,
+                src.decoder.rope(),
+                tgt.decoder.rope(),
+                anchor,
+                map_end,
+            )?)?;
+            if map_end < h {
+                tgt.decoder
+                    .forward(&history[map_end..], &mut mapped, &no_logits())?;
+            }
+            map_s += t1.elapsed().as_secs_f64();
+
+            // The question, read by each path itself.
+            tgt.decoder
+                .forward(&prompt[h..], &mut reference, &no_logits())?;
+            tgt.decoder
+                .forward(&prompt[h..], &mut mapped, &no_logits())?;
+            extend_to(src, &mut src_cache, &mut src_held, prompt)?;
+
+            let max = opts.max_answer_tokens;
+            let (_, source) = generate_until(src, src_cache.try_clone()?, last, &[], max)?;
+            let (ids_r, reference_text) = generate_until(tgt, reference, last, &[], max)?;
+            let (ids_m, mapped_text) = generate_until(tgt, mapped, last, &[], max)?;
+            let (source, reference_text, mapped_text) = (
+                source.trim().to_string(),
+                reference_text.trim().to_string(),
+                mapped_text.trim().to_string(),
+            );
+            tracing::debug!(conversation = c, question = j + 1, reference = %reference_text, mapped = %mapped_text, "recall turn");
+            outcomes.push(TurnOutcome {
+                conversation: c,
+                question_number: j + 1,
+                question_id: q.id.clone(),
+                context_tokens: h,
+                f1_source: best_f1(&source, &q.answers),
+                f1_reference: best_f1(&reference_text, &q.answers),
+                f1_mapped: best_f1(&mapped_text, &q.answers),
+                em_source: best_exact_match(&source, &q.answers),
+                em_reference: best_exact_match(&reference_text, &q.answers),
+                em_mapped: best_exact_match(&mapped_text, &q.answers),
+                f1_mapped_vs_reference: token_f1(&mapped_text, &reference_text),
+                identical: ids_r == ids_m,
+                source,
+                reference: reference_text,
+                mapped: mapped_text,
+            });
+            on_turn(outcomes.len());
+        }
+    }
+    Ok(summarise(
+        conversations.len(),
+        outcomes,
+        (map_s, pre_s),
+        opts,
+    ))
+}
+
+/// The suite's estimates from its turns.
+pub fn summarise(
+    conversations: usize,
+    outcomes: Vec<TurnOutcome>,
+    (map_s, pre_s): (f64, f64),
+    opts: &RecallOptions,
+) -> RecallResult {
+    let rows: Vec<[f64; 8]> = outcomes
+        .iter()
+        .map(|o| {
+            [
+                o.f1_source,
+                o.f1_reference,
+                o.f1_mapped,
+                o.em_source,
+                o.em_reference,
+                o.em_mapped,
+                f64::from(u8::from(o.identical)),
+                o.f1_mapped_vs_reference,
+            ]
+        })
+        .collect();
+    let cluster: Vec<usize> = outcomes.iter().map(|o| o.conversation).collect();
+    let est = |f: &dyn Fn(&[f64; 8]) -> Option<f64>| {
+        cluster_bootstrap(&rows, &cluster, f, opts.bootstrap_resamples, opts.seed)
+    };
+    let mean = |i: usize| est(&move |m: &[f64; 8]| Some(m[i]));
+    let n = outcomes.len().max(1) as f64;
+    RecallResult {
+        conversations,
+        turns: outcomes.len(),
+        anchor: opts.anchor,
+        tail: opts.tail,
+        f1_source: mean(0),
+        f1_reference: mean(1),
+        f1_mapped: mean(2),
+        em_source: mean(3),
+        em_reference: mean(4),
+        em_mapped: mean(5),
+        f1_retention: est(&|m| (m[1] > 0.0).then(|| m[2] / m[1])),
+        gap_recovered: est(&|m| {
+            ((m[1] - m[0]).abs() > 1e-9).then(|| (m[2] - m[0]) / (m[1] - m[0]))
+        }),
+        identical: mean(6),
+        f1_mapped_vs_reference: mean(7),
+        map_seconds: map_s / n,
+        reprefill_seconds: pre_s / n,
+        outcomes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::recall::RecallQuestion;
+
+    fn conv() -> RecallConversation {
+        let q = |id: &str, question: &str, answer: &str| RecallQuestion {
+            id: id.into(),
+            question: question.into(),
+            answers: vec![answer.into(), format!("the {answer}")],
+        };
+        RecallConversation {
+            title: "Harvard_University".into(),
+            passage: "Older than The Game by 23 years.".into(),
+            questions: vec![
+                q("a", "How many years?", "23"),
+                q("b", "Older than what?", "Game"),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_question_turn_sees_the_passage_and_earlier_questions_answered_by_reference() {
+        let m = messages_for(&conv(), 1);
+        let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["user", "assistant", "user", "assistant", "user"]);
+        assert!(m[0]
+            .content
+            .contains("Title: Harvard University\n\nOlder than The Game"));
+        assert_eq!(m[1].content, ACKNOWLEDGEMENT);
+        assert_eq!(m[3].content, "23", "the first reference answer");
+        assert!(m[4].content.starts_with("Older than what?\n"));
+        assert_eq!(messages_for(&conv(), 0).len(), 3);
+    }
+
+    fn turn(conversation: usize, f1: [f64; 3], identical: bool) -> TurnOutcome {
+        TurnOutcome {
+            conversation,
+            question_number: 1,
+            question_id: String::new(),
+            context_tokens: 10,
+            source: String::new(),
+            reference: String::new(),
+            mapped: String::new(),
+            f1_source: f1[0],
+            f1_reference: f1[1],
+            f1_mapped: f1[2],
+            em_source: 0.0,
+            em_reference: 0.0,
+            em_mapped: 0.0,
+            f1_mapped_vs_reference: f64::from(u8::from(identical)),
+            identical,
+        }
+    }
+
+    #[test]
+    fn the_summary_gives_retention_identity_and_the_gap_recovered() {
+        // Source 0.2, target 0.6, mapped 0.3: retention 0.5, a quarter of the gap.
+        let turns = vec![
+            turn(0, [0.2, 0.6, 0.3], true),
+            turn(0, [0.2, 0.6, 0.3], false),
+            turn(1, [0.2, 0.6, 0.3], false),
+            turn(1, [0.2, 0.6, 0.3], false),
+        ];
+        let r = summarise(2, turns, (0.4, 8.0), &RecallOptions::default());
+        assert_eq!((r.conversations, r.turns), (2, 4));
+        assert!((r.f1_retention.value - 0.5).abs() < 1e-12);
+        assert!((r.gap_recovered.value - 0.25).abs() < 1e-12);
+        assert!((r.identical.value - 0.25).abs() < 1e-12);
+        assert!((r.map_seconds - 0.1).abs() < 1e-12 && (r.reprefill_seconds - 2.0).abs() < 1e-12);
+        assert!(r.identical.ci95[0] <= 0.25 && 0.25 <= r.identical.ci95[1]);
+    }
+
+    #[test]
+    fn no_gap_between_the_models_leaves_the_gap_recovered_undefined() {
+        let turns = vec![turn(0, [0.5, 0.5, 0.4], false)];
+        let r = summarise(1, turns, (0.0, 0.0), &RecallOptions::default());
+        assert!(r.gap_recovered.value.is_nan());
+    }
+}
