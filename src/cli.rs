@@ -268,6 +268,10 @@ pub struct EvalArgs {
     /// (hellaswag, arc_challenge, arc_easy, winogrande, piqa, gsm8k; `all` for every one).
     #[arg(long, value_delimiter = ',')]
     pub tasks: Vec<String>,
+    /// Generation tasks (GSM8K): the target reads each final question itself, as it
+    /// reads a user's new message, and only the few-shot examples before it are mapped.
+    #[arg(long)]
+    pub target_reads_question: bool,
     /// Items per task where `--tasks` gives no count.
     #[arg(long, default_value_t = 100)]
     pub task_limit: usize,
@@ -375,6 +379,11 @@ pub struct CalibrateArgs {
     /// are always measured and reported).
     #[arg(long, value_enum, default_value = "cosine")]
     pub select_by: SelectByArg,
+    /// Share of the fit and selection windows rendered as conversations through the
+    /// chat template, as the workbench's caches are (system prompt, role headers,
+    /// end-of-turn tokens); the rest is plain text. 0 to 1.
+    #[arg(long, default_value_t = 0.0)]
+    pub chat_share: f64,
     /// Held-out score (in the `--select-by` measure) a smaller, faster k may give up
     /// against the best and still be chosen (e.g. 0.01; default none).
     #[arg(long, default_value_t = 0.0)]
@@ -502,6 +511,7 @@ impl CalibrateArgs {
                 SelectByArg::Agreement => SelectBy::Agreement,
             },
             standardize: !self.no_standardize,
+            chat_share: self.chat_share,
             rank: match self.rank.as_deref() {
                 None => None,
                 Some("auto") => Some(RankChoice::Auto),
@@ -573,6 +583,7 @@ impl EvalArgs {
             baton::eval::tasks::TaskEvalOptions {
                 anchor: self.anchor,
                 tail: self.tail,
+                target_reads_question: self.target_reads_question,
                 ..Default::default()
             },
             baton::eval::recall::RecallOptions {

@@ -25,6 +25,12 @@ macro_rules! human {
 }
 
 fn main() {
+    // Libraries (candle) capture a backtrace into their errors when RUST_BACKTRACE is
+    // set, and print it as part of the message; a user's error stays one clear line.
+    // Panics still honour RUST_BACKTRACE. Set before any thread starts.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
     let cli = Cli::parse();
     let _log = baton::logging::init_file_logging(&baton::logging::default_log_dir()).ok();
     if let Err(e) = run(cli) {
@@ -91,7 +97,7 @@ fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> 
     if let Some(p) = &record {
         session::check_record_path(p)?;
     }
-    baton::workbench::run(baton::workbench::WorkbenchOptions {
+    let result = baton::workbench::run(baton::workbench::WorkbenchOptions {
         engine: cfg,
         loading_note: Some(
             "A first run calibrates a quick mapper on a small sample (a few minutes); \
@@ -99,11 +105,11 @@ fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> 
                 .into(),
         ),
         demo: steps,
-    })?;
+    });
     if let Some(p) = record.filter(|p| p.exists()) {
         eprintln!("session recorded to {}", p.display());
     }
-    Ok(())
+    Ok(result?)
 }
 
 fn fetch_cmd(a: FetchArgs) -> Result<()> {

@@ -4,7 +4,7 @@
 //! way out: normal exit, Ctrl-C (as a key or as a signal) and panic.
 
 use crate::engine::{self, EngineConfig};
-use crate::protocol::Command;
+use crate::protocol::{Command, Event};
 use crate::tui::{self, App, AppInfo, Effect, Msg};
 use crossterm::event::{self as cevent, Event as CEvent, KeyEventKind, MouseEventKind};
 use crossterm::execute;
@@ -25,6 +25,9 @@ pub enum WorkbenchError {
     Terminal(#[from] std::io::Error),
     #[error("the workbench needs an interactive terminal (stdin and stdout are not both one); for a run without a screen use `baton run --script FILE`")]
     NotATerminal,
+    /// The engine stopped on an error (shown on screen until the user quit).
+    #[error("{0}")]
+    EngineStopped(String),
 }
 
 pub struct WorkbenchOptions {
@@ -59,6 +62,10 @@ impl Drop for TerminalGuard {
 }
 
 const FRAME: Duration = Duration::from_millis(33);
+/// How long leaving waits for the engine to record the end of the session: a turn stops
+/// at its next token or half layer, so this is only reached while a model still loads
+/// (nothing is recorded then).
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
 const TICK: Duration = Duration::from_millis(250);
 /// Engine events handled per loop pass at most, so input stays responsive under a burst.
 const EVENTS_PER_PASS: usize = 4096;
@@ -159,9 +166,30 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
             last_draw = Instant::now();
         }
     }
-    // The engine stops at its next token or command; a model still loading is simply
-    // left behind (artifacts are written atomically, session lines are synced).
+    // The engine stops at its next token or command, records what was on screen (a
+    // turn cut short is recorded as cancelled) and the end of the session; leaving
+    // before that would lose both. A model still loading is left behind after
+    // SHUTDOWN_WAIT (artifacts are written atomically, session lines are synced).
     handle.send(Command::Shutdown);
+    wait_for_shutdown(&handle.events, SHUTDOWN_WAIT);
     drop(terminal);
-    Ok(())
+    match app.fatal_error() {
+        Some(message) => Err(WorkbenchError::EngineStopped(message.to_string())),
+        None => Ok(()),
+    }
+}
+
+/// Read `events` until the engine says it shut down, its thread is gone, or `limit`
+/// passes; true when it shut down.
+pub fn wait_for_shutdown(events: &std::sync::mpsc::Receiver<Event>, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match events.recv_timeout(left) {
+            Ok(Event::ShutDown) => return true,
+            Ok(_) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return true,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return false,
+        }
+    }
 }

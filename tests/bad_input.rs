@@ -146,6 +146,29 @@ fn the_binary_reports_errors_in_one_line_and_exits_non_zero() {
 }
 
 #[test]
+fn a_backtrace_asked_for_never_lands_inside_an_error_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("cut.gguf");
+    let bytes = std::fs::read(common::smollm()).unwrap();
+    for cut in [100, bytes.len() / 3] {
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["info", "--model", p.to_str().unwrap()])
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("RUST_LIB_BACKTRACE")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("error:"), "{err}");
+        assert!(
+            !err.contains("backtrace") && err.trim().lines().count() <= 2,
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn the_workbench_without_a_terminal_says_so_and_names_the_headless_command() {
     let out = Command::new(env!("CARGO_BIN_EXE_baton"))
         .stdin(std::process::Stdio::null())

@@ -52,6 +52,7 @@ fn calibration() -> CalibrateOptions {
         skip_first: 0,
         rank: None,
         select_by: SelectBy::Cosine,
+        chat_share: 0.0,
     }
 }
 

@@ -5,6 +5,8 @@ mod common;
 
 use baton::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::data::corpus::{self, Split};
+use baton::data::recall::load_conversations;
+use baton::eval::recall::{eval_recall, RecallOptions};
 use baton::eval::text::{eval_text, TextEval, TextEvalOptions};
 use candle_core::Device;
 use std::sync::atomic::AtomicBool;
@@ -32,6 +34,8 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         skip_first: 0,
         rank: None,
         select_by: SelectBy::Cosine,
+        // A quarter of the windows as conversations: the real template's path.
+        chat_share: 0.25,
     };
     let fitted = calibrate(
         &src,
@@ -90,5 +94,48 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         "PPL mapped {:.2} vs floor {:.2}",
         s.ppl_mapped,
         s.ppl_no_prefix
+    );
+
+    recall_turns_run_the_three_paths(&src, &tgt, &mapper);
+}
+
+/// The recall suite on one conversation. With the whole history re-read by the target
+/// (a tail longer than it) the "mapped" path is the target's own reading, so its answers
+/// must be the re-prefilled ones; with nothing re-read they come from the map.
+fn recall_turns_run_the_three_paths(
+    src: &baton::model::Model,
+    tgt: &baton::model::Model,
+    mapper: &baton::mapper::CacheMapper,
+) {
+    let root = common::artifact("BATON_TEST_EVAL_TASKS", "eval-tasks");
+    let convs = load_conversations(&root, 1).unwrap();
+    let questions = convs[0].questions.len();
+    let opts = |tail| RecallOptions {
+        anchor: 1,
+        tail,
+        max_answer_tokens: 12,
+        bootstrap_resamples: 200,
+        ..RecallOptions::default()
+    };
+    let reread = eval_recall(src, tgt, mapper, &convs, &opts(100_000), &mut |_| {}).unwrap();
+    assert_eq!(reread.turns, questions);
+    for t in &reread.outcomes {
+        assert!(
+            t.identical,
+            "turn {}: {:?} vs {:?}",
+            t.question_number, t.mapped, t.reference
+        );
+        assert_eq!(t.f1_mapped, t.f1_reference);
+    }
+    let mapped = eval_recall(src, tgt, mapper, &convs, &opts(0), &mut |_| {}).unwrap();
+    for (a, b) in mapped.outcomes.iter().zip(&reread.outcomes) {
+        // The same history and question, so the same source and reference answers.
+        assert_eq!((&a.source, &a.reference), (&b.source, &b.reference));
+        assert!(a.context_tokens > 100, "the passage is in the history");
+        assert!((0.0..=1.0).contains(&a.f1_mapped));
+    }
+    eprintln!(
+        "recall, one conversation: F1 source {:.2} target {:.2} mapped {:.2}",
+        mapped.f1_source.value, mapped.f1_reference.value, mapped.f1_mapped.value
     );
 }

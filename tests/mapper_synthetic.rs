@@ -59,6 +59,7 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
         skip_first: 0,
         rank: None,
         select_by: SelectBy::Cosine,
+        chat_share: 0.0,
     }
 }
 

@@ -316,9 +316,17 @@ fn default_paths_are_timestamped_under_sessions_and_never_collide() {
     let first = default_session_path(dir.path());
     assert_eq!(first.parent().unwrap(), dir.path().join("sessions"));
     let name = first.file_name().unwrap().to_str().unwrap();
-    // 2026-11-30T14-05-00Z.jsonl
-    assert_eq!(name.len(), "2026-11-30T14-05-00Z.jsonl".len(), "{name}");
-    assert!(name.ends_with("Z.jsonl") && !name.contains(':'), "{name}");
+    // 2026-11-30T14-05-00Z-<process id>.jsonl
+    let pid = std::process::id().to_string();
+    assert_eq!(
+        name.len(),
+        "2026-11-30T14-05-00Z-.jsonl".len() + pid.len(),
+        "{name}"
+    );
+    assert!(
+        name.ends_with(&format!("Z-{pid}.jsonl")) && !name.contains(':'),
+        "{name}"
+    );
     SessionWriter::create(&first, &header()).unwrap();
     let second = default_session_path(dir.path());
     assert_ne!(first, second);

@@ -519,6 +519,45 @@ fn loading_screen() {
 }
 
 #[test]
+fn a_fatal_error_while_loading_stops_the_gauge() {
+    let mut app = App::new(AppInfo::default());
+    app.update(Msg::Engine(Event::Loading {
+        stage: "loading qwen2.5-coder-1.5b".into(),
+        done: 0,
+        total: 0,
+        eta_seconds: None,
+    }));
+    app.update(Msg::Engine(Event::Error {
+        message: "the two models' tokenizers differ: a mapper needs one tokenizer".into(),
+        fatal: true,
+    }));
+    let t = screen(&app, 100, 30);
+    let text: String = t
+        .backend()
+        .buffer()
+        .content()
+        .iter()
+        .map(|c| c.symbol())
+        .collect();
+    assert!(
+        text.contains("could not start") && text.contains("stopped"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tokenizers differ") && text.contains("press q to quit"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("working") && !text.contains("loading qwen"),
+        "{text}"
+    );
+    assert_eq!(
+        app.fatal_error(),
+        Some("the two models' tokenizers differ: a mapper needs one tokenizer")
+    );
+}
+
+#[test]
 fn help_overlay() {
     let mut app = app_after_run(100, 30);
     app.update(Msg::Key(Key::plain(KeyCode::F(1))));

@@ -133,9 +133,21 @@ fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
         s.to_lowercase().contains("cosine"),
         "per-layer cosines are shown:\n{s}"
     );
-    // Quit: q asks first (it may start a message), y confirms.
+    // Quit while an answer is being written: q asks first (it may start a message, and a
+    // turn is running), y confirms. What was on screen and the end of the session must
+    // reach the file before the workbench is gone.
+    tmux(&["send-keys", "-t", &session, "-l", "And in Go?"]);
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    wait_for(
+        &session,
+        "the third message",
+        Duration::from_secs(120),
+        &|| count_in(&record, "\"type\":\"user_message\"") == 3,
+    );
+    // Into the answer (its prompt is a few tokens; 16 tokens take seconds on the 1.5B).
+    std::thread::sleep(Duration::from_millis(1200));
     tmux(&["send-keys", "-t", &session, "q"]);
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(300));
     tmux(&["send-keys", "-t", &session, "y"]);
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(20) && tmux(&["list-sessions"]).contains(&session) {
@@ -164,4 +176,72 @@ fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
     assert!(switch.0.reprefill_full_ms.is_some_and(|r| r > 0.0));
     assert!(switch.1.is_some_and(|m| !m.attention_cosine.is_empty()));
     assert!(text.contains("\"type\":\"user_message\""));
+    // The quit mid-answer: the third turn is recorded to its end and the session closed.
+    assert_eq!(count_in(&record, "\"type\":\"user_message\""), 3, "{text}");
+    assert!(count_in(&record, "\"type\":\"done\"") >= 3, "{text}");
+    assert!(
+        text.trim_end().ends_with("\"type\":\"shut_down\"}"),
+        "the file ends with shut_down:\n{text}"
+    );
+}
+
+#[test]
+fn a_fatal_start_up_error_is_shown_and_the_workbench_exits_non_zero() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        eprintln!("SKIPPED a_fatal_start_up_error_is_shown: tmux is not installed (scripts/test installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let status = dir.path().join("status");
+    // Two models whose tokenizers differ: the engine stops before it is ready.
+    let cmd = format!(
+        "{} workbench --source {} --target {} --no-record; echo $? > {}; sleep 60",
+        env!("CARGO_BIN_EXE_baton"),
+        common::smollm().display(),
+        common::qwen_small().display(),
+        status.display()
+    );
+    let session = format!("baton-fatal-{}", std::process::id());
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "120",
+        "-y",
+        "40",
+        "-c",
+        &dir.path().display().to_string(),
+        &cmd,
+    ]);
+    let _kill = KillOnDrop(session.clone());
+    wait_for(
+        &session,
+        "the error on screen",
+        Duration::from_secs(120),
+        &|| screen(&session).contains("press q to quit"),
+    );
+    let s = screen(&session);
+    assert!(s.contains("tokenizer"), "the error names the problem:\n{s}");
+    assert!(
+        s.contains("could not start") && !s.contains("working"),
+        "{s}"
+    );
+    // q asks first (it may start a message), y confirms.
+    tmux(&["send-keys", "-t", &session, "q"]);
+    std::thread::sleep(Duration::from_millis(300));
+    tmux(&["send-keys", "-t", &session, "y"]);
+    wait_for(
+        &session,
+        "the exit status",
+        Duration::from_secs(30),
+        &|| status.exists(),
+    );
+    let code = std::fs::read_to_string(&status).unwrap();
+    assert_ne!(
+        code.trim(),
+        "0",
+        "a workbench that could not start exits non-zero"
+    );
 }

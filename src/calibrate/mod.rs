@@ -148,9 +148,16 @@ pub fn calibrate(
             )));
         }
     }
-    let (len, tok) = (opts.seq_len, &a.tokenizer);
-    let fit_windows = corpus::windows(docs, tok, Split::Fit, len, opts.sequences)?;
-    let sel_windows = corpus::windows(docs, tok, Split::Select, len, opts.select_sequences)?;
+    let len = opts.seq_len;
+    let fit_windows = mixed_windows(a, docs, Split::Fit, len, opts.sequences, opts.chat_share)?;
+    let sel_windows = mixed_windows(
+        a,
+        docs,
+        Split::Select,
+        len,
+        opts.select_sequences,
+        opts.chat_share,
+    )?;
     let mut stats = capture::allocate(a, b, directions)?;
     let stats_bytes: usize = stats.iter().map(DirectionStats::memory_bytes).sum();
     tracing::info!(stats_bytes, "calibration statistics allocated");
@@ -174,6 +181,36 @@ pub fn calibrate(
     let fit_seconds = t1.elapsed().as_secs_f64();
     for f in &mut out {
         f.report.fit_seconds = fit_seconds;
+    }
+    Ok(out)
+}
+
+/// `count` windows of `split`, `share` of them chat-shaped (rounded), the rest plain.
+fn mixed_windows(
+    m: &Model,
+    docs: &[Document],
+    split: Split,
+    len: usize,
+    count: usize,
+    share: f64,
+) -> Result<Vec<Vec<u32>>, CalibrateError> {
+    let chat = ((count as f64) * share).round() as usize;
+    let mut out = corpus::windows(docs, &m.tokenizer, split, len, count - chat)?;
+    if chat > 0 {
+        let template = m.chat_template().map_err(|e| {
+            CalibrateError::Options(format!(
+                "--chat-share {share} needs a chat template, and {} has none ({e}); use --chat-share 0",
+                m.identity.name
+            ))
+        })?;
+        out.extend(crate::data::chat_corpus::chat_windows(
+            docs,
+            &m.tokenizer,
+            template,
+            split,
+            len,
+            chat,
+        )?);
     }
     Ok(out)
 }

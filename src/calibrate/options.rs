@@ -38,6 +38,10 @@ pub struct CalibrateOptions {
     /// The held-out number k and λ are chosen by.
     #[serde(default)]
     pub select_by: SelectBy,
+    /// Share of the fit and selection windows rendered as conversations through the
+    /// chat template (see [`crate::data::chat_corpus`]); the rest is plain text.
+    #[serde(default)]
+    pub chat_share: f64,
 }
 
 /// How the reduced mapper's rank is chosen.
@@ -115,6 +119,7 @@ impl Default for CalibrateOptions {
             skip_first: 0,
             rank: None,
             select_by: SelectBy::Cosine,
+            chat_share: 0.0,
         }
     }
 }
@@ -189,6 +194,12 @@ impl CalibrateOptions {
         if let Some(l) = self.lambdas.iter().find(|l| !(l.is_finite() && **l >= 0.0)) {
             return bad(format!(
                 "--lambda {l}: a ridge penalty must be a finite number ≥ 0, e.g. 0.01"
+            ));
+        }
+        if !(self.chat_share.is_finite() && (0.0..=1.0).contains(&self.chat_share)) {
+            return bad(format!(
+                "--chat-share {}: a share of the windows is between 0 and 1, e.g. 0.5",
+                self.chat_share
             ));
         }
         if !(self.k_tolerance.is_finite() && self.k_tolerance >= 0.0) {

@@ -30,6 +30,8 @@ pub enum CorpusError {
     NoWindow { len: usize },
     #[error("the files and directories named hold no readable text files: give .txt/.md/.py/.rs/.html/.jsonl files or directories holding them")]
     NoTextFiles,
+    #[error("cannot render calibration text as a conversation: {0}")]
+    Template(String),
     #[error(transparent)]
     Fetch(#[from] fetch::FetchError),
     #[error(transparent)]
@@ -48,7 +50,7 @@ pub enum Split {
 
 impl Split {
     /// The share of each document this split takes, as a fraction range.
-    fn range(self) -> (f64, f64) {
+    pub(super) fn range(self) -> (f64, f64) {
         match self {
             Split::Fit => (0.0, 0.7),
             Split::Select => (0.7, 0.8),
@@ -233,7 +235,7 @@ pub fn fingerprint(docs: &[Document]) -> String {
     hex::encode(h.finalize())
 }
 
-fn char_slice(text: &str, from: f64, to: f64) -> &str {
+pub(super) fn char_slice(text: &str, from: f64, to: f64) -> &str {
     let n = text.chars().count();
     let a = (n as f64 * from) as usize;
     let b = (n as f64 * to) as usize;

@@ -3,6 +3,7 @@
 //! Arrow IPC tables some of them ship as ([`arrow`]). Files are only read, never run.
 
 pub mod arrow;
+pub mod chat_corpus;
 pub mod corpus;
 pub mod recall;
 pub mod tasks;

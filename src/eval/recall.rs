@@ -204,13 +204,15 @@ pub fn eval_recall(
             let map_end = h.saturating_sub(opts.tail).max(anchor);
             let t1 = Instant::now();
             let mut mapped = reference.try_clone_prefix(anchor)?;
-            mapped.extend_with(&mapper.map_range(
-                &src_cache,
-                src.decoder.rope(),
-                tgt.decoder.rope(),
-                anchor,
-                map_end,
-            )?)?;
+            if map_end > anchor {
+                mapped.extend_with(&mapper.map_range(
+                    &src_cache,
+                    src.decoder.rope(),
+                    tgt.decoder.rope(),
+                    anchor,
+                    map_end,
+                )?)?;
+            }
             if map_end < h {
                 tgt.decoder
                     .forward(&history[map_end..], &mut mapped, &no_logits())?;

@@ -123,9 +123,13 @@ pub fn task_line(direction: &str, r: &TaskResult) -> String {
     let ci = |e: &crate::metrics::interval::Estimate| {
         format!("{:.3} [{:.3}, {:.3}]", e.value, e.ci95[0], e.ci95[1])
     };
+    let task = if r.target_reads_question {
+        format!("{} (question read by the target)", r.task)
+    } else {
+        r.task.clone()
+    };
     format!(
-        "{direction} {:<14} n={:<4} reference {}  mapped {}  floor ({}) {:.3}  retention {}  floor-normalised {}  same answer {:.3}",
-        r.task,
+        "{direction} {task:<14} n={:<4} reference {}  mapped {}  floor ({}) {:.3}  retention {}  floor-normalised {}  same answer {:.3}",
         r.items,
         ci(&r.accuracy_reference),
         ci(&r.accuracy_mapped),
@@ -158,6 +162,7 @@ mod tests {
             kind: TaskKind::GenerateNumber,
             shots: 8,
             items: 1,
+            target_reads_question: true,
             accuracy_reference: estimate(0.5),
             accuracy_mapped: estimate(0.25),
             accuracy_floor: estimate(0.0),

@@ -36,6 +36,11 @@ pub struct TaskEvalOptions {
     /// the mapped cache: tells whether a mapped background plus a re-read question
     /// keeps what the mapped question alone loses. 0 maps the whole context.
     pub tail: usize,
+    /// Generation tasks: the target reads the final question itself (from the last
+    /// `Question:` of the context on), as it reads a user's new message; the few-shot
+    /// examples before it are mapped. On top of `tail`, which still applies.
+    #[serde(default)]
+    pub target_reads_question: bool,
 }
 
 impl Default for TaskEvalOptions {
@@ -45,6 +50,7 @@ impl Default for TaskEvalOptions {
             seed: 20_261_130,
             anchor: 0,
             tail: 0,
+            target_reads_question: false,
         }
     }
 }
@@ -80,6 +86,10 @@ pub struct TaskResult {
     pub kind: TaskKind,
     pub shots: usize,
     pub items: usize,
+    /// The target read each final question itself (see
+    /// [`TaskEvalOptions::target_reads_question`]); the context before it was mapped.
+    #[serde(default)]
+    pub target_reads_question: bool,
     /// Target on its own prefill of the context.
     pub accuracy_reference: Estimate,
     /// Target on the mapped cache.
@@ -133,6 +143,7 @@ fn prepare(
     shared: &Shared,
     prefix: &[u32],
     (anchor, tail): (usize, usize),
+    read_from: Option<usize>,
 ) -> Result<Prepared, EvalError> {
     let suffix = &prefix[shared.len..];
     let mut reference = shared.target.try_clone()?;
@@ -148,6 +159,7 @@ fn prepare(
     } else {
         prefix.len()
     };
+    let map_end = read_from.map_or(map_end, |q| map_end.min(q.max(anchor)));
     let (mut mapped, t1) = if map_end <= shared.len {
         (shared.mapped.try_clone_prefix(map_end)?, Instant::now())
     } else {
@@ -219,6 +231,20 @@ fn build_shared(
         source,
         mapped,
     })
+}
+
+/// The token position where `context`'s final question starts (its last `Question:`),
+/// as the context's own tokens have it; the context's start when it has none.
+fn question_start(
+    tok: &crate::text::TextTokenizer,
+    context: &str,
+    ids: &[u32],
+) -> Result<usize, EvalError> {
+    let Some(at) = context.rfind("Question:") else {
+        return Ok(0);
+    };
+    let before = tok.encode_raw(&context[..at])?;
+    Ok(common_prefix_len(&[&before, ids]))
 }
 
 /// Longest token prefix all sequences share.
@@ -370,8 +396,15 @@ pub fn eval_task(
                     let ids = &contexts[c.context.as_str()];
                     let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
                     if !prepared.contains_key(c.context.as_str()) {
-                        let p =
-                            prepare(src, tgt, mapper, &shared, prefix, (opts.anchor, opts.tail))?;
+                        let p = prepare(
+                            src,
+                            tgt,
+                            mapper,
+                            &shared,
+                            prefix,
+                            (opts.anchor, opts.tail),
+                            None,
+                        )?;
                         map_s += p.map_seconds;
                         pre_s += p.reprefill_seconds;
                         prepared.insert(c.context.as_str(), p);
@@ -402,7 +435,20 @@ pub fn eval_task(
             } => {
                 let ids = &contexts[context.as_str()];
                 let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
-                let p = prepare(src, tgt, mapper, &shared, prefix, (opts.anchor, opts.tail))?;
+                let read_from = if opts.target_reads_question {
+                    Some(question_start(tok, context, ids)?)
+                } else {
+                    None
+                };
+                let p = prepare(
+                    src,
+                    tgt,
+                    mapper,
+                    &shared,
+                    prefix,
+                    (opts.anchor, opts.tail),
+                    read_from,
+                )?;
                 map_s += p.map_seconds;
                 pre_s += p.reprefill_seconds;
                 let (ids_r, text_r) = generate_until(tgt, p.reference, last, stop, *max_tokens)?;
@@ -463,6 +509,7 @@ fn summarise(
         kind: def.kind,
         shots: def.shots,
         items: n,
+        target_reads_question: opts.target_reads_question && def.kind == TaskKind::GenerateNumber,
         accuracy_reference: wilson(count(&|o| o.reference_correct), n),
         accuracy_mapped: wilson(count(&|o| o.mapped_correct), n),
         accuracy_floor: wilson(count(&|o| o.floor_correct), n),

@@ -94,8 +94,6 @@ impl SessionWriter {
     }
 }
 
-/// Where a new session goes by default: `dir/sessions/<UTC start time>.jsonl`, with a
-/// counter appended when a session started in the same second already has that name.
 /// Whether a session could be recorded to `path`, checked before anything is loaded: no
 /// file where a directory of the path has to be, and no session there already.
 pub fn check_record_path(path: &Path) -> Result<(), SessionError> {
@@ -113,9 +111,16 @@ pub fn check_record_path(path: &Path) -> Result<(), SessionError> {
     Ok(())
 }
 
+/// Where a new session goes by default: `dir/sessions/<UTC start time>-<process id>.jsonl`,
+/// with a counter appended when that name is taken. Two recordings started in the same
+/// second by different processes get different names without either seeing the other's
+/// file (which exists only once its models have loaded).
 pub fn default_session_path(dir: impl AsRef<Path>) -> PathBuf {
-    let sessions = dir.as_ref().join("sessions");
-    let stamp = UtcTime::now().file_stamp();
+    session_path_in(&dir.as_ref().join("sessions"), std::process::id())
+}
+
+fn session_path_in(sessions: &Path, process: u32) -> PathBuf {
+    let stamp = format!("{}-{process}", UtcTime::now().file_stamp());
     let mut path = sessions.join(format!("{stamp}.jsonl"));
     let mut n = 1;
     while path.exists() {
@@ -128,6 +133,26 @@ pub fn default_session_path(dir: impl AsRef<Path>) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_names_differ_between_processes_and_skip_taken_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = session_path_in(dir.path(), 100);
+        let b = session_path_in(dir.path(), 101);
+        assert_ne!(a, b, "two processes in the same second");
+        std::fs::write(&a, "taken").unwrap();
+        let again = session_path_in(dir.path(), 100);
+        assert_ne!(again, a);
+        assert!(
+            again.to_string_lossy().ends_with("-100-2.jsonl"),
+            "{}",
+            again.display()
+        );
+        let name = default_session_path(dir.path());
+        assert!(name.starts_with(dir.path().join("sessions")));
+        let pid = format!("-{}.jsonl", std::process::id());
+        assert!(name.to_string_lossy().ends_with(&pid), "{}", name.display());
+    }
 
     #[test]
     fn a_record_path_under_a_file_or_onto_a_session_is_refused_up_front() {

@@ -249,6 +249,11 @@ impl App {
     }
 
     /// Whether the engine is generating or switching.
+    /// The message of the error that stopped the engine, if one did.
+    pub fn fatal_error(&self) -> Option<&str> {
+        self.fatal.as_deref()
+    }
+
     pub fn busy(&self) -> bool {
         self.turn_running || self.switches_pending > 0
     }

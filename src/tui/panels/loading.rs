@@ -21,6 +21,10 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
     if let Some(err) = &app.fatal {
         lines.extend(wrap(&[(err, BOLD.fg(BAD))], text_width));
         lines.push(Line::default());
+        lines.push(Line::from(Span::styled(
+            "the engine has stopped: press q to quit",
+            BOLD,
+        )));
     }
     lines.push(Line::from(Span::styled("q quits · ? shows the keys", DIM)));
     let height = 2 + 4 + lines.len() as u16;
@@ -34,6 +38,8 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
     ])
     .areas(body);
     let (title, ratio, label) = match &app.loading {
+        // Nothing is working any more: the gauge must not look as if it were.
+        _ if app.fatal.is_some() => ("could not start".to_string(), 0.0, "stopped".to_string()),
         Some(p) => {
             let ratio = if p.total > 0 {
                 (p.done as f64 / p.total as f64).clamp(0.0, 1.0)
