@@ -421,6 +421,11 @@ pub struct FetchArgs {
     /// Fetch every entry of the manifest (models and data sets).
     #[arg(long, conflicts_with_all = ["names", "pair"])]
     pub all: bool,
+    /// Hash every cached file again, whatever its stamp says (a start-up trusts a file
+    /// whose size and modification time are unchanged), and fetch again what no longer
+    /// matches; without names, every entry in the cache.
+    #[arg(long)]
+    pub verify: bool,
 }
 
 #[derive(Debug, Args)]

@@ -113,6 +113,9 @@ fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> 
 }
 
 fn fetch_cmd(a: FetchArgs) -> Result<()> {
+    if a.verify {
+        return verify_cmd(a);
+    }
     let names = fetch::Manifest::builtin()?.selection(a.all, a.pair.as_deref(), &a.names)?;
     for name in names {
         let progress = BarProgress::new();
@@ -125,6 +128,38 @@ fn fetch_cmd(a: FetchArgs) -> Result<()> {
             "already in the cache".to_string()
         };
         eprintln!("{name}: {} ({how})", got.path.display());
+    }
+    Ok(())
+}
+
+fn verify_cmd(a: FetchArgs) -> Result<()> {
+    let every = a.names.is_empty() && a.pair.is_none();
+    let names =
+        fetch::Manifest::builtin()?.selection(a.all || every, a.pair.as_deref(), &a.names)?;
+    let mut damaged = 0usize;
+    for name in names {
+        let progress = BarProgress::new();
+        let v = fetch::verify_by_name(&name, &progress)?;
+        drop(progress);
+        match v {
+            fetch::Verified::Intact { path } => {
+                eprintln!("{name}: {} (every byte checked: intact)", path.display())
+            }
+            fetch::Verified::Refetched { path, problem } => {
+                damaged += 1;
+                eprintln!("{name}: {problem}; fetched again to {}", path.display())
+            }
+            fetch::Verified::Absent { .. } if every => {}
+            fetch::Verified::Absent { path } => {
+                eprintln!(
+                    "{name}: not in the cache ({}); `baton fetch {name}` fetches it",
+                    path.display()
+                )
+            }
+        }
+    }
+    if damaged > 0 {
+        eprintln!("{damaged} damaged entries were replaced");
     }
     Ok(())
 }

@@ -279,3 +279,42 @@ fn a_record_path_under_a_file_is_refused_before_anything_loads() {
     );
     assert!(!err.contains("no-such-model"), "{err}");
 }
+
+#[test]
+fn info_says_whether_the_digest_was_hashed_now_or_trusted_from_its_stamp() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("copy.gguf");
+    std::fs::copy(common::smollm(), &p).unwrap();
+    let check = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["info", "--json", "--model", p.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            v["sha256_check"].as_str().unwrap_or_default().to_string(),
+            v["identity"]["sha256"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    };
+    let (first, sha) = check();
+    assert_eq!(first, "hashed_now");
+    let (second, again) = check();
+    assert_eq!(second, "stamp", "the second start trusts the stamp");
+    assert_eq!(sha, again);
+    // A changed modification time voids the stamp: hashed again.
+    std::fs::File::options()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(check().0, "hashed_now");
+}

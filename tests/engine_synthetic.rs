@@ -32,6 +32,7 @@ fn load_model(dir: &Path, name: &str) -> Model {
         name: name.into(),
         path: dir.to_path_buf(),
         sha256: baton::fetch::local_sha256(dir).unwrap(),
+        sha256_check: baton::model::DigestCheck::HashedNow,
         source: None,
     };
     Model::load(&r, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)).unwrap()

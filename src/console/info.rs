@@ -1,6 +1,6 @@
 //! `baton info`: what a model is, as a table for people or one JSON document.
 
-use crate::model::{Model, ModelConfig, ModelIdentity};
+use crate::model::{DigestCheck, Model, ModelConfig, ModelIdentity};
 use serde::Serialize;
 use std::fmt::Write;
 
@@ -11,6 +11,8 @@ pub struct ModelSummary<'a> {
     pub config: &'a ModelConfig,
     pub kv_width: usize,
     pub chat_template: bool,
+    /// Whether the sha256 was computed from the bytes now or trusted from its stamp.
+    pub sha256_check: DigestCheck,
     pub load_conversions: Vec<Conversion<'a>>,
 }
 
@@ -32,6 +34,7 @@ impl<'a> ModelSummary<'a> {
             config: c,
             kv_width: c.kv_width(),
             chat_template: m.template.is_some(),
+            sha256_check: m.sha256_check,
             load_conversions: m
                 .decoder
                 .weights()
@@ -59,7 +62,17 @@ impl<'a> ModelSummary<'a> {
         row("model", id.name.clone());
         row("path", id.path.display().to_string());
         row("format", format!("{:?}", id.format));
-        row("sha256", id.sha256.clone());
+        row(
+            "sha256",
+            match self.sha256_check {
+                DigestCheck::HashedNow => format!("{} (hashed now)", id.sha256),
+                DigestCheck::Stamp => format!(
+                    "{} (from its stamp: size and modification time unchanged since it was \
+                     last hashed; `baton fetch --verify` hashes it again)",
+                    id.sha256
+                ),
+            },
+        );
         row("architecture", c.arch.name().to_string());
         row("layers", c.n_layer.to_string());
         row("hidden", c.hidden.to_string());

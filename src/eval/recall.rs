@@ -105,7 +105,8 @@ pub struct RecallResult {
     pub em_mapped: Estimate,
     /// F1 mapped / F1 re-prefilled.
     pub f1_retention: Estimate,
-    /// (F1 mapped − F1 source) / (F1 target − F1 source).
+    /// (F1 mapped − F1 source) / (F1 target − F1 source); undefined (NaN) unless the
+    /// target alone beats the source alone.
     pub gap_recovered: Estimate,
     /// Share of turns with the mapped answer identical to the re-prefilled one.
     pub identical: Estimate,
@@ -304,9 +305,8 @@ pub fn summarise(
         em_reference: mean(4),
         em_mapped: mean(5),
         f1_retention: est(&|m| (m[1] > 0.0).then(|| m[2] / m[1])),
-        gap_recovered: est(&|m| {
-            ((m[1] - m[0]).abs() > 1e-9).then(|| (m[2] - m[0]) / (m[1] - m[0]))
-        }),
+        // Only a target better than the source leaves a gap to recover.
+        gap_recovered: est(&|m| (m[1] - m[0] > 1e-9).then(|| (m[2] - m[0]) / (m[1] - m[0]))),
         identical: mean(6),
         f1_mapped_vs_reference: mean(7),
         map_seconds: map_s / n,
@@ -391,6 +391,10 @@ mod tests {
     #[test]
     fn no_gap_between_the_models_leaves_the_gap_recovered_undefined() {
         let turns = vec![turn(0, [0.5, 0.5, 0.4], false)];
+        let r = summarise(1, turns, (0.0, 0.0), &RecallOptions::default());
+        assert!(r.gap_recovered.value.is_nan());
+        // Towards the weaker model there is no gap to recover either.
+        let turns = vec![turn(0, [0.7, 0.4, 0.1], false)];
         let r = summarise(1, turns, (0.0, 0.0), &RecallOptions::default());
         assert!(r.gap_recovered.value.is_nan());
     }

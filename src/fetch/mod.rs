@@ -17,6 +17,7 @@ pub mod models;
 mod npm;
 mod progress;
 mod pypi;
+pub mod verify;
 
 use std::fs;
 use std::io;
@@ -28,6 +29,7 @@ pub use error::FetchError;
 pub use manifest::{Entry, Kind, Manifest, Source};
 pub use models::{local_sha256, open_model, resolve_model, OpenError};
 pub use progress::{BarProgress, FetchProgress, SilentProgress};
+pub use verify::Verified;
 
 /// Name of the marker that a data tree is complete (written last).
 pub const COMPLETE_MARKER: &str = ".complete";
@@ -41,6 +43,9 @@ pub struct Fetched {
     pub source_used: String,
     /// Whether anything was downloaded by this call.
     pub downloaded: bool,
+    /// Whether this call read every byte to check the digest (a download, or a stamp
+    /// that no longer fits the file); false when the stamp was trusted.
+    pub hashed_now: bool,
 }
 
 /// baton's cache dir: `BATON_CACHE_DIR` if set, else the platform cache dir for "baton".
@@ -87,6 +92,19 @@ pub fn ensure_by_name(name: &str, progress: &dyn FetchProgress) -> Result<Fetche
             known: manifest.known_names(),
         })?;
     ensure(entry, progress)
+}
+
+/// Hash the cached copy of the manifest entry `name` again, fetching it anew if it no
+/// longer matches (see [`verify`]).
+pub fn verify_by_name(name: &str, progress: &dyn FetchProgress) -> Result<Verified, FetchError> {
+    let manifest = Manifest::builtin()?;
+    let entry = manifest
+        .entry(name)
+        .ok_or_else(|| FetchError::UnknownName {
+            name: name.to_string(),
+            known: manifest.known_names(),
+        })?;
+    verify::verify_in(&cache_root(), entry, progress)
 }
 
 /// [`ensure`] with an explicit cache root.
@@ -220,6 +238,7 @@ fn ensure_file(
                 path: target,
                 source_used: sc.source,
                 downloaded: false,
+                hashed_now: false,
             });
         }
         progress.message(&format!("verifying {}", target.display()));
@@ -240,6 +259,7 @@ fn ensure_file(
                     path: target,
                     source_used: source,
                     downloaded: false,
+                    hashed_now: true,
                 });
             }
             Err(err @ (FetchError::SizeMismatch { .. } | FetchError::ChecksumMismatch { .. })) => {
@@ -290,6 +310,7 @@ fn ensure_file(
                     path: target,
                     source_used: label,
                     downloaded: true,
+                    hashed_now: true,
                 });
             }
             Err(err) => {
@@ -463,6 +484,7 @@ fn ensure_tree(
                 path: target,
                 source_used: source,
                 downloaded: false,
+                hashed_now: false,
             });
         }
     }
@@ -547,6 +569,7 @@ fn ensure_tree(
                     path: target,
                     source_used: label,
                     downloaded: true,
+                    hashed_now: true,
                 });
             }
             Err(err) => {

@@ -4,7 +4,7 @@
 //! network itself.
 
 use super::{checksum, FetchError, FetchProgress, Kind, Manifest, SilentProgress};
-use crate::model::{LoadOptions, Model, ModelError, ResolvedModel};
+use crate::model::{DigestCheck, LoadOptions, Model, ModelError, ResolvedModel};
 use candle_core::Device;
 use std::path::Path;
 
@@ -56,11 +56,13 @@ pub fn resolve_model(
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| spec.to_string());
+        let (sha256, sha256_check) = local_sha256_checked(as_path)?;
         return Ok(ResolvedModel {
             name,
             path: as_path.to_path_buf(),
-            sha256: local_sha256(as_path)?,
+            sha256,
             source: None,
+            sha256_check,
         });
     }
     if let Some(rest) = spec.strip_prefix("hf:") {
@@ -74,6 +76,11 @@ pub fn resolve_model(
                 path: fetched.path,
                 sha256: entry.sha256.clone(),
                 source: Some(fetched.source_used),
+                sha256_check: if fetched.hashed_now {
+                    DigestCheck::HashedNow
+                } else {
+                    DigestCheck::Stamp
+                },
             })
         }
         _ => Err(FetchError::UnknownModel {
@@ -121,11 +128,14 @@ fn resolve_hub(
         }
         super::hub::fetch_file(&repo_id, file, None, &root.join("hub"), &dest, progress)?;
     }
+    // No pinned digest: the one reported is computed from the downloaded bytes.
+    let (sha256, sha256_check) = local_sha256_checked(&dest)?;
     Ok(ResolvedModel {
         name: spec.to_string(),
-        sha256: local_sha256(&dest)?,
+        sha256,
         path: dest,
         source: Some(format!("hub {repo_id}")),
+        sha256_check,
     })
 }
 
@@ -133,9 +143,16 @@ fn resolve_hub(
 /// GGUF file; for a safetensors directory, of the sorted list of (file name, sha256) of
 /// its weight files.
 pub fn local_sha256(path: &Path) -> Result<String, FetchError> {
+    Ok(local_sha256_checked(path)?.0)
+}
+
+/// [`local_sha256`], saying whether every byte was hashed now or a stamp was trusted
+/// (for a directory: a stamp for any of its files).
+pub fn local_sha256_checked(path: &Path) -> Result<(String, DigestCheck), FetchError> {
     if !path.is_dir() {
         return file_sha256(path);
     }
+    let mut check = DigestCheck::HashedNow;
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     // A directory without weight files hashes as the empty list: the loader then
@@ -152,20 +169,24 @@ pub fn local_sha256(path: &Path) -> Result<String, FetchError> {
             .unwrap_or_default();
         h.update(name.as_bytes());
         h.update(b"\0");
-        h.update(file_sha256(&f)?.as_bytes());
+        let (sha, c) = file_sha256(&f)?;
+        if c == DigestCheck::Stamp {
+            check = DigestCheck::Stamp;
+        }
+        h.update(sha.as_bytes());
         h.update(b"\n");
     }
-    Ok(hex::encode(h.finalize()))
+    Ok((hex::encode(h.finalize()), check))
 }
 
 /// sha256 of a file, remembered in a sidecar next to it (keyed by size and mtime) so a
 /// 1 GB model is hashed once, not at every start.
-fn file_sha256(path: &Path) -> Result<String, FetchError> {
+fn file_sha256(path: &Path) -> Result<(String, DigestCheck), FetchError> {
     if let (Some(sc), Some((size, mtime))) =
         (checksum::read_sidecar(path), checksum::size_mtime(path))
     {
         if sc.size == size && sc.mtime_ns == mtime {
-            return Ok(sc.sha256);
+            return Ok((sc.sha256, DigestCheck::Stamp));
         }
     }
     let (sha, _) = super::sha256_file(path, &SilentProgress)?;
@@ -173,7 +194,7 @@ fn file_sha256(path: &Path) -> Result<String, FetchError> {
     if let Err(e) = checksum::write_sidecar(path, &sha, "local file", false) {
         tracing::debug!(path = %path.display(), error = %e, "could not write checksum sidecar");
     }
-    Ok(sha)
+    Ok((sha, DigestCheck::HashedNow))
 }
 
 #[cfg(test)]

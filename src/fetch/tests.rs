@@ -90,9 +90,16 @@ fn existing_good_file_is_trusted_and_bad_one_removed() {
     assert!(!got.downloaded);
     assert_eq!(got.source_used, "local file");
     assert!(checksum::sidecar_path(&target).exists());
-    // second call trusts the sidecar
+    assert!(got.hashed_now, "the first call reads every byte");
+    // second call trusts the sidecar, and says so
     let again = ensure_in(root.path(), &entry, &SilentProgress).unwrap();
-    assert_eq!(again, got);
+    assert_eq!(
+        again,
+        Fetched {
+            hashed_now: false,
+            ..got
+        }
+    );
 }
 
 /// Everything that touches environment variables lives in this one test.

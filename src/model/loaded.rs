@@ -30,6 +30,20 @@ pub struct Model {
     /// `None` when the model ships no template; chat mode then refuses with a reason.
     pub template: Option<ChatTemplate>,
     pub identity: ModelIdentity,
+    /// Whether `identity.sha256` was computed from the bytes at this load or trusted
+    /// from a stamp.
+    pub sha256_check: DigestCheck,
+}
+
+/// How the sha256 a model reports was established at this start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DigestCheck {
+    /// Computed from every byte of the weights now.
+    HashedNow,
+    /// Taken from the stamp written when the bytes were last hashed, trusted because the
+    /// file's size and modification time are unchanged since.
+    Stamp,
 }
 
 /// Where a model is and who it is, as the fetch layer hands it to the runtime.
@@ -42,6 +56,7 @@ pub struct ResolvedModel {
     pub sha256: String,
     /// Where it came from when it was fetched.
     pub source: Option<String>,
+    pub sha256_check: DigestCheck,
 }
 
 impl Model {
@@ -81,6 +96,7 @@ impl Model {
             tokenizer,
             template,
             identity,
+            sha256_check: resolved.sha256_check,
         })
     }
 

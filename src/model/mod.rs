@@ -20,6 +20,6 @@ pub use error::{ModelError, Result};
 pub use generate::{generate, generate_until, GenerateOptions, Generation, StopReason, Throughput};
 pub use kv_cache::{KvCache, KvShape, LayerKv};
 pub use load::{load_decoder, LoadedDecoder, ModelFormat};
-pub use loaded::{Model, ModelIdentity, ResolvedModel};
+pub use loaded::{DigestCheck, Model, ModelIdentity, ResolvedModel};
 pub use sampler::{Sampler, Sampling};
 pub use weights::LoadOptions;
