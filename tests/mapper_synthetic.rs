@@ -416,11 +416,17 @@ fn artifact_round_trips_and_refuses_other_models() {
         err.contains("source model") && err.contains("baton calibrate"),
         "{err}"
     );
-    // Same weights, other tokenizer.
-    let mut other = tr.clone();
-    other.tokenizer_fingerprint = "0".repeat(64);
-    let err = back.check(&sr, &other).unwrap_err().to_string();
-    assert!(err.contains("target tokenizer"), "{err}");
+    // Same weights, other tokenizer (on both sides, so the pair itself is one family).
+    let (mut s2, mut t2) = (sr.clone(), tr.clone());
+    s2.tokenizer_fingerprint = "0".repeat(64);
+    t2.tokenizer_fingerprint = "0".repeat(64);
+    let err = back.check(&s2, &t2).unwrap_err().to_string();
+    assert!(err.contains("source tokenizer"), "{err}");
+    // A pair whose tokenizers differ: no calibration could help, and the error says so
+    // instead of suggesting one.
+    let err = back.check(&sr, &t2).unwrap_err().to_string();
+    assert!(err.contains("different tokenizers"), "{err}");
+    assert!(!err.contains("baton calibrate"), "{err}");
     // A file that is not an artifact.
     let junk = dir.path().join("junk.safetensors");
     std::fs::write(&junk, b"not safetensors").unwrap();

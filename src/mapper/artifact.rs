@@ -29,6 +29,9 @@ pub enum ArtifactError {
     Bad { path: PathBuf, reason: String },
     #[error("{0}")]
     Mismatch(Box<Mismatch>),
+    /// No mapper can join these two: calibrating them would be refused too.
+    #[error("{source_name} and {target} use different tokenizers, so no mapper can hand a cache from one to the other (the token ids differ): pick two models of the same family")]
+    TokenizersDiffer { source_name: String, target: String },
     #[error("no mapper from {source_name} to {target}: run `baton calibrate --source {source_name} --target {target}` first")]
     Missing { source_name: String, target: String },
     #[error("mapper {path} does not fit the models: {source}")]
@@ -453,6 +456,13 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
 impl MapperArtifact {
     /// Refuse to apply a mapper made for other models or another tokenizer.
     pub fn check(&self, source: &ModelRef, target: &ModelRef) -> Result<(), ArtifactError> {
+        // Said first: "calibrate this pair" would be wrong advice for such a pair.
+        if source.tokenizer_fingerprint != target.tokenizer_fingerprint {
+            return Err(ArtifactError::TokenizersDiffer {
+                source_name: source.name.clone(),
+                target: target.name.clone(),
+            });
+        }
         let m = &self.meta;
         let checks = [
             ("source model", &m.source.sha256, &source.sha256),
