@@ -13,6 +13,10 @@ use std::path::Path;
 pub enum BenchError {
     #[error("--lengths: {tokens} tokens is outside 2..{max} (the models' context)")]
     Length { tokens: usize, max: usize },
+    #[error("--repeats 0 times nothing: use --repeats 1 or more")]
+    NoRepeats,
+    #[error("--suffix {suffix} must be at least 1 and shorter than every length (here {tokens}): the suffix is the new part of a longer context")]
+    Suffix { suffix: usize, tokens: usize },
     #[error(transparent)]
     Artifact(#[from] ArtifactError),
     #[error(transparent)]
@@ -43,10 +47,8 @@ pub fn sweep(
         .min()
         .unwrap_or(0);
     check_lengths(plan.lengths, max)?;
-    let opts = BenchOptions {
-        repeats: plan.options.repeats.max(1),
-        ..plan.options
-    };
+    check_options(plan.lengths, &plan.options)?;
+    let opts = plan.options;
     let mut results = Vec::new();
     for &(s, t) in directions {
         let (art, mapper) = artifact::open_for(plan.mapper_dir, s, t)?;
@@ -85,9 +87,41 @@ fn check_lengths(lengths: &[usize], max: usize) -> Result<(), BenchError> {
     }
 }
 
+/// What the options ask for must be what is timed: nothing is quietly changed.
+fn check_options(lengths: &[usize], opts: &BenchOptions) -> Result<(), BenchError> {
+    if opts.repeats == 0 {
+        return Err(BenchError::NoRepeats);
+    }
+    match lengths
+        .iter()
+        .find(|&&l| opts.suffix == 0 || opts.suffix >= l)
+    {
+        Some(&tokens) => Err(BenchError::Suffix {
+            suffix: opts.suffix,
+            tokens,
+        }),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_repeats_and_a_suffix_outside_every_length_are_refused_not_clamped() {
+        let o = |repeats, suffix| BenchOptions { repeats, suffix };
+        assert!(check_options(&[128, 1024], &o(3, 64)).is_ok());
+        assert!(matches!(
+            check_options(&[128], &o(0, 64)),
+            Err(BenchError::NoRepeats)
+        ));
+        let e = check_options(&[1024, 128], &o(3, 128))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--suffix 128") && e.contains("here 128"), "{e}");
+        assert!(check_options(&[128], &o(3, 0)).is_err());
+    }
 
     #[test]
     fn a_length_past_the_context_or_below_two_is_refused_by_value() {

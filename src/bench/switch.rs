@@ -166,7 +166,12 @@ pub fn bench_point(
     tokens: usize,
     opts: &BenchOptions,
 ) -> Result<BenchPoint, ModelError> {
-    let suffix = opts.suffix.min(tokens.saturating_sub(1));
+    let suffix = opts.suffix;
+    if suffix == 0 || suffix >= tokens {
+        return Err(ModelError::Unsupported(format!(
+            "a suffix of {suffix} tokens must be at least 1 and shorter than the {tokens}-token context"
+        )));
+    }
     let ids = bench_tokens(
         tokens,
         tgt.config().vocab_size.min(src.config().vocab_size),
