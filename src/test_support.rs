@@ -54,3 +54,11 @@ fn scalar(v: &Value) -> &'static str {
         Value::Object(_) => "object",
     }
 }
+
+/// Says that `test` (or a part of it) did not run and why, where the test output shows it:
+/// written to the process's stderr directly, past the test harness's capture, so a skip
+/// is never mistaken for a pass.
+pub fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}

@@ -153,17 +153,8 @@ fn smollm2_template_is_prefix_stable() {
 
 #[test]
 fn qwen3_template_renders_with_python_methods() {
-    let Some(json) = env_path("BATON_TEST_QWEN_TOKENIZER_JSON") else {
-        return;
-    };
-    let config = json.with_file_name("tokenizer_config.json");
-    if !config.is_file() {
-        eprintln!(
-            "note: no tokenizer_config.json next to {}; skipping",
-            json.display()
-        );
-        return;
-    }
+    let json = common::qwen_tokenizer_json();
+    let config = common::qwen_tokenizer_config();
     let tok = TextTokenizer::from_tokenizer_json(&json).expect("tokenizer.json");
     let tmpl = ChatTemplate::from_tokenizer_config(&config).expect("template");
     let conv = [

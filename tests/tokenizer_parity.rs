@@ -353,9 +353,7 @@ fn content_from_tokenizer_json(path: &PathBuf, pre: &str) -> Content {
 
 #[test]
 fn llama3_gguf_route_matches_tokenizer_json() {
-    let Some(json) = env_path("BATON_TEST_LLAMA3_TOKENIZER_JSON") else {
-        return;
-    };
+    let json = common::llama3_tokenizer_json();
     let from_meta = TextTokenizer::from_gguf(&content_from_tokenizer_json(&json, "llama-bpe"))
         .expect("gguf route");
     let from_json = TextTokenizer::from_tokenizer_json(&json).expect("tokenizer.json");

@@ -51,7 +51,10 @@ impl Drop for KillOnDrop {
 #[test]
 fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
     if Command::new("tmux").arg("-V").output().is_err() {
-        eprintln!("note: tmux is not installed; skipping (scripts/test installs it)");
+        common::skipped(
+            "a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded",
+            "tmux is not installed (scripts/test installs it)",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -188,7 +191,10 @@ fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
 #[test]
 fn a_fatal_start_up_error_is_shown_and_the_workbench_exits_non_zero() {
     if Command::new("tmux").arg("-V").output().is_err() {
-        eprintln!("SKIPPED a_fatal_start_up_error_is_shown: tmux is not installed (scripts/test installs it)");
+        common::skipped(
+            "a_fatal_start_up_error_is_shown_and_the_workbench_exits_non_zero",
+            "tmux is not installed (scripts/test installs it)",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();

