@@ -194,6 +194,9 @@ fn generate_cmd(a: GenerateArgs, dev: &Device) -> Result<()> {
 fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
     // Nothing named: both models of the default pair.
     let names = fetch::Manifest::builtin()?.selection(false, None, &a.model)?;
+    if !baton::bench::decoder::PEER_BUILT {
+        eprintln!("timing baton alone: this build has no peer to compare with (cargo run --release --features peer-bench -- bench-model)");
+    }
     let mut all = Vec::new();
     for name in &names {
         let progress = BarProgress::new();

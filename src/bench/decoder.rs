@@ -5,13 +5,16 @@
 //! Both engines run on the CPU in one process. After one warm-up run of each (which also
 //! builds any lazily repacked weight layouts), the engines alternate per repeat so drift in
 //! machine load hits both alike, and each row reports the median over the repeats.
+//!
+//! The peer is compiled in only with the `peer-bench` feature (`cargo run --release
+//! --features peer-bench -- bench-model`): the workbench never needs it, and it is a
+//! large crate to build.
 
-use crate::model::load::{load_decoder, read_gguf_header, ModelFormat};
+use crate::model::load::{load_decoder, ModelFormat};
 use crate::model::Decoder;
 use crate::model::LoadOptions;
 use crate::model::{ModelError, Result};
-use candle_core::{Device, Tensor};
-use candle_transformers::models::quantized_qwen2;
+use candle_core::Device;
 use std::path::Path;
 use std::time::Instant;
 
@@ -101,15 +104,41 @@ fn time_baton(dec: &Decoder, prompt: &[u32], steps: &[u32]) -> Result<(f64, f64)
     Ok((prefill, t1.elapsed().as_secs_f64()))
 }
 
+/// Whether this build can time the peer.
+pub const PEER_BUILT: bool = cfg!(feature = "peer-bench");
+
+#[cfg(feature = "peer-bench")]
+type Peer = candle_transformers::models::quantized_qwen2::ModelWeights;
+/// Without the feature there is no peer to hold.
+#[cfg(not(feature = "peer-bench"))]
+enum Peer {}
+
+#[cfg(feature = "peer-bench")]
+fn load_peer(path: &Path, dev: &Device) -> Result<Option<Peer>> {
+    let content = crate::model::load::read_gguf_header(path)?;
+    let mut f = std::fs::File::open(path).map_err(|e| ModelError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    Ok(Some(Peer::from_gguf(content, &mut f, dev)?))
+}
+
+#[cfg(not(feature = "peer-bench"))]
+fn load_peer(_: &Path, _: &Device) -> Result<Option<Peer>> {
+    Ok(None)
+}
+
+#[cfg(not(feature = "peer-bench"))]
+fn time_peer(m: &mut Peer, _: &[u32], _: &[u32], _: &Device) -> Result<(f64, f64)> {
+    match *m {}
+}
+
 /// Seconds for (prefill, decode) with candle-transformers' quantized qwen2.
-fn time_peer(
-    m: &mut quantized_qwen2::ModelWeights,
-    prompt: &[u32],
-    steps: &[u32],
-    dev: &Device,
-) -> Result<(f64, f64)> {
+#[cfg(feature = "peer-bench")]
+fn time_peer(m: &mut Peer, prompt: &[u32], steps: &[u32], dev: &Device) -> Result<(f64, f64)> {
     m.clear_kv_cache();
     let t0 = Instant::now();
+    use candle_core::Tensor;
     let x = Tensor::new(prompt, dev)?.unsqueeze(0)?;
     let l = m.forward(&x, 0)?;
     let _ = l.dims();
@@ -195,14 +224,7 @@ pub fn bench_model(
             .and_then(|v| v.to_string().ok().cloned())
             .is_some_and(|a| a == "qwen2");
     let mut peer = if is_qwen2 {
-        let content = read_gguf_header(path)?;
-        let mut f = std::fs::File::open(path).map_err(|e| ModelError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
-        Some(quantized_qwen2::ModelWeights::from_gguf(
-            content, &mut f, &dev,
-        )?)
+        load_peer(path, &dev)?
     } else {
         None
     };
