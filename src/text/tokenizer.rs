@@ -333,7 +333,7 @@ impl TextTokenizer {
             .build()
             .map_err(build_err)?;
         let mut tokenizer = Tokenizer::new(ModelWrapper::BPE(bpe));
-        tokenizer.with_normalizer(pre.normalizer());
+        tokenizer.with_normalizer(pre.normalizer()).map_err(build_err)?;
         tokenizer.with_pre_tokenizer(Some(pre.pre_tokenizer()?));
         tokenizer.with_decoder(Some(ByteLevelDecoder::new(false, false, false)));
 
@@ -376,7 +376,7 @@ impl TextTokenizer {
                 AddedToken::from(tok.to_string(), ty != TOKEN_TYPE_USER_DEFINED).normalized(false)
             })
             .collect();
-        tokenizer.add_tokens(&added);
+        tokenizer.add_tokens(added).map_err(build_err)?;
 
         let mut extra_eos = Vec::new();
         for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
