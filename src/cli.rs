@@ -121,6 +121,14 @@ pub struct BenchArgs {
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OracleArg {
+    TrueKeys,
+    TrueValues,
+    /// Both halves the target's own: checks the diagnosis itself.
+    TrueBoth,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum PrecisionArg {
     Int8,
     F32,
@@ -281,6 +289,11 @@ pub struct EvalArgs {
     /// re-prefilled answer. 0 runs none.
     #[arg(long, default_value_t = 0)]
     pub conversations: usize,
+    /// A diagnosis of the recall suite, not a handoff: the mapped cache gets the
+    /// target's own keys (true-keys) or values (true-values), to tell which half loses
+    /// the facts.
+    #[arg(long, value_enum)]
+    pub oracle: Option<OracleArg>,
     /// Skip the held-out text evaluation (tasks and conversations only).
     #[arg(long)]
     pub no_text: bool,
@@ -594,6 +607,11 @@ impl EvalArgs {
             baton::eval::recall::RecallOptions {
                 anchor: self.anchor,
                 tail: self.tail,
+                oracle: self.oracle.map(|o| match o {
+                    OracleArg::TrueKeys => baton::eval::recall::Oracle::TrueKeys,
+                    OracleArg::TrueValues => baton::eval::recall::Oracle::TrueValues,
+                    OracleArg::TrueBoth => baton::eval::recall::Oracle::TrueBoth,
+                }),
                 ..Default::default()
             },
         )

@@ -6,7 +6,7 @@ mod common;
 use baton::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::data::corpus::{self, Split};
 use baton::data::recall::load_conversations;
-use baton::eval::recall::{eval_recall, RecallOptions};
+use baton::eval::recall::{eval_recall, Oracle, RecallOptions};
 use baton::eval::text::{eval_text, TextEval, TextEvalOptions};
 use candle_core::Device;
 use std::sync::atomic::AtomicBool;
@@ -126,6 +126,19 @@ fn recall_turns_run_the_three_paths(
             t.question_number, t.mapped, t.reference
         );
         assert_eq!(t.f1_mapped, t.f1_reference);
+    }
+    // The diagnosis with both halves the target's own is the target's own cache.
+    let own = RecallOptions {
+        oracle: Some(Oracle::TrueBoth),
+        ..opts(0)
+    };
+    let own = eval_recall(src, tgt, mapper, &convs, &own, &mut |_| {}).unwrap();
+    for t in &own.outcomes {
+        assert!(
+            t.identical,
+            "turn {}: {:?} vs {:?}",
+            t.question_number, t.mapped, t.reference
+        );
     }
     let mapped = eval_recall(src, tgt, mapper, &convs, &opts(0), &mut |_| {}).unwrap();
     for (a, b) in mapped.outcomes.iter().zip(&reread.outcomes) {

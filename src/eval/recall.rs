@@ -40,6 +40,21 @@ pub const ACKNOWLEDGEMENT: &str = "I have read the passage. Ask me about it.";
 /// Appended to every question, so that answers are short phrases, as SQuAD's are.
 pub const ANSWER_STYLE: &str = "Answer in a few words, using the passage.";
 
+/// A diagnosis: one half of the mapped positions replaced by the target's own, to tell
+/// whether the facts are lost in the keys (where attention reads) or in the values (what
+/// it reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Oracle {
+    /// The target's own keys with the mapped values.
+    TrueKeys,
+    /// The mapped keys with the target's own values.
+    TrueValues,
+    /// Both halves the target's own, through the same path: a check of the diagnosis
+    /// itself, whose answers must be the re-prefilled ones.
+    TrueBoth,
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct RecallOptions {
     /// Leading positions the target computes itself (attention sinks).
@@ -50,6 +65,9 @@ pub struct RecallOptions {
     pub max_answer_tokens: usize,
     pub bootstrap_resamples: usize,
     pub seed: u64,
+    /// Not a handoff: a diagnosis (see [`Oracle`]); `None` maps both halves.
+    #[serde(default)]
+    pub oracle: Option<Oracle>,
 }
 
 impl Default for RecallOptions {
@@ -60,6 +78,7 @@ impl Default for RecallOptions {
             max_answer_tokens: 32,
             bootstrap_resamples: 2000,
             seed: 20_261_201,
+            oracle: None,
         }
     }
 }
@@ -96,6 +115,9 @@ pub struct RecallResult {
     pub turns: usize,
     pub anchor: usize,
     pub tail: usize,
+    /// Set when this was a diagnosis, not a handoff.
+    #[serde(default)]
+    pub oracle: Option<Oracle>,
     /// Mean F1 / exact match against the reference answers, 95% intervals.
     pub f1_source: Estimate,
     pub f1_reference: Estimate,
@@ -206,13 +228,24 @@ pub fn eval_recall(
             let t1 = Instant::now();
             let mut mapped = reference.try_clone_prefix(anchor)?;
             if map_end > anchor {
-                mapped.extend_with(&mapper.map_range(
+                let mut layers = mapper.map_range(
                     &src_cache,
                     src.decoder.rope(),
                     tgt.decoder.rope(),
                     anchor,
                     map_end,
-                )?)?;
+                )?;
+                if let Some(oracle) = opts.oracle {
+                    for (l, layer) in layers.iter_mut().enumerate() {
+                        let own = reference.layer_range(l, anchor, map_end)?;
+                        match oracle {
+                            Oracle::TrueKeys => layer.k = own.k,
+                            Oracle::TrueValues => layer.v = own.v,
+                            Oracle::TrueBoth => *layer = own,
+                        }
+                    }
+                }
+                mapped.extend_with(&layers)?;
             }
             if map_end < h {
                 tgt.decoder
@@ -298,6 +331,7 @@ pub fn summarise(
         turns: outcomes.len(),
         anchor: opts.anchor,
         tail: opts.tail,
+        oracle: opts.oracle,
         f1_source: mean(0),
         f1_reference: mean(1),
         f1_mapped: mean(2),

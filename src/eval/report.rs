@@ -101,7 +101,11 @@ pub fn recall_line(direction: &str, r: &RecallResult) -> String {
         format!("{:.3} [{:.3}, {:.3}]", e.value, e.ci95[0], e.ci95[1])
     };
     format!(
-        "{direction} recall: {} conversations, {} turns | F1 source alone {}  target alone {}  mapped {} | EM {:.3} / {:.3} / {:.3} | F1 retention {}  gap recovered {}  identical {} | map {:.1} ms vs re-prefill {:.0} ms",
+        "{direction} recall{}: {} conversations, {} turns | F1 source alone {}  target alone {}  mapped {} | EM {:.3} / {:.3} / {:.3} | F1 retention {}  gap recovered {}  identical {} | map {:.1} ms vs re-prefill {:.0} ms",
+        match r.oracle {
+            None => String::new(),
+            Some(o) => format!(" (diagnosis: {o:?})"),
+        },
         r.conversations,
         r.turns,
         ci(&r.f1_source),

@@ -333,7 +333,9 @@ impl TextTokenizer {
             .build()
             .map_err(build_err)?;
         let mut tokenizer = Tokenizer::new(ModelWrapper::BPE(bpe));
-        tokenizer.with_normalizer(pre.normalizer()).map_err(build_err)?;
+        tokenizer
+            .with_normalizer(pre.normalizer())
+            .map_err(build_err)?;
         tokenizer.with_pre_tokenizer(Some(pre.pre_tokenizer()?));
         tokenizer.with_decoder(Some(ByteLevelDecoder::new(false, false, false)));
 
