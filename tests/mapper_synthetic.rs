@@ -397,6 +397,15 @@ fn artifact_round_trips_and_refuses_other_models() {
     };
     artifact::save(maps, &meta, &path).unwrap();
     assert!(path.with_extension("json").is_file());
+    // Damaged copies of it are read or refused, never a panic; the damage lands in the
+    // length prefix and the JSON header, where the reader is led by the file.
+    let seed = std::fs::read(&path).unwrap();
+    let fuzzed = dir.path().join("fuzzed.safetensors");
+    let read = |b: &[u8]| {
+        std::fs::write(&fuzzed, b).unwrap();
+        artifact::load(&fuzzed).is_ok()
+    };
+    common::fuzz::fuzz("mapper artifact", &seed, 4096, common::fuzz::cases(), &read);
     let back = artifact::load(&path).unwrap();
     for (x, y) in f
         .keys
