@@ -234,14 +234,15 @@ fn build_shared(
 }
 
 /// The token position where `context`'s final question starts (its last `Question:`),
-/// as the context's own tokens have it; the context's start when it has none.
-fn question_start(
+/// as the context's own tokens have it; the context's end when it has none (nothing is
+/// then read by the target but what it always reads).
+pub fn question_start(
     tok: &crate::text::TextTokenizer,
     context: &str,
     ids: &[u32],
 ) -> Result<usize, EvalError> {
     let Some(at) = context.rfind("Question:") else {
-        return Ok(0);
+        return Ok(ids.len());
     };
     let before = tok.encode_raw(&context[..at])?;
     Ok(common_prefix_len(&[&before, ids]))
