@@ -24,10 +24,10 @@ fn the_final_question_starts_where_its_tokens_do() {
         mapped.ends_with("the answer is 2.\n\n") || mapped.ends_with("the answer is 2."),
         "{mapped:?}"
     );
-    // A context without a question is mapped whole... from its start: nothing to split.
+    // A context without a question has nothing for the target to read: mapped whole.
     let plain = tok.encode_raw("no questions here").unwrap();
     assert_eq!(
         question_start(&tok, "no questions here", &plain).unwrap(),
-        0
+        plain.len()
     );
 }
