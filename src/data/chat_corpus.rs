@@ -89,7 +89,7 @@ fn conversations_of(
             at = end;
             let text = text.trim();
             if !text.is_empty() {
-                messages.push(if messages.len() % 2 == 0 {
+                messages.push(if messages.len().is_multiple_of(2) {
                     ChatMessage::user(text)
                 } else {
                     ChatMessage::assistant(text)

@@ -45,6 +45,8 @@ pub const ANSWER_STYLE: &str = "Answer in a few words, using the passage.";
 /// it reads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+// Named as the flag's values are (true-keys, …).
+#[allow(clippy::enum_variant_names)]
 pub enum Oracle {
     /// The target's own keys with the mapped values.
     TrueKeys,
