@@ -10,7 +10,7 @@
 //! reads heavily) without changing what the rest is about. The assistant turns are
 //! corpus text, not answers the models wrote.
 
-use super::corpus::{char_slice, CorpusError, Document, Split};
+use super::corpus::{char_slice, take_in_turn, CorpusError, Document, Split};
 use crate::text::{ChatMessage, ChatTemplate, TextTokenizer};
 
 /// Token lengths of successive messages, in turn: short questions and long passages,
@@ -39,29 +39,7 @@ pub fn chat_windows(
                 .rev(),
         );
     }
-    let mut out = Vec::with_capacity(count);
-    while out.len() < count {
-        let before = out.len();
-        for it in per_doc.iter_mut() {
-            if out.len() == count {
-                break;
-            }
-            if let Some(w) = it.next() {
-                out.push(w);
-            }
-        }
-        if out.len() == before {
-            break;
-        }
-    }
-    if out.len() < count {
-        return Err(CorpusError::TooSmall {
-            got: out.len(),
-            want: count,
-            len,
-        });
-    }
-    Ok(out)
+    take_in_turn(per_doc, count, len)
 }
 
 /// Every window one document's tokens make: each conversation takes pieces until its

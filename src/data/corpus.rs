@@ -304,6 +304,16 @@ pub fn windows(
         let chunks: Vec<Vec<u32>> = ids.chunks_exact(len).map(|c| c.to_vec()).collect();
         per_doc.push(chunks.into_iter());
     }
+    take_in_turn(per_doc, count, len)
+}
+
+/// Up to `count` windows taken in turn from each document's windows, so that every
+/// domain is represented; fewer than `count` is [`CorpusError::TooSmall`].
+pub(super) fn take_in_turn<I: Iterator<Item = Vec<u32>>>(
+    mut per_doc: Vec<I>,
+    count: usize,
+    len: usize,
+) -> Result<Vec<Vec<u32>>, CorpusError> {
     let mut out = Vec::with_capacity(count);
     while out.len() < count {
         let before = out.len();

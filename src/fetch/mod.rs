@@ -84,27 +84,25 @@ pub fn ensure(entry: &Entry, progress: &dyn FetchProgress) -> Result<Fetched, Fe
 
 /// [`ensure`] for the built-in manifest entry called `name`.
 pub fn ensure_by_name(name: &str, progress: &dyn FetchProgress) -> Result<Fetched, FetchError> {
+    ensure(&builtin_entry(name)?, progress)
+}
+
+/// The built-in manifest's entry called `name`, or an error listing the known names.
+fn builtin_entry(name: &str) -> Result<Entry, FetchError> {
     let manifest = Manifest::builtin()?;
-    let entry = manifest
+    manifest
         .entry(name)
+        .cloned()
         .ok_or_else(|| FetchError::UnknownName {
             name: name.to_string(),
             known: manifest.known_names(),
-        })?;
-    ensure(entry, progress)
+        })
 }
 
 /// Hash the cached copy of the manifest entry `name` again, fetching it anew if it no
 /// longer matches (see [`verify`]).
 pub fn verify_by_name(name: &str, progress: &dyn FetchProgress) -> Result<Verified, FetchError> {
-    let manifest = Manifest::builtin()?;
-    let entry = manifest
-        .entry(name)
-        .ok_or_else(|| FetchError::UnknownName {
-            name: name.to_string(),
-            known: manifest.known_names(),
-        })?;
-    verify::verify_in(&cache_root(), entry, progress)
+    verify::verify_in(&cache_root(), &builtin_entry(name)?, progress)
 }
 
 /// [`ensure`] with an explicit cache root.

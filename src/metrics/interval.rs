@@ -80,18 +80,7 @@ pub fn paired_bootstrap(
             samples.push(s);
         }
     }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    let q = |p: f64| -> f64 {
-        if samples.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((samples.len() - 1) as f64 * p).round() as usize;
-        samples[i]
-    };
-    Estimate {
-        value,
-        ci95: [q(0.025), q(0.975)],
-    }
+    percentile_interval(value, samples)
 }
 
 /// `statistic` of the column means of `rows`, with a 95% percentile interval from
@@ -142,6 +131,12 @@ pub fn cluster_bootstrap<const N: usize>(
             samples.push(s);
         }
     }
+    percentile_interval(value, samples)
+}
+
+/// `value` with the 2.5% and 97.5% percentiles of the bootstrap `samples` (NaN without
+/// samples).
+fn percentile_interval(value: f64, mut samples: Vec<f64>) -> Estimate {
     samples.sort_by(|a, b| a.total_cmp(b));
     let q = |p: f64| -> f64 {
         if samples.is_empty() {
