@@ -15,8 +15,6 @@ use candle_core::quantized::gguf_file::Content;
 
 mod common;
 
-use common::env_path;
-
 fn load(path: &PathBuf) -> (TextTokenizer, ChatTemplate) {
     let mut f = std::fs::File::open(path).expect("open gguf");
     let content = Content::read(&mut f).expect("read gguf metadata");
@@ -82,9 +80,7 @@ fn simulate(tok: &TextTokenizer, tmpl: &ChatTemplate, conv: &[ChatMessage]) {
 
 #[test]
 fn qwen25_template_renders_and_is_prefix_stable() {
-    let Some(path) = env_path("BATON_TEST_QWEN_GGUF") else {
-        return;
-    };
+    let path = common::qwen_small();
     let (tok, tmpl) = load(&path);
     let conv = [ChatMessage::user("hi"), ChatMessage::assistant("hello")];
     assert_eq!(
@@ -123,9 +119,7 @@ fn qwen25_template_renders_and_is_prefix_stable() {
 
 #[test]
 fn second_qwen25_template_is_prefix_stable() {
-    let Some(path) = env_path("BATON_TEST_QWEN_GGUF_2") else {
-        return;
-    };
+    let path = common::qwen_large();
     let (tok, tmpl) = load(&path);
     for conv in conversations() {
         assert!(tmpl.prefix_stable(&tok, &conv).unwrap(), "{conv:?}");
@@ -135,9 +129,7 @@ fn second_qwen25_template_is_prefix_stable() {
 
 #[test]
 fn smollm2_template_is_prefix_stable() {
-    let Some(path) = env_path("BATON_TEST_OTHER_GGUF") else {
-        return;
-    };
+    let path = common::smollm();
     let (tok, tmpl) = load(&path);
     let out = tmpl.render(&[ChatMessage::user("hi")], true).unwrap();
     assert!(out.starts_with("<|im_start|>system\n"), "{out}");

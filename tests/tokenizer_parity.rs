@@ -19,8 +19,6 @@ use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
 
 mod common;
 
-use common::env_path;
-
 fn gguf_tokenizer(path: &PathBuf) -> TextTokenizer {
     let mut f = std::fs::File::open(path).expect("open gguf");
     let content = Content::read(&mut f).expect("read gguf metadata");
@@ -200,12 +198,7 @@ fn generated_strings() -> Vec<String> {
 
 #[test]
 fn gguf_tokenizer_matches_tokenizer_json() {
-    let (Some(gguf), Some(json)) = (
-        env_path("BATON_TEST_QWEN_GGUF"),
-        env_path("BATON_TEST_QWEN_TOKENIZER_JSON"),
-    ) else {
-        return;
-    };
+    let (gguf, json) = (common::qwen_small(), common::qwen_tokenizer_json());
     let from_gguf = gguf_tokenizer(&gguf);
     let from_json = TextTokenizer::from_tokenizer_json(&json).expect("tokenizer.json");
     let strings = generated_strings();
@@ -252,21 +245,14 @@ fn gguf_tokenizer_matches_tokenizer_json() {
 
 #[test]
 fn same_family_same_fingerprint_other_family_differs() {
-    let (Some(a), Some(b)) = (
-        env_path("BATON_TEST_QWEN_GGUF"),
-        env_path("BATON_TEST_QWEN_GGUF_2"),
-    ) else {
-        return;
-    };
+    let (a, b) = (common::qwen_small(), common::qwen_large());
     let ta = gguf_tokenizer(&a);
     let tb = gguf_tokenizer(&b);
     assert_eq!(ta.fingerprint(), tb.fingerprint());
     ensure_same_tokenizer(&ta, &tb).expect("same family");
     eprintln!("qwen fingerprint: {}", ta.fingerprint());
 
-    let Some(other) = env_path("BATON_TEST_OTHER_GGUF") else {
-        return;
-    };
+    let other = common::smollm();
     let tc = gguf_tokenizer(&other);
     assert_ne!(ta.fingerprint(), tc.fingerprint());
     let err = ensure_same_tokenizer(&ta, &tc).expect_err("different family");

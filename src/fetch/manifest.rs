@@ -133,6 +133,14 @@ impl Entry {
     pub fn is_tree(&self) -> bool {
         self.file.is_none()
     }
+
+    /// The digests a copy of this entry may have: the manifest's, and any a source pins
+    /// for its own file.
+    pub fn accepted_sha256(&self) -> Vec<&str> {
+        let mut accepted = vec![self.sha256.as_str()];
+        accepted.extend(self.sources.iter().filter_map(Source::own_sha256));
+        accepted
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -225,8 +225,7 @@ fn ensure_file(
         .map(Path::to_path_buf)
         .unwrap_or_else(|| root.to_path_buf());
     let file_name = entry.file.clone().unwrap_or_else(|| entry.name.clone());
-    let mut accepted: Vec<&str> = vec![entry.sha256.as_str()];
-    accepted.extend(entry.sources.iter().filter_map(Source::own_sha256));
+    let accepted = entry.accepted_sha256();
     let allow_unpinned = entry.sources.iter().any(Source::is_unpinned);
 
     if target.exists() {

@@ -66,14 +66,11 @@ fn file_problem(
     progress: &dyn FetchProgress,
 ) -> Result<Option<String>, FetchError> {
     let (sha, _) = sha256_file(path, progress)?;
-    let mut accepted: Vec<String> = vec![entry.sha256.clone()];
-    accepted.extend(
-        entry
-            .sources
-            .iter()
-            .filter_map(Source::own_sha256)
-            .map(str::to_string),
-    );
+    let mut accepted: Vec<String> = entry
+        .accepted_sha256()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
     let stamp = read_sidecar(path);
     // An unpinned hub download has only the digest computed from its bytes on arrival.
     if let Some(sc) = stamp.as_ref().filter(|sc| sc.unpinned) {

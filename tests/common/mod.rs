@@ -44,21 +44,6 @@ pub fn llama3_tokenizer_json() -> PathBuf {
     artifact("BATON_TEST_LLAMA3_TOKENIZER_JSON", "llama3-tokenizer-json")
 }
 
-/// Real inputs by variable name: the manifest's artifacts (fetched if missing), or a local
-/// copy named by the variable. Every input of the suite is in the manifest; a variable
-/// outside it is a mistake in the test and panics.
-pub fn env_path(var: &str) -> Option<PathBuf> {
-    match var {
-        "BATON_TEST_QWEN_GGUF" => Some(qwen_small()),
-        "BATON_TEST_QWEN_GGUF_2" => Some(qwen_large()),
-        "BATON_TEST_OTHER_GGUF" => Some(smollm()),
-        "BATON_TEST_QWEN_TOKENIZER_JSON" => Some(qwen_tokenizer_json()),
-        "BATON_TEST_QWEN_TOKENIZER_CONFIG" => Some(qwen_tokenizer_config()),
-        "BATON_TEST_LLAMA3_TOKENIZER_JSON" => Some(llama3_tokenizer_json()),
-        _ => panic!("{var} names no input of the manifest: add it to assets/models.toml"),
-    }
-}
-
 /// Says that `test` did not run and why, past the test harness's output capture (see the
 /// README's list of tests that can be skipped).
 pub fn skipped(test: &str, why: &str) {
