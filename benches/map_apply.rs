@@ -51,7 +51,7 @@ fn map_apply(c: &mut Criterion) {
                 );
                 group.bench_with_input(id, &tokens, |b, _| {
                     b.iter(|| {
-                        m.map_cache(&cache, src.decoder.rope(), tgt.decoder.rope())
+                        m.map_cache(&cache, &ids, src.decoder.rope(), tgt.decoder.rope())
                             .map(|c| c.len())
                     })
                 });

@@ -399,6 +399,11 @@ pub struct CalibrateArgs {
     /// end-of-turn tokens); the rest is plain text. 0 to 1.
     #[arg(long, default_value_t = 0.0)]
     pub chat_share: f64,
+    /// Let every map also read the target's own layer-0 keys and values of the tokens,
+    /// which the target computes from the token ids alone (no attention): exact features
+    /// of which token stands where, the part of the cache a name or a number rides on.
+    #[arg(long)]
+    pub token_features: bool,
     /// Held-out score (in the `--select-by` measure) a smaller, faster k may give up
     /// against the best and still be chosen (e.g. 0.01; default none).
     #[arg(long, default_value_t = 0.0)]
@@ -532,6 +537,7 @@ impl CalibrateArgs {
             },
             standardize: !self.no_standardize,
             chat_share: self.chat_share,
+            token_features: self.token_features,
             rank: match self.rank.as_deref() {
                 None => None,
                 Some("auto") => Some(RankChoice::Auto),

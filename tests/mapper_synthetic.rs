@@ -61,6 +61,7 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
         rank: None,
         select_by: SelectBy::Cosine,
         chat_share: 0.0,
+        token_features: false,
     }
 }
 
@@ -378,6 +379,7 @@ fn artifact_round_trips_and_refuses_other_models() {
         rank: None,
         key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
         value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
+        token_features: false,
         corpus: CorpusInfo {
             files: "synthetic".into(),
             fingerprint: "x".into(),
@@ -578,10 +580,23 @@ fn a_context_the_target_rereads_whole_matches_its_own_prefill() {
 
 #[test]
 fn the_int8_map_agrees_with_the_f32_map() {
+    for token_features in [false, true] {
+        int8_agrees_with_f32(token_features);
+    }
+}
+
+/// With `token_features`, every map also reads the target's layer-0 block, which both
+/// paths compute from the token ids.
+fn int8_agrees_with_f32(token_features: bool) {
     use baton::mapper::MapPrecision;
     let (_dir, tiny, a, b) = same_model_twice();
-    let f = run(&a, &b, vec![2], &tiny);
+    let o = CalibrateOptions {
+        token_features,
+        ..opts(vec![2])
+    };
+    let f = forward(&a, &b, &tiny, &o).unwrap();
     let int8 = f.cache_mapper(&a, &b).unwrap();
+    assert_eq!(int8.reads_tokens(), token_features);
     let vnni = cfg!(target_arch = "x86_64") && {
         #[cfg(target_arch = "x86_64")]
         {
@@ -645,8 +660,8 @@ fn the_int8_map_agrees_with_the_f32_map() {
     .unwrap();
     assert_eq!(int8_factored.precision(), MapPrecision::Int8);
     // The whole-cache path writes straight into the new cache's buffers.
-    let c8 = int8.map_cache(&cache, ra, rb).unwrap();
-    let c32 = f32m.map_cache(&cache, ra, rb).unwrap();
+    let c8 = int8.map_cache(&cache, &ids, ra, rb).unwrap();
+    let c32 = f32m.map_cache(&cache, &ids, ra, rb).unwrap();
     assert_eq!(c8.len(), ids.len());
     for l in 0..b.decoder.kv_shape().n_layer {
         let (p, q) = (c8.layer(l).unwrap(), c32.layer(l).unwrap());
@@ -663,8 +678,8 @@ fn the_int8_map_agrees_with_the_f32_map() {
         (37, ids.len(), &int8),
         (0, ids.len(), &int8_factored),
     ] {
-        let x = int8.map_range(&cache, ra, rb, start, end).unwrap();
-        let y = f32m.map_range(&cache, ra, rb, start, end).unwrap();
+        let x = int8.map_range(&cache, &ids, ra, rb, start, end).unwrap();
+        let y = f32m.map_range(&cache, &ids, ra, rb, start, end).unwrap();
         for (l, (p, q)) in x.iter().zip(&y).enumerate() {
             for (name, s, t) in [("K", &p.k, &q.k), ("V", &p.v, &q.v)] {
                 assert_eq!(s.dims(), t.dims());
@@ -732,4 +747,86 @@ fn a_k_past_the_source_layer_count_is_refused_before_any_capture() {
     );
     // `all` is every layer, not a number past them.
     assert!(forward(&a, &b, &tiny, &opts(vec![usize::MAX])).is_ok());
+}
+
+#[test]
+fn the_layer_zero_of_the_tokens_is_the_layer_zero_of_a_prefill() {
+    use baton::mapper::features::layer_features;
+    let tiny = Tiny::new("qwen2");
+    let (_dir, a, _b) = model_pair(&tiny, &tiny.weights(1), &tiny.weights(2));
+    let ids = a.tokenizer.encode_raw(&tiny.text(60, 5)).unwrap();
+    let mut cache = a.decoder.new_cache();
+    a.decoder
+        .forward(
+            &ids,
+            &mut cache,
+            &baton::model::ForwardOptions {
+                logits: baton::model::Logits::None,
+                probe_positions: vec![],
+            },
+        )
+        .unwrap();
+    let own = layer_features(&cache, a.decoder.rope(), 0, 0, ids.len(), 1).unwrap();
+    let lz = baton::model::LayerZero::of(&a.decoder).unwrap();
+    let (k, v) = lz.features(&ids).unwrap();
+    // The cache's keys went through RoPE and back: rounding only.
+    for (name, x, y) in [("K", &k, &own.k), ("V", &v, &own.v)] {
+        assert_eq!(x.dims(), y.dims());
+        let err = (x - y).unwrap().abs().unwrap().max_all().unwrap();
+        let err = err.to_scalar::<f32>().unwrap();
+        assert!(err < 1e-4, "{name}: {err}");
+    }
+}
+
+#[test]
+fn with_token_features_the_targets_layer_zero_comes_out_exact() {
+    let (_dir, tiny, a, b) = two_unrelated_models();
+    let plain = run(&a, &b, vec![1], &tiny);
+    let o = CalibrateOptions {
+        token_features: true,
+        ..opts(vec![1])
+    };
+    let f = forward(&a, &b, &tiny, &o).unwrap();
+    let chosen = f
+        .report
+        .token_block
+        .clone()
+        .expect("the choice is reported");
+    // Unrelated weights: the source's layer 0 predicts the target's poorly, the target's
+    // own layer 0 of the tokens is its layer 0.
+    assert!(plain.report.cosine[0] < 0.99, "{:?}", plain.report.cosine);
+    assert!(f.report.cosine[0] > 0.999, "{:?}", f.report.cosine);
+    assert!(
+        chosen.keys.contains(&0) && chosen.values.contains(&0),
+        "{chosen:?}"
+    );
+    // No layer does worse on held-out cosine than with the block nowhere.
+    assert!(
+        f.report.cosine.iter().sum::<f64>() / f.report.cosine.len() as f64
+            >= chosen.cosine_nowhere - 1e-9
+    );
+    let l_s = a.config().n_layer;
+    assert!(f.keys[0].sources.iter().any(|&s| s >= l_s));
+    // A map that reads the tokens refuses a call that does not give them.
+    let mapper = f.cache_mapper(&a, &b).unwrap();
+    assert!(mapper.reads_tokens());
+    let ids = a.tokenizer.encode_raw(&tiny.text(40, 9)).unwrap();
+    let mut cache = a.decoder.new_cache();
+    a.decoder
+        .forward(
+            &ids,
+            &mut cache,
+            &baton::model::ForwardOptions {
+                logits: baton::model::Logits::None,
+                probe_positions: vec![],
+            },
+        )
+        .unwrap();
+    let (ra, rb) = (a.decoder.rope(), b.decoder.rope());
+    let err = mapper
+        .map_cache(&cache, &ids[..3], ra, rb)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tokens"), "{err}");
+    mapper.map_cache(&cache, &ids, ra, rb).unwrap();
 }

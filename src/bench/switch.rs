@@ -188,7 +188,7 @@ pub fn bench_point(
         let tf = prefill(tgt, &ids, &mut tgt_cache)?;
 
         let t = Instant::now();
-        let mapped = mapper.map_cache(&src_cache, src.decoder.rope(), tgt.decoder.rope())?;
+        let mapped = mapper.map_cache(&src_cache, &ids, src.decoder.rope(), tgt.decoder.rope())?;
         sync(tgt);
         let mf = t.elapsed().as_secs_f64() * 1e3;
         drop(mapped);
@@ -202,6 +202,7 @@ pub fn bench_point(
         let t = Instant::now();
         let layers = mapper.map_range(
             &src_cache,
+            &ids,
             src.decoder.rope(),
             tgt.decoder.rope(),
             head,

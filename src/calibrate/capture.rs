@@ -5,11 +5,13 @@
 
 use super::{check_cancel, CalibrateError, CalibrateOptions, CalibrationProgress, Direction};
 use crate::mapper::features::all_layer_features;
+use crate::mapper::token_block::{block_layers, with_block};
 use crate::mapper::PairStats;
 use crate::metrics::probe_positions;
 use crate::model::rope::Rope;
 use crate::model::{ForwardOptions, KvCache, Logits, Model};
 use candle_core::Tensor;
+use std::borrow::Cow;
 use std::sync::atomic::AtomicBool;
 
 /// A window as one model read it.
@@ -67,35 +69,72 @@ fn flat(t: &Tensor) -> Result<Vec<f32>, CalibrateError> {
     Ok(t.flatten_all()?.to_vec1::<f32>()?)
 }
 
+/// Source-side key and value rows, borrowed when there is nothing to append.
+type SourceRows<'a> = (Cow<'a, [f32]>, Cow<'a, [f32]>);
+
+/// Source-side rows of one window: the source's own features, with the target's layer-0
+/// block appended to every row when the statistics hold `block` more source layers.
+fn source_rows<'a>(
+    s: &'a WindowFeatures,
+    t: &WindowFeatures,
+    like: &PairStats,
+    block: usize,
+) -> Result<SourceRows<'a>, CalibrateError> {
+    if block == 0 {
+        return Ok((Cow::Borrowed(&s.keys), Cow::Borrowed(&s.values)));
+    }
+    let own = (like.l_s() - block) * like.d_s();
+    let (tw, dt) = (like.dy(), like.d_t());
+    Ok((
+        Cow::Owned(with_block(
+            &s.keys, own, &t.keys, &t.values, tw, dt, s.rows,
+        )?),
+        Cow::Owned(with_block(
+            &s.values, own, &t.keys, &t.values, tw, dt, s.rows,
+        )?),
+    ))
+}
+
 /// Key and value statistics of one direction.
 #[derive(Debug)]
 pub struct DirectionStats {
     pub direction: Direction,
     pub keys: PairStats,
     pub values: PairStats,
+    /// Source layers past the source's own: the pieces of the target's layer-0 block.
+    pub token_layers: usize,
 }
 
 impl DirectionStats {
     /// Empty statistics for `direction` between models of these (layers, key/value
-    /// width) geometries, `a` the first model and `b` the second.
+    /// width) geometries, `a` the first model and `b` the second; with `token_features`
+    /// the source side also holds the target's layer-0 block.
     pub fn new(
         direction: Direction,
         a: (usize, usize),
         b: (usize, usize),
+        token_features: bool,
     ) -> Result<Self, CalibrateError> {
         let ((ls, ds), (lt, dt)) = direction.pick(a, b);
+        let token_layers = if token_features {
+            block_layers(ds, dt)?
+        } else {
+            0
+        };
         Ok(Self {
             direction,
-            keys: PairStats::new(ls, ds, lt, dt)?,
-            values: PairStats::new(ls, ds, lt, dt)?,
+            keys: PairStats::new(ls + token_layers, ds, lt, dt)?,
+            values: PairStats::new(ls + token_layers, ds, lt, dt)?,
+            token_layers,
         })
     }
 
     /// Add one window read by both models, the first model's features in `a`.
     pub fn add(&mut self, a: &WindowFeatures, b: &WindowFeatures) -> Result<(), CalibrateError> {
         let (s, t) = self.direction.pick(a, b);
-        self.keys.update(&s.keys, &t.keys, s.rows)?;
-        self.values.update(&s.values, &t.values, s.rows)?;
+        let (xk, xv) = source_rows(s, t, &self.keys, self.token_layers)?;
+        self.keys.update(&xk, &t.keys, s.rows)?;
+        self.values.update(&xv, &t.values, s.rows)?;
         Ok(())
     }
 
@@ -114,10 +153,11 @@ pub fn allocate(
     a: &Model,
     b: &Model,
     directions: &[Direction],
+    token_features: bool,
 ) -> Result<Vec<DirectionStats>, CalibrateError> {
     directions
         .iter()
-        .map(|&d| DirectionStats::new(d, geometry(a), geometry(b)))
+        .map(|&d| DirectionStats::new(d, geometry(a), geometry(b), token_features))
         .collect()
 }
 
@@ -214,13 +254,15 @@ pub fn capture_heldout(
     })
 }
 
-/// Statistics of the held-out windows in the geometry of `like`: they give held-out R²
-/// per layer from the statistics alone, without touching raw rows again.
+/// Statistics of the held-out windows in the geometry of `like`, whose last
+/// `token_layers` source layers are the token block: they give held-out R² per layer
+/// from the statistics alone, without touching raw rows again.
 pub fn heldout_stats(
     src: &Model,
     tgt: &Model,
     held: HeldOutView<'_>,
     like: &PairStats,
+    token_layers: usize,
     opts: &CalibrateOptions,
 ) -> Result<(PairStats, PairStats), CalibrateError> {
     let (ls, ds, lt, dt) = (like.l_s(), like.d_s(), like.l_t(), like.d_t());
@@ -241,8 +283,9 @@ pub fn heldout_stats(
             t.cache.len(),
             opts.stride,
         )?;
-        hk.update(&fs.keys, &ft.keys, fs.rows)?;
-        hv.update(&fs.values, &ft.values, fs.rows)?;
+        let (xk, xv) = source_rows(&fs, &ft, like, token_layers)?;
+        hk.update(&xk, &ft.keys, fs.rows)?;
+        hv.update(&xv, &ft.values, fs.rows)?;
     }
     Ok((hk, hv))
 }
@@ -266,8 +309,8 @@ mod tests {
     fn each_direction_reads_the_pair_its_own_way_round() {
         // Models of different geometry: 2 layers of width 3 and 3 layers of width 3.
         let (a_geo, b_geo) = ((2, 3), (3, 3));
-        let mut fwd = DirectionStats::new(Direction::Forward, a_geo, b_geo).unwrap();
-        let mut bwd = DirectionStats::new(Direction::Backward, a_geo, b_geo).unwrap();
+        let mut fwd = DirectionStats::new(Direction::Forward, a_geo, b_geo, false).unwrap();
+        let mut bwd = DirectionStats::new(Direction::Backward, a_geo, b_geo, false).unwrap();
         assert_eq!((fwd.keys.l_s(), fwd.keys.d_s()), (2, 3));
         assert_eq!((bwd.keys.l_s(), bwd.keys.d_s(), bwd.keys.l_t()), (3, 3, 2));
         let (fa, fb) = (feats(2, 3, 5, 0.0), feats(3, 3, 5, 100.0));
@@ -286,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_window_with_no_kept_rows_adds_nothing() {
-        let mut s = DirectionStats::new(Direction::Forward, (1, 2), (1, 2)).unwrap();
+        let mut s = DirectionStats::new(Direction::Forward, (1, 2), (1, 2), false).unwrap();
         s.add(&feats(1, 2, 0, 0.0), &feats(1, 2, 0, 0.0)).unwrap();
         assert_eq!(s.keys.count(), 0);
     }

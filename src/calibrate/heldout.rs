@@ -186,14 +186,16 @@ impl<'a> HeldOutScorer<'a> {
         mapper: &CacheMapper,
         s: &Captured,
         t: &Captured,
+        w: &[u32],
     ) -> Result<KvCache, CalibrateError> {
         let (src_rope, tgt_rope) = (self.src.decoder.rope(), self.tgt.decoder.rope());
         if self.anchor == 0 {
-            return Ok(mapper.map_cache(&s.cache, src_rope, tgt_rope)?);
+            return Ok(mapper.map_cache(&s.cache, w, src_rope, tgt_rope)?);
         }
         let mut c = t.cache.try_clone_prefix(self.anchor)?;
         c.extend_with(&mapper.map_range(
             &s.cache,
+            w,
             src_rope,
             tgt_rope,
             self.anchor,
@@ -209,7 +211,7 @@ impl<'a> HeldOutScorer<'a> {
         let held = &self.held;
         let windows = held.src.iter().zip(held.tgt).zip(held.windows);
         for (((s, t), w), truth) in windows.zip(&self.true_logits) {
-            let mut mapped = self.mapped(mapper, s, t)?;
+            let mut mapped = self.mapped(mapper, s, t, w)?;
             for (slot, c) in per_layer
                 .iter_mut()
                 .zip(layer_cosines(t, &mapped, held.probes)?)

@@ -27,6 +27,7 @@ mod options;
 mod rank;
 mod save;
 mod sweep;
+mod token_choice;
 
 pub use crate::mapper::report::{CalibrationReport, RankPoint, SkippedK, SweepPoint};
 pub use error::CalibrateError;
@@ -93,6 +94,8 @@ pub struct Fitted {
     /// The source features' means and deviations, for the int8 map.
     pub source_scales: SourceScales,
     pub report: CalibrationReport,
+    /// Source layers past the source's own that the maps read: the token block's pieces.
+    pub token_layers: usize,
 }
 
 impl Fitted {
@@ -158,7 +161,7 @@ pub fn calibrate(
         opts.select_sequences,
         opts.chat_share,
     )?;
-    let mut stats = capture::allocate(a, b, directions)?;
+    let mut stats = capture::allocate(a, b, directions, opts.token_features)?;
     let stats_bytes: usize = stats.iter().map(DirectionStats::memory_bytes).sum();
     tracing::info!(stats_bytes, "calibration statistics allocated");
 
@@ -227,7 +230,7 @@ fn fit_direction(
 ) -> Result<Fitted, CalibrateError> {
     let (sk, sv) = (&st.keys, &st.values);
     let view = held.view(st.direction);
-    let (hk, hv) = capture::heldout_stats(src, tgt, view, sk, opts)?;
+    let (hk, hv) = capture::heldout_stats(src, tgt, view, sk, st.token_layers, opts)?;
     let base = RidgeOptions {
         lambda: opts.lambdas.first().copied().unwrap_or(0.01),
         standardize: opts.standardize,
@@ -243,8 +246,16 @@ fn fit_direction(
         rank_k: &r2k,
         rank_v: &r2v,
         base,
+        token_layers: st.token_layers,
     };
-    let plan = sweep::plan_ks(&opts.k_sweep, sk.l_s(), sk.d_s(), sk.count());
+    let own_layers = sk.l_s() - st.token_layers;
+    let plan = sweep::plan_ks(
+        &opts.k_sweep,
+        own_layers,
+        sk.d_s(),
+        st.token_layers,
+        sk.count(),
+    );
     for s in &plan.skipped {
         progress.note(&format!(
             "k={:<3} skipped: {} (calibrate on more sequences to try it)",
@@ -277,6 +288,24 @@ fn fit_direction(
         // would cost hundreds of MB for a choice only a tolerance makes.
         _ => fit.fit_and_score(k, lambda, &scorer)?,
     };
+    let (full, token_block) = if st.token_layers > 0 {
+        check_cancel(cancel)?;
+        let without = fit.fit_with_block(k, lambda, false)?;
+        let (scored, chosen) = token_choice::choose(full, without, &scorer)?;
+        progress.note(&format!(
+            "token block read by the keys of {} and the values of {} of {} layers: \
+             held-out cosine {:.4} (block everywhere {:.4}, nowhere {:.4})",
+            chosen.keys.len(),
+            chosen.values.len(),
+            scored.keys.len(),
+            scored.held.mean_cosine(),
+            chosen.cosine_everywhere,
+            chosen.cosine_nowhere
+        ));
+        (scored, Some(chosen))
+    } else {
+        (full, None)
+    };
     let full_cosine = full.held.mean_cosine();
     let reduced = match opts.rank {
         None => rank::RankOutcome {
@@ -304,7 +333,7 @@ fn fit_direction(
         select_sequences: opts.select_sequences,
         sweep: points,
         skipped_k: plan.skipped,
-        max_k: (opts.max_k < sk.l_s()).then_some(opts.max_k),
+        max_k: (opts.max_k < own_layers).then_some(opts.max_k),
         best_above_max_k,
         r2_k: sweep::layer_r2(&hk, &keys)?,
         r2_v: sweep::layer_r2(&hv, &values)?,
@@ -319,6 +348,7 @@ fn fit_direction(
         stats_bytes: 0,
         rank_sweep: reduced.sweep,
         full_cosine: Some(full_cosine),
+        token_block,
     };
     Ok(Fitted {
         source: src.identity.clone(),
@@ -330,6 +360,7 @@ fn fit_direction(
         values,
         source_scales: scales,
         report,
+        token_layers: st.token_layers,
     })
 }
 

@@ -42,6 +42,10 @@ pub struct CalibrateOptions {
     /// chat template (see [`crate::data::chat_corpus`]); the rest is plain text.
     #[serde(default)]
     pub chat_share: f64,
+    /// Offer every map the target's own layer-0 keys and values of the tokens as extra
+    /// features (see [`crate::mapper::token_block`]).
+    #[serde(default)]
+    pub token_features: bool,
 }
 
 /// How the reduced mapper's rank is chosen.
@@ -120,6 +124,7 @@ impl Default for CalibrateOptions {
             rank: None,
             select_by: SelectBy::Cosine,
             chat_share: 0.0,
+            token_features: false,
         }
     }
 }

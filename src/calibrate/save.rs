@@ -89,6 +89,13 @@ pub fn meta_for(
             .map(|f| f.rank),
         key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
         value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
+        // Whether any map reads the block after the per-layer choice, not whether it
+        // was offered.
+        token_features: f
+            .keys
+            .iter()
+            .chain(&f.values)
+            .any(|m| m.sources.iter().any(|&s| s >= source.1.n_layer)),
         corpus,
         report: f.report.clone(),
         created_unix: std::time::SystemTime::now()

@@ -22,8 +22,8 @@ pub struct KPlan {
 }
 
 /// The k of `k_sweep` worth fitting on `count` observations of `l_s` source layers of
-/// width `d_s`.
-pub fn plan_ks(k_sweep: &[usize], l_s: usize, d_s: usize, count: u64) -> KPlan {
+/// width `d_s`, each map also reading `extra` source layers (the token block).
+pub fn plan_ks(k_sweep: &[usize], l_s: usize, d_s: usize, extra: usize, count: u64) -> KPlan {
     let mut ks: Vec<usize> = k_sweep.iter().map(|&k| k.min(l_s)).collect();
     ks.sort_unstable();
     ks.dedup();
@@ -32,12 +32,12 @@ pub fn plan_ks(k_sweep: &[usize], l_s: usize, d_s: usize, count: u64) -> KPlan {
     let max_features = (count / 2) as usize;
     let (ks, skipped): (Vec<usize>, Vec<usize>) = ks
         .into_iter()
-        .partition(|&k| k == 1 || k * d_s <= max_features);
+        .partition(|&k| k == 1 || (k + extra) * d_s <= max_features);
     let skipped = skipped
         .into_iter()
         .map(|k| SkippedK {
             k,
-            reason: format!("{} features for {count} observations", k * d_s),
+            reason: format!("{} features for {count} observations", (k + extra) * d_s),
         })
         .collect();
     // With every candidate too wide for the data, one source layer per target layer
@@ -60,24 +60,48 @@ pub struct FitInputs<'a> {
     pub rank_v: &'a [Vec<f64>],
     /// Ridge options of every fit but λ.
     pub base: RidgeOptions,
+    /// The last source layers of the statistics that are the token block, which every
+    /// map reads besides its top k (0: none).
+    pub token_layers: usize,
 }
 
 impl FitInputs<'_> {
-    /// Every target layer fitted from its top-k source layers at `lambda`.
+    /// Every target layer fitted from its top-k source layers at `lambda` (and the token
+    /// block, when the statistics hold one).
     pub fn fit(
         &self,
         k: usize,
         lambda: f64,
+    ) -> Result<(Vec<LayerMap>, Vec<LayerMap>), CalibrateError> {
+        self.fit_with_block(k, lambda, true)
+    }
+
+    /// [`FitInputs::fit`], reading the token block only if `block`.
+    pub fn fit_with_block(
+        &self,
+        k: usize,
+        lambda: f64,
+        block: bool,
     ) -> Result<(Vec<LayerMap>, Vec<LayerMap>), CalibrateError> {
         let ro = RidgeOptions {
             lambda,
             ..self.base
         };
         let fit_all = |st: &PairStats, rank: &[Vec<f64>]| {
-            select_layers(rank, k)
+            let own = st.l_s() - self.token_layers;
+            let own_rank: Vec<Vec<f64>> = rank
                 .iter()
+                .map(|r| r[..own.min(r.len())].to_vec())
+                .collect();
+            select_layers(&own_rank, k)
+                .into_iter()
                 .enumerate()
-                .map(|(j, sources)| ridge::fit_layer(st, j, sources, &ro))
+                .map(|(j, mut sources)| {
+                    if block {
+                        sources.extend(own..st.l_s());
+                    }
+                    ridge::fit_layer(st, j, &sources, &ro)
+                })
                 .collect::<Result<Vec<_>, _>>()
         };
         Ok((
@@ -220,6 +244,7 @@ mod tests {
             rank_k: &rank[0],
             rank_v: &rank[1],
             base: RidgeOptions::default(),
+            token_layers: 0,
         }
     }
 
@@ -398,7 +423,7 @@ mod tests {
     #[test]
     fn k_too_wide_for_the_observations_is_skipped_with_its_reason() {
         // 10 layers of width 64 on 300 observations: at most 150 features.
-        let p = plan_ks(&[1, 2, 4, usize::MAX, 2], 10, 64, 300);
+        let p = plan_ks(&[1, 2, 4, usize::MAX, 2], 10, 64, 0, 300);
         assert_eq!(p.ks, vec![1, 2]);
         assert_eq!(
             p.skipped.iter().map(|s| s.k).collect::<Vec<_>>(),
@@ -407,11 +432,11 @@ mod tests {
         assert_eq!(p.skipped[0].reason, "256 features for 300 observations");
         assert!(!p.fell_back);
         // Nothing fits: one source layer per target layer is swept instead.
-        let none = plan_ks(&[4, 8], 10, 64, 300);
+        let none = plan_ks(&[4, 8], 10, 64, 0, 300);
         assert_eq!((none.ks, none.fell_back), (vec![1], true));
         assert_eq!(none.skipped.len(), 2);
         // k = 1 is always tried, however few the observations, and is no fallback then.
-        let few = plan_ks(&[1, 2], 10, 64, 2);
+        let few = plan_ks(&[1, 2], 10, 64, 0, 2);
         assert_eq!((few.ks, few.fell_back), (vec![1], false));
         assert_eq!(few.skipped.iter().map(|s| s.k).collect::<Vec<_>>(), vec![2]);
     }

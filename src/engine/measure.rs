@@ -229,8 +229,12 @@ impl Engine {
                 }
                 let mapper = &self.mappers[job.source].mapper;
                 let t = Instant::now();
-                let full =
-                    mapper.map_cache(cache, src.model.decoder.rope(), tgt.model.decoder.rope())?;
+                let full = mapper.map_cache(
+                    cache,
+                    history,
+                    src.model.decoder.rope(),
+                    tgt.model.decoder.rope(),
+                )?;
                 job.timings.map_full_ms = Some(synced_ms(dev, t));
                 job.map_full_done = true;
                 if job.reprefilled && job.reference {

@@ -106,6 +106,7 @@ impl Engine {
                 mapper,
                 &sa.model,
                 &sa.primary,
+                history,
                 &sb.model,
                 &mut sb.primary,
                 prior,
@@ -191,12 +192,14 @@ pub fn layer_metrics(
     Ok(())
 }
 
-/// Map positions `from..to` of `src_cache` onto the end of `dst` (which must hold
-/// exactly `from` positions).
+/// Map positions `from..to` of `src_cache`, which holds `tokens`, onto the end of `dst`
+/// (which must hold exactly `from` positions).
+#[allow(clippy::too_many_arguments)]
 pub fn map_onto(
     mapper: &CacheMapper,
     src: &Model,
     src_cache: &KvCache,
+    tokens: &[u32],
     tgt: &Model,
     dst: &mut KvCache,
     from: usize,
@@ -209,8 +212,14 @@ pub fn map_onto(
         )));
     }
     if to > from {
-        let layers =
-            mapper.map_range(src_cache, src.decoder.rope(), tgt.decoder.rope(), from, to)?;
+        let layers = mapper.map_range(
+            src_cache,
+            tokens,
+            src.decoder.rope(),
+            tgt.decoder.rope(),
+            from,
+            to,
+        )?;
         dst.extend_with(&layers)?;
     }
     Ok(())

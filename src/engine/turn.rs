@@ -314,6 +314,7 @@ impl Engine {
             &self.mappers[a].mapper,
             &sa.model,
             &sa.primary,
+            &self.conv.history,
             &sb.model,
             &mut sb.primary,
             from,

@@ -232,6 +232,7 @@ pub fn eval_recall(
             if map_end > anchor {
                 let mut layers = mapper.map_range(
                     &src_cache,
+                    history,
                     src.decoder.rope(),
                     tgt.decoder.rope(),
                     anchor,

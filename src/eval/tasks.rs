@@ -170,6 +170,7 @@ fn prepare(
         let mut mapped = shared.mapped.try_clone()?;
         mapped.extend_with(&mapper.map_range(
             &source,
+            prefix,
             src.decoder.rope(),
             tgt.decoder.rope(),
             shared.len,
@@ -212,12 +213,13 @@ fn build_shared(
         tgt.decoder.forward(ids, &mut target, &no_logits())?;
         src.decoder.forward(ids, &mut source, &no_logits())?;
         if anchor == 0 {
-            mapped = mapper.map_cache(&source, src.decoder.rope(), tgt.decoder.rope())?;
+            mapped = mapper.map_cache(&source, ids, src.decoder.rope(), tgt.decoder.rope())?;
         } else {
             // The target's own cache of the anchor is already in `target`.
             mapped = target.try_clone_prefix(anchor)?;
             mapped.extend_with(&mapper.map_range(
                 &source,
+                ids,
                 src.decoder.rope(),
                 tgt.decoder.rope(),
                 anchor,

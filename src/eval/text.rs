@@ -151,7 +151,7 @@ pub fn eval_text(
         // Mapped over `anchor..map_end`; the target reads the anchor and the tail itself.
         let map_end = p.saturating_sub(opts.tail).max(opts.anchor.min(p));
         let mut mapped = if opts.anchor == 0 && map_end == p {
-            mapper.map_cache(&src_cache, src.decoder.rope(), tgt.decoder.rope())?
+            mapper.map_cache(&src_cache, prefix, src.decoder.rope(), tgt.decoder.rope())?
         } else {
             let mut c = tgt.decoder.new_cache();
             let anchor = opts.anchor.min(map_end);
@@ -162,6 +162,7 @@ pub fn eval_text(
             if map_end > anchor {
                 c.extend_with(&mapper.map_range(
                     &src_cache,
+                    prefix,
                     src.decoder.rope(),
                     tgt.decoder.rope(),
                     anchor,

@@ -6,7 +6,7 @@
 use super::features::{layer_features, rows_to_heads};
 use super::packed::{PackedMapper, SourceScales};
 use crate::model::rope::Rope;
-use crate::model::{KvCache, KvShape, LayerKv, ModelError};
+use crate::model::{KvCache, KvShape, LayerKv, LayerZero, ModelError};
 use candle_core::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -90,6 +90,9 @@ pub struct CacheMapper {
     scales: Option<Arc<SourceScales>>,
     /// The int8 form, when it runs here and was asked for.
     packed: Option<Arc<PackedMapper>>,
+    /// The target's layer 0, when the maps read the token block
+    /// ([`super::token_block`]): source layers from `source.n_layer` on are its pieces.
+    layer_zero: Option<LayerZero>,
 }
 
 impl CacheMapper {
@@ -103,6 +106,26 @@ impl CacheMapper {
     ) -> Result<Self, ModelError> {
         let d_s = src.config().kv_width();
         let (dev, dtype) = (tgt.decoder.device(), tgt.decoder.dtype());
+        let l_s = src.config().n_layer;
+        let widest = keys
+            .iter()
+            .chain(values)
+            .flat_map(|m| m.sources.iter().copied())
+            .max()
+            .unwrap_or(0);
+        let layer_zero = if widest >= l_s {
+            let m = super::token_block::block_layers(d_s, tgt.config().kv_width())
+                .map_err(|e| ModelError::Cache(e.to_string()))?;
+            if widest >= l_s + m {
+                return Err(ModelError::Cache(format!(
+                    "a map reads source layer {widest}, but the source has {l_s} layers and \
+                     the token block {m} pieces"
+                )));
+            }
+            Some(LayerZero::of(&tgt.decoder)?)
+        } else {
+            None
+        };
         let conv = |m: &super::ridge::LayerMap| {
             TargetLayerMap::from_parts(
                 m.sources.clone(),
@@ -121,6 +144,7 @@ impl CacheMapper {
             values: values.iter().map(conv).collect::<Result<_, _>>()?,
             scales: scales.cloned().map(Arc::new),
             packed: None,
+            layer_zero,
         }
         .with_precision(MapPrecision::default())
     }
@@ -146,17 +170,24 @@ impl CacheMapper {
         }
     }
 
-    /// Map positions `start..end` of `src` into per-layer target K/V
-    /// ([n_kv_head_t, end − start, hd_t]), ready for [`KvCache::extend_with`].
+    /// Whether the maps read the target's own layer 0 of the tokens (the token block).
+    pub fn reads_tokens(&self) -> bool {
+        self.layer_zero.is_some()
+    }
+
+    /// Map positions `start..end` of `src`, whose positions hold `tokens`, into per-layer
+    /// target K/V ([n_kv_head_t, end − start, hd_t]), ready for [`KvCache::extend_with`].
     pub fn map_range(
         &self,
         src: &KvCache,
+        tokens: &[u32],
         src_rope: &Rope,
         tgt_rope: &Rope,
         start: usize,
         end: usize,
     ) -> Result<Vec<LayerKv>, ModelError> {
         self.check_source(src)?;
+        self.check_tokens(tokens, end)?;
         if end > src.len() || start > end {
             return Err(ModelError::Cache(format!(
                 "range {start}..{end} is outside a source cache of {} positions",
@@ -166,7 +197,7 @@ impl CacheMapper {
         if let Some(p) = &self.packed {
             return super::packed::map_range(
                 p,
-                &self.packed_input(src, src_rope, tgt_rope),
+                &self.packed_input(src, tokens, src_rope, tgt_rope),
                 start,
                 end,
             );
@@ -178,9 +209,25 @@ impl CacheMapper {
                 needed.insert(s, ());
             }
         }
+        let l_s = self.source.n_layer;
         let mut feats = BTreeMap::new();
-        for &s in needed.keys() {
+        for &s in needed.keys().filter(|&&s| s < l_s) {
             feats.insert(s, layer_features(src, src_rope, s, start, end, 1)?);
+        }
+        if let Some(lz) = &self.layer_zero {
+            let (k0, v0) = lz.features(&tokens[start..end])?;
+            let d_s = self.source.n_kv_head * self.source.head_dim;
+            let dev = src.device();
+            for (i, p) in super::token_block::pieces(&k0, &v0, d_s)?
+                .into_iter()
+                .enumerate()
+            {
+                let p = p.to_device(dev)?;
+                feats.insert(
+                    l_s + i,
+                    super::features::LayerFeatures { k: p.clone(), v: p },
+                );
+            }
         }
         let dtype = self.keys[0].weight.dtype();
         let gather = |m: &TargetLayerMap, keys: bool| -> Result<Tensor, ModelError> {
@@ -211,20 +258,25 @@ impl CacheMapper {
         Ok(out)
     }
 
-    /// A whole target cache from a whole source cache.
+    /// A whole target cache from a whole source cache whose positions hold `tokens`.
     pub fn map_cache(
         &self,
         src: &KvCache,
+        tokens: &[u32],
         src_rope: &Rope,
         tgt_rope: &Rope,
     ) -> Result<KvCache, ModelError> {
         if let Some(p) = &self.packed {
             if src.dtype() == DType::F32 && src.device().is_cpu() {
                 self.check_source(src)?;
-                return super::packed::map_cache(p, &self.packed_input(src, src_rope, tgt_rope));
+                self.check_tokens(tokens, src.len())?;
+                return super::packed::map_cache(
+                    p,
+                    &self.packed_input(src, tokens, src_rope, tgt_rope),
+                );
             }
         }
-        let layers = self.map_range(src, src_rope, tgt_rope, 0, src.len())?;
+        let layers = self.map_range(src, tokens, src_rope, tgt_rope, 0, src.len())?;
         KvCache::import(self.target, layers, src.dtype(), src.device())
     }
 
@@ -244,15 +296,31 @@ impl CacheMapper {
         Ok(())
     }
 
+    /// A map that reads the token block needs the token of every mapped position:
+    /// `tokens[i]` is the token at position `i`, up to `end`.
+    fn check_tokens(&self, tokens: &[u32], end: usize) -> Result<(), ModelError> {
+        if self.layer_zero.is_some() && tokens.len() < end {
+            return Err(ModelError::Cache(format!(
+                "this mapper reads the tokens of the mapped positions: {} tokens for \
+                 positions up to {end}",
+                tokens.len()
+            )));
+        }
+        Ok(())
+    }
+
     fn packed_input<'a>(
         &'a self,
         src: &'a KvCache,
+        tokens: &'a [u32],
         src_rope: &'a Rope,
         tgt_rope: &'a Rope,
     ) -> super::packed::MapInput<'a> {
         super::packed::MapInput {
             maps: (&self.keys, &self.values),
             target: self.target,
+            layer_zero: self.layer_zero.as_ref(),
+            tokens,
             src,
             src_rope,
             tgt_rope,

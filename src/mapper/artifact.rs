@@ -162,6 +162,11 @@ pub struct MapperMeta {
     /// Per target layer, the source layers its keys / values are predicted from.
     pub key_sources: Vec<Vec<usize>>,
     pub value_sources: Vec<Vec<usize>>,
+    /// Whether the maps also read the target's own layer 0 of the tokens: source layers
+    /// from the source's layer count on are then pieces of that block
+    /// ([`crate::mapper::token_block`]).
+    #[serde(default)]
+    pub token_features: bool,
     pub corpus: CorpusInfo,
     pub report: CalibrationReport,
     pub created_unix: u64,
@@ -173,9 +178,14 @@ impl MapperMeta {
     pub fn summary_line(&self) -> String {
         let r = &self.report;
         format!(
-            "{}: k = {}, lambda = {}, held-out attention cosine {:.4}, R² K {:.3} V {:.3}",
+            "{}: k = {}{}, lambda = {}, held-out attention cosine {:.4}, R² K {:.3} V {:.3}",
             self.direction,
             self.k,
+            if self.token_features {
+                " + token features"
+            } else {
+                ""
+            },
             self.lambda,
             mean(&r.cosine),
             mean(&r.r2_k),
@@ -186,9 +196,10 @@ impl MapperMeta {
     /// One row of `baton mappers`: the direction, its choice, its corpus and its file.
     pub fn list_line(&self, path: &Path) -> String {
         format!(
-            "{:<45} k={:<3} lambda={:<6} cosine {:.4}  {} x {} tokens  {}",
+            "{:<45} k={:<3}{} lambda={:<6} cosine {:.4}  {} x {} tokens  {}",
             self.direction,
             self.k,
+            if self.token_features { " +tokens" } else { "" },
             self.lambda,
             mean(&self.report.cosine),
             self.corpus.sequences,

@@ -27,6 +27,7 @@ pub mod error;
 pub mod ridge;
 pub mod select;
 pub mod stats;
+pub mod token_block;
 
 pub use error::{MapperError, Result};
 pub use ridge::{

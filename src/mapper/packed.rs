@@ -8,7 +8,7 @@ use super::features::layer_features;
 use crate::model::config::RopeLayout;
 use crate::model::rope::Rope;
 use crate::model::weights::Linear;
-use crate::model::{KvCache, KvShape, LayerKv, ModelError};
+use crate::model::{KvCache, KvShape, LayerKv, LayerZero, ModelError};
 use candle_core::{Device, Tensor};
 use std::collections::BTreeMap;
 
@@ -46,16 +46,20 @@ impl SourceScales {
         }
     }
 
-    /// Checks the lengths against a source of `width` features per layer.
+    /// Whether the scales cover at least `layers` source layers of `width` features (they
+    /// may cover more: the token block's pieces, which a map need not read).
     pub fn fits(&self, layers: usize, width: usize) -> bool {
-        [
+        let all = [
             &self.key_mean,
             &self.key_std,
             &self.value_mean,
             &self.value_std,
-        ]
-        .iter()
-        .all(|v| v.len() == layers * width)
+        ];
+        let n = self.key_mean.len();
+        width > 0
+            && n.is_multiple_of(width)
+            && n >= layers * width
+            && all.iter().all(|v| v.len() == n)
     }
 
     /// (mean, scale) of layer `l`'s keys or values: scale = 1/σ, or 1 where the feature
@@ -211,10 +215,18 @@ pub fn pack(
         return Ok(None);
     }
     let width = source.n_kv_head * source.head_dim;
-    if !scales.fits(source.n_layer, width) {
+    // Source layers past the cache's own are the token block's pieces, with their own
+    // scales.
+    let layers = keys
+        .iter()
+        .chain(values)
+        .flat_map(|m| m.sources.iter().map(|&s| s + 1))
+        .max()
+        .unwrap_or(0)
+        .max(source.n_layer);
+    if !scales.fits(layers, width) {
         return Err(ModelError::Cache(format!(
-            "the mapper's source scales do not cover {} layers of {width} features",
-            source.n_layer
+            "the mapper's source scales do not cover {layers} layers of {width} features"
         )));
     }
     let mut out = Vec::with_capacity(keys.len());
@@ -231,6 +243,45 @@ pub fn pack(
         layers: out,
         scales: scales.clone(),
     }))
+}
+
+/// Piece `l − l_s` of the token block (rows of `[K̄⁰ | V⁰]`), conditioned by the scales of
+/// source layer `l` for keys and for values, written as rows of `width` into `kr` and
+/// `vr`.
+fn block_rows_into(
+    block: Option<&[f32]>,
+    scales: &SourceScales,
+    l: usize,
+    l_s: usize,
+    width: usize,
+    kr: &mut [f32],
+    vr: &mut [f32],
+) -> Result<(), ModelError> {
+    let block = block.ok_or_else(|| {
+        ModelError::Cache(format!(
+            "source layer {l} is a piece of the token block, which this map was not given"
+        ))
+    })?;
+    let rows = kr.len() / width.max(1);
+    let row_width = block.len() / rows.max(1);
+    let off = (l - l_s) * width;
+    if off + width > row_width || rows * row_width != block.len() {
+        return Err(ModelError::Cache(format!(
+            "the token block of {row_width} values a row has no piece {}",
+            l - l_s
+        )));
+    }
+    let (km, ks) = scales.layer(l, width, true);
+    let (vm, vs) = scales.layer(l, width, false);
+    for r in 0..rows {
+        let x = &block[r * row_width + off..][..width];
+        let (ko, vo) = (&mut kr[r * width..][..width], &mut vr[r * width..][..width]);
+        for i in 0..width {
+            ko[i] = (x[i] - km[i]) * ks[i];
+            vo[i] = (x[i] - vm[i]) * vs[i];
+        }
+    }
+    Ok(())
 }
 
 /// Un-rotated, conditioned keys and values of source layer `l` at `start..end`, written
@@ -373,6 +424,10 @@ const KEEP_FEATURES: usize = 32 << 20;
 pub struct MapInput<'a> {
     pub maps: (&'a [TargetLayerMap], &'a [TargetLayerMap]),
     pub target: KvShape,
+    /// The target's layer 0 when the maps read the token block, and the tokens of every
+    /// source position.
+    pub layer_zero: Option<&'a LayerZero>,
+    pub tokens: &'a [u32],
     pub src: &'a KvCache,
     pub src_rope: &'a Rope,
     pub tgt_rope: &'a Rope,
@@ -424,6 +479,8 @@ fn map_buffers(
     let MapInput {
         maps,
         target,
+        layer_zero,
+        tokens,
         src,
         src_rope,
         tgt_rope,
@@ -446,6 +503,14 @@ fn map_buffers(
     let width = src.shape().n_kv_head * src.shape().head_dim;
     let layers: Vec<usize> = needed.keys().copied().collect();
     let per = rows * width;
+    let l_s = src.shape().n_layer;
+    let block = match layer_zero {
+        Some(lz) if layers.iter().any(|&l| l >= l_s) => {
+            let (k0, v0) = lz.features(&tokens[start..end])?;
+            Some(Tensor::cat(&[k0, v0], 1)?.flatten_all()?.to_vec1::<f32>()?)
+        }
+        _ => None,
+    };
     let mut buf = FEATURES.with(|c| std::mem::take(&mut *c.borrow_mut()));
     if buf.len() < 2 * per * layers.len() {
         buf = vec![0f32; 2 * per * layers.len()];
@@ -454,17 +519,29 @@ fn map_buffers(
     {
         let one = |i: usize, part: &mut [f32]| {
             let (kr, vr) = part.split_at_mut(per);
-            let r = source_rows_into(
-                src,
-                src_rope,
-                &src_tables,
-                &packed.scales,
-                layers[i],
-                start,
-                end,
-                kr,
-                vr,
-            );
+            let r = if layers[i] >= l_s {
+                block_rows_into(
+                    block.as_deref(),
+                    &packed.scales,
+                    layers[i],
+                    l_s,
+                    width,
+                    kr,
+                    vr,
+                )
+            } else {
+                source_rows_into(
+                    src,
+                    src_rope,
+                    &src_tables,
+                    &packed.scales,
+                    layers[i],
+                    start,
+                    end,
+                    kr,
+                    vr,
+                )
+            };
             if let Err(e) = r {
                 if let Ok(mut f) = failed.lock() {
                     f.get_or_insert(e);

@@ -81,6 +81,21 @@ pub struct CalibrationReport {
     pub full_cosine: Option<f64>,
     /// Bytes of the statistics held during calibration (both directions, K and V).
     pub stats_bytes: usize,
+    /// With token features: the target layers whose key maps, and whose value maps, read
+    /// the token block (chosen per layer by held-out attention cosine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_block: Option<BlockLayers>,
+}
+
+/// Which target layers' maps read the token block.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockLayers {
+    pub keys: Vec<usize>,
+    pub values: Vec<usize>,
+    /// Held-out attention cosine (mean over layers) with the block in every map, and
+    /// without it in any, at the chosen k and λ.
+    pub cosine_everywhere: f64,
+    pub cosine_nowhere: f64,
 }
 
 #[cfg(test)]
