@@ -2,7 +2,7 @@
 //! by the library, called from main.rs.
 
 use anyhow::{bail, Context, Result};
-use baton::calibrate::{CalibrateOptions, RankChoice, SelectBy};
+use baton::calibrate::{CalibrateOptions, RankChoice, SelectBy, TokenFeatures};
 use candle_core::Device;
 use clap::{Args, Parser, Subcommand};
 
@@ -399,11 +399,13 @@ pub struct CalibrateArgs {
     /// end-of-turn tokens); the rest is plain text. 0 to 1.
     #[arg(long, default_value_t = 0.0)]
     pub chat_share: f64,
-    /// Let every map also read the target's own layer-0 keys and values of the tokens,
-    /// which the target computes from the token ids alone (no attention): exact features
-    /// of which token stands where, the part of the cache a name or a number rides on.
-    #[arg(long)]
-    pub token_features: bool,
+    /// Let maps also read the target's own layer-0 keys and values of the tokens, which
+    /// the target computes from the token ids alone (no attention): exact features of
+    /// which token stands where, the part of the cache a name or a number rides on.
+    /// `all` (the flag alone): every map; `cosine` / `r2`: per layer and half, where the
+    /// held-out attention cosine / R² rises; `off`: none.
+    #[arg(long, value_enum, num_args = 0..=1, default_value = "off", default_missing_value = "all")]
+    pub token_features: TokenFeatures,
     /// Held-out score (in the `--select-by` measure) a smaller, faster k may give up
     /// against the best and still be chosen (e.g. 0.01; default none).
     #[arg(long, default_value_t = 0.0)]

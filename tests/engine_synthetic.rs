@@ -54,7 +54,7 @@ fn calibration() -> CalibrateOptions {
         rank: None,
         select_by: SelectBy::Cosine,
         chat_share: 0.0,
-        token_features: false,
+        token_features: baton::calibrate::TokenFeatures::Off,
     }
 }
 

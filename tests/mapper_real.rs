@@ -36,7 +36,7 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         select_by: SelectBy::Cosine,
         // A quarter of the windows as conversations: the real template's path.
         chat_share: 0.25,
-        token_features: false,
+        token_features: baton::calibrate::TokenFeatures::Off,
     };
     let fitted = calibrate(
         &src,

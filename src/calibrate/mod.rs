@@ -33,7 +33,8 @@ pub use crate::mapper::report::{CalibrationReport, RankPoint, SkippedK, SweepPoi
 pub use error::CalibrateError;
 pub use heldout::continuation_start;
 pub use options::{
-    CalibrateOptions, RankChoice, SelectBy, AUTO_RANKS, DEFAULT_MAX_K, K_TOLERANCE, RANK_TOLERANCE,
+    CalibrateOptions, RankChoice, SelectBy, TokenFeatures, AUTO_RANKS, DEFAULT_MAX_K, K_TOLERANCE,
+    RANK_TOLERANCE,
 };
 pub use save::{corpus_info, save_fitted, Saved};
 
@@ -161,7 +162,7 @@ pub fn calibrate(
         opts.select_sequences,
         opts.chat_share,
     )?;
-    let mut stats = capture::allocate(a, b, directions, opts.token_features)?;
+    let mut stats = capture::allocate(a, b, directions, opts.token_features.on())?;
     let stats_bytes: usize = stats.iter().map(DirectionStats::memory_bytes).sum();
     tracing::info!(stats_bytes, "calibration statistics allocated");
 
@@ -288,10 +289,18 @@ fn fit_direction(
         // would cost hundreds of MB for a choice only a tolerance makes.
         _ => fit.fit_and_score(k, lambda, &scorer)?,
     };
-    let (full, token_block) = if st.token_layers > 0 {
+    let by = match opts.token_features {
+        TokenFeatures::Cosine => Some(token_choice::By::Cosine),
+        TokenFeatures::R2 => Some(token_choice::By::R2 {
+            keys: &hk,
+            values: &hv,
+        }),
+        TokenFeatures::All | TokenFeatures::Off => None,
+    };
+    let (full, token_block) = if let (Some(by), true) = (by, st.token_layers > 0) {
         check_cancel(cancel)?;
         let without = fit.fit_with_block(k, lambda, false)?;
-        let (scored, chosen) = token_choice::choose(full, without, &scorer)?;
+        let (scored, chosen) = token_choice::choose(full, without, by, &scorer)?;
         progress.note(&format!(
             "token block read by the keys of {} and the values of {} of {} layers: \
              held-out cosine {:.4} (block everywhere {:.4}, nowhere {:.4})",

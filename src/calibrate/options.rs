@@ -42,10 +42,32 @@ pub struct CalibrateOptions {
     /// chat template (see [`crate::data::chat_corpus`]); the rest is plain text.
     #[serde(default)]
     pub chat_share: f64,
-    /// Offer every map the target's own layer-0 keys and values of the tokens as extra
-    /// features (see [`crate::mapper::token_block`]).
+    /// Whether, and in which maps, the target's own layer-0 keys and values of the
+    /// tokens are extra features (see [`crate::mapper::token_block`]).
     #[serde(default)]
-    pub token_features: bool,
+    pub token_features: TokenFeatures,
+}
+
+/// Which maps read the token block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenFeatures {
+    /// None: the source's features only.
+    #[default]
+    Off,
+    /// Every key and value map.
+    All,
+    /// Per target layer and half, where the block raises that layer's held-out
+    /// attention cosine.
+    Cosine,
+    /// Per target layer and half, where the block raises the held-out R².
+    R2,
+}
+
+impl TokenFeatures {
+    pub fn on(self) -> bool {
+        self != Self::Off
+    }
 }
 
 /// How the reduced mapper's rank is chosen.
@@ -124,7 +146,7 @@ impl Default for CalibrateOptions {
             rank: None,
             select_by: SelectBy::Cosine,
             chat_share: 0.0,
-            token_features: false,
+            token_features: TokenFeatures::Off,
         }
     }
 }

@@ -1,34 +1,67 @@
-//! Which target layers read the token block. The block gives the late layers' values
-//! the token identity they carry (their held-out R² rises most), but on the default pair
-//! it also costs other layers held-out attention cosine: 512 more features on 8,192
-//! observations fit some noise. A layer's attention output at the probes depends only on
-//! that layer's keys and values (the queries are the target's own), so the choice is made
-//! per layer and per half: of keys and values each with or without the block, the
-//! combination with the best held-out cosine of that layer.
+//! Which target layers read the token block, when not all of them. The block gives the
+//! late layers' values the token identity they carry (their held-out R² rises most), but
+//! on the default pair it also costs other layers held-out attention cosine: 512 more
+//! features on 8,192 observations fit some noise. Two per-layer choices are offered:
+//!
+//! - **cosine**: a layer's attention output at the probes depends only on that layer's
+//!   keys and values (the queries are the target's own), so of keys and values each with
+//!   or without the block, the combination with the best held-out cosine of that layer;
+//! - **R²**: keys and values each separately, where the block raises the held-out R².
 
 use super::heldout::{ScoreMaps, Scored};
 use super::CalibrateError;
 use crate::mapper::report::BlockLayers;
-use crate::mapper::LayerMap;
+use crate::mapper::ridge::r2;
+use crate::mapper::{LayerMap, PairStats};
+
+/// The held-out number a layer's choice is made by.
+#[derive(Clone, Copy)]
+pub enum By<'a> {
+    Cosine,
+    /// On these held-out statistics of keys and values.
+    R2 {
+        keys: &'a PairStats,
+        values: &'a PairStats,
+    },
+}
 
 /// Per layer the best of the four combinations of `with` (every map reads the block)
-/// and `without` (none does), scored again as a whole for the next-token agreement.
+/// and `without` (none does) by `by`, scored again as a whole.
 pub fn choose(
     with: Scored,
     without: (Vec<LayerMap>, Vec<LayerMap>),
+    by: By<'_>,
     scorer: &dyn ScoreMaps,
 ) -> Result<(Scored, BlockLayers), CalibrateError> {
     let (nk, nv) = without;
     let plain = scorer.score(&nk, &nv)?;
-    let keys_only = scorer.score(&with.keys, &nv)?;
-    let values_only = scorer.score(&nk, &with.values)?;
-    let cosines = [
-        &plain.cosine,
-        &keys_only.cosine,
-        &values_only.cosine,
-        &with.held.cosine,
-    ];
     let layers = with.keys.len();
+    // [plain, keys only, values only, both] per layer.
+    let cosines: Vec<[f64; 4]> = match by {
+        By::Cosine => {
+            let keys_only = scorer.score(&with.keys, &nv)?;
+            let values_only = scorer.score(&nk, &with.values)?;
+            (0..layers)
+                .map(|j| {
+                    [
+                        plain.cosine[j],
+                        keys_only.cosine[j],
+                        values_only.cosine[j],
+                        with.held.cosine[j],
+                    ]
+                })
+                .collect()
+        }
+        By::R2 { keys, values } => (0..layers)
+            .map(|j| {
+                let (k0, k1) = (r2(keys, j, &nk[j])?, r2(keys, j, &with.keys[j])?);
+                let (v0, v1) = (r2(values, j, &nv[j])?, r2(values, j, &with.values[j])?);
+                // Keys and values are judged apart: the sum orders the four as the two
+                // separate choices would.
+                Ok([k0 + v0, k1 + v0, k0 + v1, k1 + v1])
+            })
+            .collect::<Result<_, CalibrateError>>()?,
+    };
     let (mut keys, mut values) = (Vec::with_capacity(layers), Vec::with_capacity(layers));
     let mut chosen = BlockLayers {
         keys: Vec::new(),
@@ -39,7 +72,7 @@ pub fn choose(
     for j in 0..layers {
         // Ties go to the plainer combination: the block costs map time.
         let best = (0..4)
-            .reduce(|b, c| if cosines[c][j] > cosines[b][j] { c } else { b })
+            .reduce(|b, c| if cosines[j][c] > cosines[j][b] { c } else { b })
             .unwrap_or(0);
         let (k_block, v_block) = (best & 1 == 1, best & 2 == 2);
         keys.push(if k_block { &with.keys[j] } else { &nk[j] }.clone());
@@ -108,7 +141,7 @@ mod tests {
             held: scorer.score(&with_maps, &with_maps).unwrap(),
         };
         let without = (vec![map(0.0); 4], vec![map(0.0); 4]);
-        let (scored, chosen) = choose(with, without, &scorer).unwrap();
+        let (scored, chosen) = choose(with, without, By::Cosine, &scorer).unwrap();
         assert_eq!(chosen.keys, vec![2]);
         assert_eq!(chosen.values, vec![1, 2]);
         assert_eq!(scored.held.cosine, vec![0.9, 0.8, 0.9, 0.5]);
