@@ -406,6 +406,14 @@ pub struct CalibrateArgs {
     /// held-out attention cosine / R² rises; `off`: none.
     #[arg(long, value_enum, num_args = 0..=1, default_value = "off", default_missing_value = "all")]
     pub token_features: TokenFeatures,
+    /// Stretch the chosen key maps' predictions away from their mean by this factor
+    /// (1: as fitted), folded into the saved weights: ridge predictions are shrunk toward
+    /// the mean, which flattens the target's attention.
+    #[arg(long, default_value_t = 1.0)]
+    pub key_gain: f32,
+    /// The same for the value maps.
+    #[arg(long, default_value_t = 1.0)]
+    pub value_gain: f32,
     /// Held-out score (in the `--select-by` measure) a smaller, faster k may give up
     /// against the best and still be chosen (e.g. 0.01; default none).
     #[arg(long, default_value_t = 0.0)]
@@ -540,6 +548,8 @@ impl CalibrateArgs {
             standardize: !self.no_standardize,
             chat_share: self.chat_share,
             token_features: self.token_features,
+            key_gain: self.key_gain,
+            value_gain: self.value_gain,
             rank: match self.rank.as_deref() {
                 None => None,
                 Some("auto") => Some(RankChoice::Auto),

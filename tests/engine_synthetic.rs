@@ -55,6 +55,8 @@ fn calibration() -> CalibrateOptions {
         select_by: SelectBy::Cosine,
         chat_share: 0.0,
         token_features: baton::calibrate::TokenFeatures::Off,
+        key_gain: 1.0,
+        value_gain: 1.0,
     }
 }
 

@@ -37,6 +37,8 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         // A quarter of the windows as conversations: the real template's path.
         chat_share: 0.25,
         token_features: baton::calibrate::TokenFeatures::Off,
+        key_gain: 1.0,
+        value_gain: 1.0,
     };
     let fitted = calibrate(
         &src,

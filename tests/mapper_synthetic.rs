@@ -62,6 +62,8 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
         select_by: SelectBy::Cosine,
         chat_share: 0.0,
         token_features: baton::calibrate::TokenFeatures::Off,
+        key_gain: 1.0,
+        value_gain: 1.0,
     }
 }
 
@@ -842,4 +844,36 @@ fn layer_zero_exact(by: baton::calibrate::TokenFeatures) {
         .to_string();
     assert!(err.contains("tokens"), "{err}");
     mapper.map_cache(&cache, &ids, ra, rb).unwrap();
+}
+
+#[test]
+fn a_calibration_gain_is_folded_into_the_saved_key_maps_and_reported() {
+    let (_dir, tiny, a, b) = two_unrelated_models();
+    let plain = run(&a, &b, vec![1], &tiny);
+    let o = CalibrateOptions {
+        key_gain: 1.5,
+        ..opts(vec![1])
+    };
+    let f = forward(&a, &b, &tiny, &o).unwrap();
+    assert_eq!((f.report.key_gain, f.report.value_gain), (1.5, 1.0));
+    for (x, y) in plain.keys.iter().zip(&f.keys) {
+        assert_eq!(x.sources, y.sources);
+        for (p, q) in x.weight.iter().zip(&y.weight) {
+            assert!((1.5 * p - q).abs() <= 1e-5 * p.abs().max(1.0), "{p} {q}");
+        }
+    }
+    for (x, y) in plain.values.iter().zip(&f.values) {
+        assert_eq!(x.weight, y.weight);
+    }
+    // The held-out numbers are those of the maps as saved, so they differ.
+    assert_ne!(plain.report.cosine, f.report.cosine);
+    let bad = CalibrateOptions {
+        key_gain: 0.0,
+        ..opts(vec![1])
+    };
+    let Err(e) = forward(&a, &b, &tiny, &bad) else {
+        panic!("a gain of 0 was accepted");
+    };
+    let e = e.to_string();
+    assert!(e.contains("--key-gain"), "{e}");
 }

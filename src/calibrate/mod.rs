@@ -39,6 +39,7 @@ pub use options::{
 pub use save::{corpus_info, save_fitted, Saved};
 
 use crate::data::corpus::{self, Document, Split};
+use crate::mapper::gain::{apply_gain, Half};
 use crate::mapper::packed::SourceScales;
 use crate::mapper::ridge::{LayerMap, RidgeOptions};
 use crate::mapper::select::single_layer_r2;
@@ -46,7 +47,7 @@ use crate::mapper::CacheMapper;
 use crate::model::{Model, ModelIdentity};
 use capture::{DirectionStats, HeldOutCaptures};
 use choice::ChoiceRule;
-use heldout::HeldOutScorer;
+use heldout::{HeldOutScorer, ScoreMaps};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -315,6 +316,27 @@ fn fit_direction(
     } else {
         (full, None)
     };
+    let full = if opts.key_gain != 1.0 || opts.value_gain != 1.0 {
+        let heldout::Scored {
+            mut keys,
+            mut values,
+            ..
+        } = full;
+        let width = src.config().kv_width();
+        apply_gain(&mut keys, Half::Keys, &scales, width, opts.key_gain)?;
+        apply_gain(&mut values, Half::Values, &scales, width, opts.value_gain)?;
+        let held = scorer.score(&keys, &values)?;
+        progress.note(&format!(
+            "gains K {} V {}: held-out cosine {:.4}, top-1 {:.4}",
+            opts.key_gain,
+            opts.value_gain,
+            held.mean_cosine(),
+            held.agreement.top1
+        ));
+        heldout::Scored { keys, values, held }
+    } else {
+        full
+    };
     let full_cosine = full.held.mean_cosine();
     let reduced = match opts.rank {
         None => rank::RankOutcome {
@@ -358,6 +380,8 @@ fn fit_direction(
         rank_sweep: reduced.sweep,
         full_cosine: Some(full_cosine),
         token_block,
+        key_gain: opts.key_gain,
+        value_gain: opts.value_gain,
     };
     Ok(Fitted {
         source: src.identity.clone(),

@@ -46,6 +46,16 @@ pub struct CalibrateOptions {
     /// tokens are extra features (see [`crate::mapper::token_block`]).
     #[serde(default)]
     pub token_features: TokenFeatures,
+    /// Gains around the mean prediction folded into the chosen key and value maps
+    /// ([`crate::mapper::gain`]); 1 leaves them as fitted.
+    #[serde(default = "one")]
+    pub key_gain: f32,
+    #[serde(default = "one")]
+    pub value_gain: f32,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// Which maps read the token block.
@@ -147,6 +157,8 @@ impl Default for CalibrateOptions {
             select_by: SelectBy::Cosine,
             chat_share: 0.0,
             token_features: TokenFeatures::Off,
+            key_gain: 1.0,
+            value_gain: 1.0,
         }
     }
 }
@@ -180,6 +192,16 @@ impl CalibrateOptions {
                  probes and continuation; use --seq-len {MIN_SEQ_LEN} or more",
                 self.seq_len
             ));
+        }
+        for (name, g) in [
+            ("--key-gain", self.key_gain),
+            ("--value-gain", self.value_gain),
+        ] {
+            if !g.is_finite() || g <= 0.0 {
+                return bad(format!(
+                    "{name} {g}: a gain is a positive number (1 leaves the maps as fitted)"
+                ));
+            }
         }
         if self.stride == 0 {
             return bad("--stride 0 keeps no positions; use --stride 1 or more".into());

@@ -85,6 +85,16 @@ pub struct CalibrationReport {
     /// the token block (chosen per layer by held-out attention cosine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_block: Option<BlockLayers>,
+    /// Gains folded into the key and value maps after the fit (1: as fitted); the
+    /// held-out numbers above are those of the maps with them.
+    #[serde(default = "one")]
+    pub key_gain: f32,
+    #[serde(default = "one")]
+    pub value_gain: f32,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// Which target layers' maps read the token block.
