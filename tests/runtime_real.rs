@@ -1,6 +1,7 @@
 //! The runtime on the real default 0.5B model: cache equivalence across chunkings,
 //! agreement with candle-transformers' own quantized_qwen2 on the same file, the cost of
-//! the load-time block conversion, and a coherent greedy answer.
+//! the load-time block conversion, a coherent greedy answer, and the 1.5B's layer 0 of the
+//! tokens against its prefill's.
 
 mod common;
 
@@ -273,4 +274,46 @@ fn cancel_stops_generation_at_once() {
     .unwrap();
     assert_eq!(g.stop, model::StopReason::Cancelled);
     assert_eq!(g.tokens.len(), 5);
+}
+
+#[test]
+fn the_layer_zero_of_the_tokens_matches_the_prefills_layer_zero() {
+    let dev = Device::Cpu;
+    let m = baton::fetch::open_model(
+        common::qwen_large().to_str().unwrap(),
+        &dev,
+        &baton::fetch::SilentProgress,
+    )
+    .expect("load");
+    let ids = prompt_ids(&m, 96);
+    let mut cache = m.decoder.new_cache();
+    m.decoder
+        .forward(
+            &ids,
+            &mut cache,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: vec![],
+            },
+        )
+        .expect("forward");
+    let own = baton::mapper::features::layer_features(&cache, m.decoder.rope(), 0, 0, 96, 1)
+        .expect("features");
+    let (k, v) = model::LayerZero::of(&m.decoder)
+        .expect("layer zero")
+        .features(&ids)
+        .expect("layer zero features");
+    // The same quantized weights and kernels; the cache's keys went through RoPE and
+    // back, which costs rounding relative to the keys' scale.
+    for (name, x, y) in [("K", &k, &own.k), ("V", &v, &own.v)] {
+        let scale = y
+            .abs()
+            .and_then(|t| t.max_all())
+            .and_then(|t| t.to_scalar::<f32>());
+        let err = max_abs(x, y);
+        assert!(
+            err <= 1e-4 * scale.expect("scale").max(1.0),
+            "{name}: {err}"
+        );
+    }
 }
