@@ -402,14 +402,14 @@ pub struct CalibrateArgs {
     /// Let maps also read the target's own layer-0 keys and values of the tokens, which
     /// the target computes from the token ids alone (no attention): exact features of
     /// which token stands where, the part of the cache a name or a number rides on.
-    /// `all` (the flag alone): every map; `cosine` / `r2`: per layer and half, where the
+    /// `all` (the default): every map; `cosine` / `r2`: per layer and half, where the
     /// held-out attention cosine / R² rises; `off`: none.
-    #[arg(long, value_enum, num_args = 0..=1, default_value = "off", default_missing_value = "all")]
+    #[arg(long, value_enum, num_args = 0..=1, default_value = "all", default_missing_value = "all")]
     pub token_features: TokenFeatures,
     /// Stretch the chosen key maps' predictions away from their mean by this factor
     /// (1: as fitted), folded into the saved weights: ridge predictions are shrunk toward
     /// the mean, which flattens the target's attention.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = baton::calibrate::DEFAULT_KEY_GAIN)]
     pub key_gain: f32,
     /// The same for the value maps.
     #[arg(long, default_value_t = 1.0)]

@@ -33,8 +33,8 @@ pub use crate::mapper::report::{CalibrationReport, RankPoint, SkippedK, SweepPoi
 pub use error::CalibrateError;
 pub use heldout::continuation_start;
 pub use options::{
-    CalibrateOptions, RankChoice, SelectBy, TokenFeatures, AUTO_RANKS, DEFAULT_MAX_K, K_TOLERANCE,
-    RANK_TOLERANCE,
+    CalibrateOptions, RankChoice, SelectBy, TokenFeatures, AUTO_RANKS, DEFAULT_KEY_GAIN,
+    DEFAULT_MAX_K, K_TOLERANCE, RANK_TOLERANCE,
 };
 pub use save::{corpus_info, save_fitted, Saved};
 

@@ -129,6 +129,10 @@ pub const AUTO_RANKS: [usize; 5] = [32, 64, 96, 128, 192];
 /// `RankChoice::Auto`.
 pub const RANK_TOLERANCE: f64 = 0.01;
 
+/// The default gain on the mapped keys: 1.25 raised the recall suite's mapped F1 by 0.058
+/// (paired 95% interval [0.015, 0.100]) over the fitted maps, 1.5 lowered it.
+pub const DEFAULT_KEY_GAIN: f32 = 1.25;
+
 /// The shortest window calibrated on: probes start an eighth of the way in, and the
 /// continuation scored for next-token agreement is the last quarter.
 const MIN_SEQ_LEN: usize = 16;
@@ -156,8 +160,13 @@ impl Default for CalibrateOptions {
             rank: None,
             select_by: SelectBy::Cosine,
             chat_share: 0.0,
-            token_features: TokenFeatures::Off,
-            key_gain: 1.0,
+            // Both measured on the multi-turn recall suite (0.5B→1.5B, 40 conversations):
+            // mapped-answer F1 0.126 as fitted, 0.223 with the token block in every map,
+            // 0.290 with a key gain of 1.25 as well; held-out prose perplexity and KL
+            // improve with them too. Choosing the block's layers by held-out attention
+            // cosine raised that cosine but gave the facts back (F1 0.130).
+            token_features: TokenFeatures::All,
+            key_gain: DEFAULT_KEY_GAIN,
             value_gain: 1.0,
         }
     }
