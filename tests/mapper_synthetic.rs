@@ -36,6 +36,22 @@ fn write_model(tiny: &Tiny, dir: &Path, weights: &HashMap<String, Tensor>) {
     tiny.write_tokenizer(dir);
 }
 
+/// `m`'s cache of `ids`.
+fn prefill(m: &Model, ids: &[u32]) -> baton::model::KvCache {
+    let mut cache = m.decoder.new_cache();
+    m.decoder
+        .forward(
+            ids,
+            &mut cache,
+            &baton::model::ForwardOptions {
+                logits: baton::model::Logits::None,
+                probe_positions: vec![],
+            },
+        )
+        .unwrap();
+    cache
+}
+
 fn docs(tiny: &Tiny) -> Vec<Document> {
     (0..3)
         .map(|i| Document {
@@ -625,17 +641,7 @@ fn int8_agrees_with_f32(token_features: bool) {
     let f32m = int8.clone().with_precision(MapPrecision::F32).unwrap();
     assert_eq!(f32m.precision(), MapPrecision::F32);
     let ids = a.tokenizer.encode_raw(&tiny.text(90, 11)).unwrap();
-    let mut cache = a.decoder.new_cache();
-    a.decoder
-        .forward(
-            &ids,
-            &mut cache,
-            &baton::model::ForwardOptions {
-                logits: baton::model::Logits::None,
-                probe_positions: vec![],
-            },
-        )
-        .unwrap();
+    let cache = prefill(&a, &ids);
     let (ra, rb) = (a.decoder.rope(), b.decoder.rope());
     // The same maps as a rank-D_t product W·I run the factored int8 path (two products).
     let factored = |maps: &[baton::mapper::LayerMap]| -> Vec<baton::mapper::LayerMap> {
@@ -761,17 +767,7 @@ fn the_layer_zero_of_the_tokens_is_the_layer_zero_of_a_prefill() {
     let tiny = Tiny::new("qwen2");
     let (_dir, a, _b) = model_pair(&tiny, &tiny.weights(1), &tiny.weights(2));
     let ids = a.tokenizer.encode_raw(&tiny.text(60, 5)).unwrap();
-    let mut cache = a.decoder.new_cache();
-    a.decoder
-        .forward(
-            &ids,
-            &mut cache,
-            &baton::model::ForwardOptions {
-                logits: baton::model::Logits::None,
-                probe_positions: vec![],
-            },
-        )
-        .unwrap();
+    let cache = prefill(&a, &ids);
     let own = layer_features(&cache, a.decoder.rope(), 0, 0, ids.len(), 1).unwrap();
     let lz = baton::model::LayerZero::of(&a.decoder).unwrap();
     let (k, v) = lz.features(&ids).unwrap();
@@ -826,17 +822,7 @@ fn layer_zero_exact(by: baton::calibrate::TokenFeatures) {
     let mapper = f.cache_mapper(&a, &b).unwrap();
     assert!(mapper.reads_tokens());
     let ids = a.tokenizer.encode_raw(&tiny.text(40, 9)).unwrap();
-    let mut cache = a.decoder.new_cache();
-    a.decoder
-        .forward(
-            &ids,
-            &mut cache,
-            &baton::model::ForwardOptions {
-                logits: baton::model::Logits::None,
-                probe_positions: vec![],
-            },
-        )
-        .unwrap();
+    let cache = prefill(&a, &ids);
     let (ra, rb) = (a.decoder.rope(), b.decoder.rope());
     let err = mapper
         .map_cache(&cache, &ids[..3], ra, rb)

@@ -48,14 +48,10 @@ pub struct CalibrateOptions {
     pub token_features: TokenFeatures,
     /// Gains around the mean prediction folded into the chosen key and value maps
     /// ([`crate::mapper::gain`]); 1 leaves them as fitted.
-    #[serde(default = "one")]
+    #[serde(default = "crate::mapper::gain::unit")]
     pub key_gain: f32,
-    #[serde(default = "one")]
+    #[serde(default = "crate::mapper::gain::unit")]
     pub value_gain: f32,
-}
-
-fn one() -> f32 {
-    1.0
 }
 
 /// Which maps read the token block.

@@ -15,6 +15,11 @@ use super::packed::SourceScales;
 use super::ridge::LayerMap;
 use super::MapperError;
 
+/// The gain that leaves a map as fitted: the default of every stored gain field.
+pub fn unit() -> f32 {
+    1.0
+}
+
 /// Which of a map's two halves a gain applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Half {

@@ -87,14 +87,10 @@ pub struct CalibrationReport {
     pub token_block: Option<BlockLayers>,
     /// Gains folded into the key and value maps after the fit (1: as fitted); the
     /// held-out numbers above are those of the maps with them.
-    #[serde(default = "one")]
+    #[serde(default = "crate::mapper::gain::unit")]
     pub key_gain: f32,
-    #[serde(default = "one")]
+    #[serde(default = "crate::mapper::gain::unit")]
     pub value_gain: f32,
-}
-
-fn one() -> f32 {
-    1.0
 }
 
 /// Which target layers' maps read the token block.
