@@ -241,7 +241,9 @@ fn fit_direction(
     let scales = SourceScales::from_stats(sk, sv);
     let r2k = single_layer_r2(sk, &base)?;
     let r2v = single_layer_r2(sv, &base)?;
-    let scorer = HeldOutScorer::new(src, tgt, view, opts.skip_first, &scales)?;
+    // Scored as the maps are used: behind the anchor the workbench keeps by default.
+    let anchor = opts.skip_first.max(crate::mapper::apply::DEFAULT_ANCHOR);
+    let scorer = HeldOutScorer::new(src, tgt, view, anchor, &scales)?;
     let fit = sweep::FitInputs {
         keys: sk,
         values: sv,
