@@ -344,9 +344,21 @@ fn the_handoff_bench_times_every_stage_on_the_real_pair() {
     let dir = baton::fetch::cache_root().join("test-mappers-int8");
     let m = engine::load::load_mapper(&dir, &src, &tgt).unwrap();
     let cost = mapper_cost(&m.mapper);
-    // k source layers of 2×64 features into 28 target layers of 2×128, for K and V.
-    let k = m.info.k as f64;
-    assert_eq!(cost.flops_per_token, 2.0 * 2.0 * 28.0 * (k * 128.0) * 256.0);
+    // Each map reads its k source layers (and the token block's pieces, when it reads
+    // them) of 2×64 features into 2×128, for 28 target layers, K and V; the block costs
+    // the 1.5B's layer-0 key and value projections (1536 → 256 each) on top.
+    let maps = m.mapper.keys.iter().chain(&m.mapper.values);
+    let pieces: usize = maps.map(|t| t.sources.len()).sum();
+    assert!(pieces >= 2 * 28 * m.info.k, "{pieces}");
+    let block = if m.mapper.reads_tokens() {
+        2.0 * 1536.0 * 256.0
+    } else {
+        0.0
+    };
+    assert_eq!(
+        cost.flops_per_token,
+        2.0 * (pieces as f64 * 128.0 * 256.0 + block)
+    );
     let p = bench_point(
         &src,
         &tgt,

@@ -62,9 +62,11 @@ pub struct BenchPoint {
 /// Cost of one mapped token, to set the time against the floor.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MapperCost {
-    /// Multiply-adds ×2 per mapped token (all target layers, K and V).
+    /// Multiply-adds ×2 per mapped token (all target layers, K and V, and the target's
+    /// layer-0 projections when the maps read the token block).
     pub flops_per_token: f64,
-    /// Mapper weights read per map call, in the precision the map runs in.
+    /// Mapper weights read per map call, in the precision the map runs in (not counting
+    /// the target's own layer-0 projections, which its prefill reads too).
     pub weight_bytes: f64,
     /// Source features read and target K/V written per token (f32).
     pub activation_bytes_per_token: f64,
@@ -100,6 +102,7 @@ pub fn mapper_cost(m: &CacheMapper) -> MapperCost {
     }
     let src_width = m.source.n_kv_head * m.source.head_dim;
     let tgt_width = m.target.n_kv_head * m.target.head_dim;
+    macs += m.layer_zero().map_or(0, |lz| lz.macs_per_token());
     MapperCost {
         flops_per_token: 2.0 * macs as f64,
         weight_bytes: weights,

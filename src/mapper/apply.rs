@@ -183,6 +183,11 @@ impl CacheMapper {
         self.layer_zero.is_some()
     }
 
+    /// The target's layer 0 the maps read, if they read the token block.
+    pub fn layer_zero(&self) -> Option<&LayerZero> {
+        self.layer_zero.as_ref()
+    }
+
     /// Map positions `start..end` of `src`, whose positions hold `tokens`, into per-layer
     /// target K/V ([n_kv_head_t, end − start, hd_t]), ready for [`KvCache::extend_with`].
     pub fn map_range(

@@ -20,6 +20,7 @@ pub struct LayerZero {
     v: Linear,
     k_norm: Option<Tensor>,
     eps: f32,
+    hidden: usize,
     n_kv_head: usize,
     head_dim: usize,
     dtype: DType,
@@ -40,6 +41,7 @@ impl LayerZero {
             v: w.v.clone(),
             k_norm: w.k_norm.clone(),
             eps: cfg.rms_eps as f32,
+            hidden: cfg.hidden,
             n_kv_head: cfg.n_kv_head,
             head_dim: cfg.head_dim,
             dtype: d.dtype(),
@@ -49,6 +51,12 @@ impl LayerZero {
     /// Width of the keys (and of the values) of one position: all heads side by side.
     pub fn width(&self) -> usize {
         self.n_kv_head * self.head_dim
+    }
+
+    /// Multiply-adds per token: the key and value projections (the lookup and the norm
+    /// are a few hundred operations more).
+    pub fn macs_per_token(&self) -> usize {
+        2 * self.hidden * self.width()
     }
 
     /// Layer 0's un-rotated keys and values of `tokens`, each [tokens, heads·head_dim] in
