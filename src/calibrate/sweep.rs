@@ -7,7 +7,7 @@ use super::choice::Merit;
 use super::heldout::{ScoreMaps, Scored};
 use super::{check_cancel, CalibrateError, CalibrationProgress, SkippedK, SweepPoint};
 use crate::mapper::ridge::{self, LayerMap, RidgeOptions};
-use crate::mapper::select::select_layers;
+use crate::mapper::select::top_k;
 use crate::mapper::PairStats;
 use std::sync::atomic::AtomicBool;
 
@@ -89,14 +89,11 @@ impl FitInputs<'_> {
         };
         let fit_all = |st: &PairStats, rank: &[Vec<f64>]| {
             let own = st.l_s() - self.token_layers;
-            let own_rank: Vec<Vec<f64>> = rank
-                .iter()
-                .map(|r| r[..own.min(r.len())].to_vec())
-                .collect();
-            select_layers(&own_rank, k)
-                .into_iter()
+            rank.iter()
                 .enumerate()
-                .map(|(j, mut sources)| {
+                .map(|(j, row)| {
+                    // The token block's pieces are not ranked: a map reads all or none.
+                    let mut sources = top_k(&row[..own.min(row.len())], k);
                     if block {
                         sources.extend(own..st.l_s());
                     }
@@ -311,7 +308,10 @@ mod tests {
         );
         // The ranking found the true sources.
         for j in 0..syn.l_t {
-            assert_eq!(select_layers(&rank[0], 2)[j], truth_sources(j, syn.l_s));
+            assert_eq!(
+                crate::mapper::select::select_layers(&rank[0], 2)[j],
+                truth_sources(j, syn.l_s)
+            );
         }
         // The kept maps are those of the best point by cosine, and score as reported.
         let (i, kept) = out.kept.as_ref().unwrap();
