@@ -431,6 +431,21 @@ pub struct CalibrateArgs {
     /// on a special corpus, kept apart from the default one).
     #[arg(long)]
     pub mapper_dir: Option<std::path::PathBuf>,
+    /// Keep the fit's statistics beside the artifacts (in stats/, about 0.6 GB for
+    /// 0.5B→1.5B and 1.2 GB for 1.5B→0.5B), so that a later calibration can add windows
+    /// to them with --merge-stats instead of capturing again.
+    #[arg(long)]
+    pub save_stats: bool,
+    /// Add the statistics saved by an earlier `--save-stats` in these mapper directories
+    /// (none named: the one being written) to this run's windows, and fit from the sum.
+    /// With --sequences 0 nothing new is read: k and λ are chosen again from the saved
+    /// statistics in minutes.
+    #[arg(long, num_args = 0.., value_name = "MAPPER_DIR")]
+    pub merge_stats: Option<Vec<std::path::PathBuf>>,
+    /// Pass over the corpus's first N fit windows: those that statistics being merged
+    /// already hold (their count is in `baton mappers`).
+    #[arg(long, default_value_t = 0)]
+    pub skip_windows: usize,
     /// Print the calibration report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -551,6 +566,7 @@ impl CalibrateArgs {
             token_features: self.token_features,
             key_gain: self.key_gain,
             value_gain: self.value_gain,
+            skip_windows: self.skip_windows,
             rank: match self.rank.as_deref() {
                 None => None,
                 Some("auto") => Some(RankChoice::Auto),

@@ -229,31 +229,84 @@ fn bench_model_cmd(a: BenchModelArgs) -> Result<()> {
 
 fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
     use baton::calibrate as cal;
+    use baton::calibrate::saved_stats;
     use baton::data::corpus;
-    use baton::mapper::artifact;
+    use baton::mapper::artifact::{self, ModelRef};
     let cancel = std::sync::Arc::new(AtomicBool::new(false));
     let c = cancel.clone();
     // Ctrl-C stops at the next window; artifacts are only written at the very end.
     let _ = ctrlc::set_handler(move || c.store(true, std::sync::atomic::Ordering::Relaxed));
     let opts = a.options()?;
     // Before the corpus and the models: a mistaken option should not cost their loading.
-    opts.validate()?;
+    opts.validate_with_prior(a.merge_stats.is_some())?;
     let files = corpus::files_or_default(&a.corpus)?;
     let docs = corpus::read_documents(&files)?;
     let (src, tgt) = open_pair(&a.source, &a.target, dev)?;
     let directions = a.direction.calibrated();
-    let bars = baton::console::PhaseBars::new(a.json);
-    let started = std::time::Instant::now();
-    let fitted = cal::calibrate(&src, &tgt, &docs, &directions, &opts, &bars, &cancel)?;
-    bars.finish(true);
-    let corpus = cal::corpus_info(&files, &docs, &opts);
     let dir = a
         .mapper_dir
         .clone()
         .unwrap_or_else(|| artifact::mappers_dir(&fetch::cache_root()));
-    let saved = cal::save_fitted(&fitted, [&src, &tgt], &corpus, &dir)?;
+    let mut prior = Vec::new();
+    if let Some(dirs) = &a.merge_stats {
+        let dirs = if dirs.is_empty() {
+            vec![dir.clone()]
+        } else {
+            dirs.clone()
+        };
+        for from in &dirs {
+            for &d in &directions {
+                let (s, t) = d.pick(&src, &tgt);
+                let (s, t) = (
+                    ModelRef::new(&s.identity, s.config()),
+                    ModelRef::new(&t.identity, t.config()),
+                );
+                let at = saved_stats::stats_dir_in(from, &s, &t);
+                let loaded = saved_stats::load(&at, d, &s, &t)?;
+                eprintln!(
+                    "adding saved statistics of {} -> {}: {} windows, {} observations ({})",
+                    s.name,
+                    t.name,
+                    loaded.meta.windows(),
+                    loaded.meta.observations,
+                    at.display()
+                );
+                prior.push((at, loaded));
+            }
+        }
+    }
+    let bars = baton::console::PhaseBars::new(a.json);
+    let started = std::time::Instant::now();
+    let name = cal::CorpusName {
+        files: corpus::describe(&files),
+        fingerprint: corpus::fingerprint(&docs),
+    };
+    let run = cal::Run {
+        docs: &docs,
+        corpus: &name,
+        directions: &directions,
+        opts: &opts,
+    };
+    let done = cal::calibrate_with(&src, &tgt, &run, prior, &bars, &cancel)?;
+    bars.finish(true);
+    let corpus = cal::corpus_info(&files, &docs, &opts);
+    let saved = cal::save_fitted(&done.fitted, [&src, &tgt], &corpus, &dir)?;
     for s in &saved {
         eprintln!("{} -> {}", s.meta.summary_line(), s.path.display());
+    }
+    if a.save_stats {
+        for st in &done.stats {
+            let at = saved_stats::stats_dir_in(&dir, &st.meta.source, &st.meta.target);
+            saved_stats::save(st, &at)?;
+            eprintln!(
+                "statistics of {} -> {}: {} windows, {} observations -> {}",
+                st.meta.source.name,
+                st.meta.target.name,
+                st.meta.windows(),
+                st.meta.observations,
+                at.display()
+            );
+        }
     }
     eprintln!("calibration took {:.1} s", started.elapsed().as_secs_f64());
     if a.json {
@@ -264,13 +317,28 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
 }
 
 fn mappers_cmd(a: MappersArgs) -> Result<()> {
+    use baton::calibrate::saved_stats;
     use baton::mapper::artifact;
     let list = artifact::list(&fetch::cache_root());
+    // What each mapper's saved statistics hold, read from their description only.
+    let stats_of = |p: &std::path::Path, m: &artifact::MapperMeta| {
+        let dir = p.parent().unwrap_or(std::path::Path::new("."));
+        saved_stats::read_meta(&saved_stats::stats_dir_in(dir, &m.source, &m.target))
+    };
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&artifact::listing(&list))?
-        );
+        let mut rows = Vec::new();
+        for row in artifact::listing(&list) {
+            let mut v = serde_json::to_value(&row)?;
+            if let (Some(m), Some(obj)) = (row.meta, v.as_object_mut()) {
+                let stats = match stats_of(row.path, m) {
+                    Ok(s) => serde_json::to_value(s)?,
+                    Err(e) => serde_json::json!({ "error": e.to_string() }),
+                };
+                obj.insert("stats".into(), stats);
+            }
+            rows.push(v);
+        }
+        println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
     if list.is_empty() {
@@ -278,7 +346,14 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
     }
     for (p, m) in list {
         match m {
-            Ok(m) => println!("{}", m.list_line(&p)),
+            Ok(m) => {
+                println!("{}", m.list_line(&p));
+                match stats_of(&p, &m) {
+                    Ok(Some(s)) => println!("    {}", s.summary()),
+                    Ok(None) => {}
+                    Err(e) => println!("    {e}"),
+                }
+            }
             Err(e) => println!("unreadable: {e}"),
         }
     }

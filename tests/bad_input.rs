@@ -200,6 +200,7 @@ fn impossible_options_are_refused_by_the_binary_before_any_model_loads() {
             "--suffix 1000",
         ),
         (&["bench", "--repeats", "0"], "--repeats"),
+        (&["calibrate", "--sequences", "0"], "--merge-stats"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_baton"))
             .args(args)

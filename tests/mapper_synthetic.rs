@@ -11,30 +11,10 @@ use baton::calibrate::{
 };
 use baton::data::corpus::Document;
 use baton::mapper::artifact::{self, CorpusInfo, MapperMeta, ModelRef};
-use baton::model::{LoadOptions, Model, ResolvedModel};
+use baton::model::Model;
 use candle_core::{Device, Tensor};
-use common::synthetic::Tiny;
-use std::collections::HashMap;
-use std::path::Path;
+use common::synthetic::{model_pair, Tiny};
 use std::sync::atomic::AtomicBool;
-
-fn load(dir: &Path, name: &str) -> Model {
-    let r = ResolvedModel {
-        name: name.into(),
-        path: dir.to_path_buf(),
-        sha256: baton::fetch::local_sha256(dir).unwrap(),
-        sha256_check: baton::model::DigestCheck::HashedNow,
-        source: None,
-    };
-    Model::load(&r, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)).unwrap()
-}
-
-fn write_model(tiny: &Tiny, dir: &Path, weights: &HashMap<String, Tensor>) {
-    std::fs::create_dir_all(dir).unwrap();
-    tiny.write_safetensors(dir, 0);
-    candle_core::safetensors::save(weights, dir.join("model.safetensors")).unwrap();
-    tiny.write_tokenizer(dir);
-}
 
 /// `m`'s cache of `ids`.
 fn prefill(m: &Model, ids: &[u32]) -> baton::model::KvCache {
@@ -80,6 +60,7 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
         token_features: baton::calibrate::TokenFeatures::Off,
         key_gain: 1.0,
         value_gain: 1.0,
+        skip_windows: 0,
     }
 }
 
@@ -103,23 +84,6 @@ fn forward(
 
 fn run(a: &Model, b: &Model, k: Vec<usize>, tiny: &Tiny) -> Fitted {
     forward(a, b, tiny, &opts(k)).unwrap()
-}
-
-/// Two tiny models of `tiny`'s shape with these weights, written and loaded as `a` and
-/// `b` (the directory must outlive them).
-fn model_pair(
-    tiny: &Tiny,
-    a: &HashMap<String, Tensor>,
-    b: &HashMap<String, Tensor>,
-) -> (tempfile::TempDir, Model, Model) {
-    let dir = tempfile::tempdir().unwrap();
-    write_model(tiny, &dir.path().join("a"), a);
-    write_model(tiny, &dir.path().join("b"), b);
-    let (a, b) = (
-        load(&dir.path().join("a"), "a"),
-        load(&dir.path().join("b"), "b"),
-    );
-    (dir, a, b)
 }
 
 /// Two tiny models of one shape with different weights: no source layer explains a

@@ -143,7 +143,7 @@ impl DirectionStats {
     }
 }
 
-fn geometry(m: &Model) -> (usize, usize) {
+pub fn geometry(m: &Model) -> (usize, usize) {
     (m.config().n_layer, m.config().kv_width())
 }
 

@@ -22,6 +22,11 @@ pub enum CalibrateError {
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error("saved statistics {}: {reason}", path.display())]
+    Stats {
+        path: std::path::PathBuf,
+        reason: String,
+    },
     #[error("calibration cancelled; nothing was written")]
     Cancelled,
     #[error("{0}")]

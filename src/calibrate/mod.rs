@@ -26,6 +26,7 @@ mod heldout;
 mod options;
 mod rank;
 mod save;
+pub mod saved_stats;
 mod sweep;
 mod token_choice;
 
@@ -39,15 +40,18 @@ pub use options::{
 pub use save::{corpus_info, save_fitted, Saved};
 
 use crate::data::corpus::{self, Document, Split};
+use crate::mapper::artifact::ModelRef;
 use crate::mapper::gain::{apply_gain, Half};
 use crate::mapper::packed::SourceScales;
 use crate::mapper::ridge::{LayerMap, RidgeOptions};
 use crate::mapper::select::single_layer_r2;
 use crate::mapper::CacheMapper;
 use crate::model::{Model, ModelIdentity};
-use capture::{DirectionStats, HeldOutCaptures};
+pub use capture::DirectionStats;
+use capture::HeldOutCaptures;
 use choice::ChoiceRule;
 use heldout::{HeldOutScorer, ScoreMaps};
+use saved_stats::{SavedStats, StatsMeta, StatsSource};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -126,6 +130,58 @@ pub fn calibrate(
     progress: &dyn CalibrationProgress,
     cancel: &AtomicBool,
 ) -> Result<Vec<Fitted>, CalibrateError> {
+    let corpus = CorpusName {
+        files: "(not recorded)".into(),
+        fingerprint: corpus::fingerprint(docs),
+    };
+    let run = Run {
+        docs,
+        corpus: &corpus,
+        directions,
+        opts,
+    };
+    Ok(calibrate_with(a, b, &run, Vec::new(), progress, cancel)?.fitted)
+}
+
+/// The corpus a calibration reads, as the saved statistics record it.
+pub struct CorpusName {
+    pub files: String,
+    pub fingerprint: String,
+}
+
+/// What one calibration is asked to do.
+pub struct Run<'a> {
+    pub docs: &'a [Document],
+    pub corpus: &'a CorpusName,
+    pub directions: &'a [Direction],
+    pub opts: &'a CalibrateOptions,
+}
+
+/// The fitted maps and the statistics they were fitted from (this run's windows plus
+/// whatever saved statistics were merged in), for `--save-stats`.
+pub struct Calibrated {
+    pub fitted: Vec<Fitted>,
+    pub stats: Vec<SavedStats>,
+}
+
+/// Calibrate as [`calibrate`] does, adding `prior` statistics (saved by an earlier run,
+/// each with the directory it came from) to those of this run's windows. With
+/// `opts.sequences` 0 nothing new is captured and the maps are fitted again from the
+/// saved statistics alone: only the held-out windows are read.
+pub fn calibrate_with(
+    a: &Model,
+    b: &Model,
+    run: &Run<'_>,
+    prior: Vec<(std::path::PathBuf, SavedStats)>,
+    progress: &dyn CalibrationProgress,
+    cancel: &AtomicBool,
+) -> Result<Calibrated, CalibrateError> {
+    let Run {
+        docs,
+        corpus,
+        directions,
+        opts,
+    } = *run;
     crate::text::ensure_same_tokenizer(&a.tokenizer, &b.tokenizer)
         .map_err(|e| CalibrateError::Model(e.into()))?;
     if directions.is_empty() {
@@ -133,7 +189,7 @@ pub fn calibrate(
             "no direction to calibrate: ask for at least one".into(),
         ));
     }
-    opts.validate()?;
+    opts.validate_with_prior(!prior.is_empty())?;
     for d in directions {
         let source = match d {
             Direction::Forward => a,
@@ -152,34 +208,147 @@ pub fn calibrate(
                 source.identity.name
             )));
         }
+        if opts.sequences == 0 && !prior.iter().any(|(_, p)| p.stats.direction == *d) {
+            let (s, t) = d.pick(a, b);
+            return Err(CalibrateError::Options(format!(
+                "--sequences 0 fits from saved statistics alone, and none of those given \
+                 hold {} -> {}: give --sequences 1 or more, or statistics of that direction",
+                s.identity.name, t.identity.name
+            )));
+        }
     }
     let len = opts.seq_len;
-    let fit_windows = mixed_windows(a, docs, Split::Fit, len, opts.sequences, opts.chat_share)?;
+    let fit_windows = mixed_windows(
+        a,
+        docs,
+        Split::Fit,
+        len,
+        (opts.skip_windows, opts.sequences),
+        opts.chat_share,
+    )?;
     let sel_windows = mixed_windows(
         a,
         docs,
         Split::Select,
         len,
-        opts.select_sequences,
+        (0, opts.select_sequences),
         opts.chat_share,
     )?;
-    let mut stats = capture::allocate(a, b, directions, opts.token_features.on())?;
-    let stats_bytes: usize = stats.iter().map(DirectionStats::memory_bytes).sum();
+    let src_ref = |d: Direction| {
+        let (s, t) = d.pick(a, b);
+        (
+            ModelRef::new(&s.identity, s.config()),
+            ModelRef::new(&t.identity, t.config()),
+        )
+    };
+    let this_run = (opts.sequences > 0).then(|| StatsSource {
+        corpus: corpus.files.clone(),
+        fingerprint: corpus.fingerprint.clone(),
+        first_window: opts.skip_windows,
+        windows: opts.sequences,
+        seq_len: opts.seq_len,
+        stride: opts.stride,
+        chat_share: opts.chat_share,
+        observations: 0,
+    });
+    let token_layers = |d: Direction| -> Result<usize, CalibrateError> {
+        let ((_, ds), (_, dt)) = d.pick(capture::geometry(a), capture::geometry(b));
+        Ok(if opts.token_features.on() {
+            crate::mapper::token_block::block_layers(ds, dt)?
+        } else {
+            0
+        })
+    };
+    let mut metas = Vec::new();
+    for &d in directions {
+        let (source, target) = src_ref(d);
+        let meta = StatsMeta {
+            format: saved_stats::FORMAT.into(),
+            version: saved_stats::VERSION,
+            source,
+            target,
+            token_layers: token_layers(d)?,
+            skip_first: opts.skip_first,
+            observations: 0,
+            sources: this_run.clone().into_iter().collect(),
+        };
+        // Before the capture: a merge that cannot add up should not cost it.
+        for (dir, p) in prior.iter().filter(|(_, p)| p.stats.direction == d) {
+            saved_stats::check_merge(&meta, &p.meta, dir)?;
+        }
+        metas.push(meta);
+    }
+    let mut fresh = if fit_windows.is_empty() {
+        Vec::new()
+    } else {
+        capture::allocate(a, b, directions, opts.token_features.on())?
+    };
+    let stats_bytes: usize = fresh
+        .iter()
+        .map(DirectionStats::memory_bytes)
+        .sum::<usize>()
+        + prior
+            .iter()
+            .map(|(_, p)| p.stats.memory_bytes())
+            .sum::<usize>();
     tracing::info!(stats_bytes, "calibration statistics allocated");
 
     let t0 = Instant::now();
-    capture::capture_fit(a, b, &fit_windows, opts, &mut stats, progress, cancel)?;
+    if !fit_windows.is_empty() {
+        capture::capture_fit(a, b, &fit_windows, opts, &mut fresh, progress, cancel)?;
+    }
     let held = capture::capture_heldout(a, b, sel_windows, opts, progress, cancel)?;
     let capture_seconds = t0.elapsed().as_secs_f64();
+
+    let mut fresh = fresh.into_iter();
+    let mut prior = prior;
+    let mut stats = Vec::new();
+    for (&d, mut meta) in directions.iter().zip(metas) {
+        let mine: Vec<(std::path::PathBuf, SavedStats)> = {
+            let (mine, rest): (Vec<_>, Vec<_>) =
+                prior.into_iter().partition(|(_, p)| p.stats.direction == d);
+            prior = rest;
+            mine
+        };
+        let mut merged = match fresh.next() {
+            Some(st) => {
+                let n = st.keys.count();
+                meta.observations = n;
+                if let Some(s) = meta.sources.first_mut() {
+                    s.observations = n;
+                }
+                SavedStats { stats: st, meta }
+            }
+            None => {
+                // Fitted from saved statistics alone: the first of them is the start.
+                let mut mine = mine.into_iter();
+                let (_, first) = mine
+                    .next()
+                    .ok_or_else(|| CalibrateError::Options("no statistics to fit from".into()))?;
+                let mut merged = first;
+                for (dir, p) in mine {
+                    saved_stats::merge_into(&mut merged, &p, &dir)?;
+                }
+                stats.push(merged);
+                continue;
+            }
+        };
+        for (dir, p) in &mine {
+            saved_stats::merge_into(&mut merged, p, dir)?;
+        }
+        stats.push(merged);
+    }
 
     let t1 = Instant::now();
     let mut out = stats
         .iter()
-        .map(|st| {
+        .map(|s| {
+            let st = &s.stats;
             let (src, tgt) = st.direction.pick(a, b);
             let mut f = fit_direction(src, tgt, st, &held, opts, progress, cancel)?;
             f.report.capture_seconds = capture_seconds;
             f.report.stats_bytes = stats_bytes;
+            f.report.sequences = s.meta.windows();
             Ok(f)
         })
         .collect::<Result<Vec<_>, CalibrateError>>()?;
@@ -187,20 +356,27 @@ pub fn calibrate(
     for f in &mut out {
         f.report.fit_seconds = fit_seconds;
     }
-    Ok(out)
+    Ok(Calibrated { fitted: out, stats })
 }
 
-/// `count` windows of `split`, `share` of them chat-shaped (rounded), the rest plain.
+/// `count` windows of `split` after its first `skip`, `share` of them chat-shaped
+/// (rounded), the rest plain; the skip is shared out the same way.
 fn mixed_windows(
     m: &Model,
     docs: &[Document],
     split: Split,
     len: usize,
-    count: usize,
+    (skip, count): (usize, usize),
     share: f64,
 ) -> Result<Vec<Vec<u32>>, CalibrateError> {
-    let chat = ((count as f64) * share).round() as usize;
-    let mut out = corpus::windows(docs, &m.tokenizer, split, len, count - chat)?;
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let chat_of = |n: usize| ((n as f64) * share).round() as usize;
+    let (chat, chat_skip) = (chat_of(count), chat_of(skip));
+    let (plain, plain_skip) = (count - chat, skip - chat_skip);
+    let mut out = corpus::windows(docs, &m.tokenizer, split, len, plain_skip + plain)?;
+    out.drain(..plain_skip);
     if chat > 0 {
         let template = m.chat_template().map_err(|e| {
             CalibrateError::Options(format!(
@@ -208,14 +384,16 @@ fn mixed_windows(
                 m.identity.name
             ))
         })?;
-        out.extend(crate::data::chat_corpus::chat_windows(
+        let mut more = crate::data::chat_corpus::chat_windows(
             docs,
             &m.tokenizer,
             template,
             split,
             len,
-            chat,
-        )?);
+            chat_skip + chat,
+        )?;
+        more.drain(..chat_skip);
+        out.extend(more);
     }
     Ok(out)
 }

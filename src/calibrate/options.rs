@@ -52,6 +52,10 @@ pub struct CalibrateOptions {
     pub key_gain: f32,
     #[serde(default = "crate::mapper::gain::unit")]
     pub value_gain: f32,
+    /// Fit windows of the corpus passed over before the `sequences` read: windows that
+    /// saved statistics being added to already hold.
+    #[serde(default)]
+    pub skip_windows: usize,
 }
 
 /// Which maps read the token block.
@@ -164,6 +168,7 @@ impl Default for CalibrateOptions {
             token_features: TokenFeatures::All,
             key_gain: DEFAULT_KEY_GAIN,
             value_gain: 1.0,
+            skip_windows: 0,
         }
     }
 }
@@ -187,9 +192,19 @@ impl CalibrateOptions {
     /// takes minutes to hours, and a mistake found after it wastes all of that. The
     /// rank's upper bound depends on the target's width and is checked once it is known.
     pub fn validate(&self) -> Result<(), CalibrateError> {
+        self.validate_with_prior(false)
+    }
+
+    /// As [`Self::validate`], for a calibration that adds saved statistics (`prior`),
+    /// which may fit from those alone.
+    pub fn validate_with_prior(&self, prior: bool) -> Result<(), CalibrateError> {
         let bad = |msg: String| Err(CalibrateError::Options(msg));
-        if self.sequences == 0 {
-            return bad("--sequences 0: nothing to fit on; use --sequences 1 or more".into());
+        if self.sequences == 0 && !prior {
+            return bad(
+                "--sequences 0: nothing to fit on; use --sequences 1 or more, or add saved \
+                 statistics with --merge-stats"
+                    .into(),
+            );
         }
         if self.seq_len < MIN_SEQ_LEN {
             return bad(format!(

@@ -48,6 +48,8 @@ pub fn save_fitted(
             (&t.identity, t.config()),
             CorpusInfo {
                 observations: f.report.observations,
+                // With saved statistics merged in, more windows than this run read.
+                sequences: f.report.sequences,
                 ..corpus.clone()
             },
         );

@@ -374,3 +374,41 @@ impl Tiny {
             .join(" ")
     }
 }
+
+/// A model directory as baton loads it, hashed now.
+pub fn load(dir: &Path, name: &str) -> baton::model::Model {
+    use baton::model::{LoadOptions, Model, ResolvedModel};
+    let r = ResolvedModel {
+        name: name.into(),
+        path: dir.to_path_buf(),
+        sha256: baton::fetch::local_sha256(dir).unwrap(),
+        sha256_check: baton::model::DigestCheck::HashedNow,
+        source: None,
+    };
+    Model::load(&r, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)).unwrap()
+}
+
+/// `tiny`'s config and tokenizer with these weights, written as a model directory.
+pub fn write_model(tiny: &Tiny, dir: &Path, weights: &HashMap<String, Tensor>) {
+    std::fs::create_dir_all(dir).unwrap();
+    tiny.write_safetensors(dir, 0);
+    candle_core::safetensors::save(weights, dir.join("model.safetensors")).unwrap();
+    tiny.write_tokenizer(dir);
+}
+
+/// Two tiny models of `tiny`'s shape with these weights, written and loaded as `a` and
+/// `b` (the directory must outlive them).
+pub fn model_pair(
+    tiny: &Tiny,
+    a: &HashMap<String, Tensor>,
+    b: &HashMap<String, Tensor>,
+) -> (tempfile::TempDir, baton::model::Model, baton::model::Model) {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(tiny, &dir.path().join("a"), a);
+    write_model(tiny, &dir.path().join("b"), b);
+    let (a, b) = (
+        load(&dir.path().join("a"), "a"),
+        load(&dir.path().join("b"), "b"),
+    );
+    (dir, a, b)
+}
