@@ -442,6 +442,11 @@ pub struct CalibrateArgs {
     /// statistics in minutes.
     #[arg(long, num_args = 0.., value_name = "MAPPER_DIR")]
     pub merge_stats: Option<Vec<std::path::PathBuf>>,
+    /// Weight each fit position by the attention the target's own queries give it,
+    /// relative to even attention, raised to this power (0: off; 0.5 tempers it, 1 is in
+    /// proportion): the map is fitted hardest where the target reads.
+    #[arg(long, default_value_t = 0.0)]
+    pub attention_weight: f32,
     /// Pass over the corpus's first N fit windows: those that statistics being merged
     /// already hold (their count is in `baton mappers`).
     #[arg(long, default_value_t = 0)]
@@ -567,6 +572,7 @@ impl CalibrateArgs {
             key_gain: self.key_gain,
             value_gain: self.value_gain,
             skip_windows: self.skip_windows,
+            attention_weight: self.attention_weight,
             rank: match self.rank.as_deref() {
                 None => None,
                 Some("auto") => Some(RankChoice::Auto),

@@ -1,7 +1,8 @@
-//! Saved calibration statistics on tiny models generated here: statistics saved from
-//! some windows and merged with those of others fit the maps one calibration on all the
-//! windows fits, a refit from saved statistics alone reads no fit window, and merges
-//! that would count a window twice or mix token blocks are refused before any capture.
+//! Calibration statistics on tiny models generated here: statistics saved from some
+//! windows and merged with those of others fit the maps one calibration on all the
+//! windows fits, a refit from saved statistics alone reads no fit window, merges that
+//! would count a window twice or mix token blocks are refused before any capture, and
+//! attention weights change the fit and are recorded.
 
 mod common;
 
@@ -185,4 +186,39 @@ fn merges_that_would_not_add_up_are_refused_before_any_capture() {
     // Nothing to fit from at all.
     let e = run(&a, &b, &docs, &opts(0, 0), Vec::new()).err().unwrap();
     assert!(e.to_string().contains("--merge-stats"), "{e}");
+}
+
+#[test]
+fn attention_weights_change_the_fit_and_the_report_and_the_statistics_record_them() {
+    let tiny = Tiny::new("llama");
+    let (_dir, a, b) = model_pair(&tiny, &tiny.weights(3), &tiny.weights(4));
+    let docs = docs(&tiny);
+    let plain = run(&a, &b, &docs, &opts(3, 0), Vec::new()).unwrap();
+    let mut o = opts(3, 0);
+    o.attention_weight = 1.0;
+    let weighted = run(&a, &b, &docs, &o, Vec::new()).unwrap();
+    let (p, w) = (&plain.fitted[0], &weighted.fitted[0]);
+    // The same windows and positions, each counted once, fitted with other weights.
+    assert_eq!(p.report.observations, w.report.observations);
+    assert_eq!(w.report.attention_weight, 1.0);
+    assert_eq!(weighted.stats[0].meta.attention_weight, 1.0);
+    let other_sources = p
+        .keys
+        .iter()
+        .chain(&p.values)
+        .zip(w.keys.iter().chain(&w.values))
+        .any(|(m, n)| m.sources != n.sources);
+    assert!(
+        other_sources || relative_difference(p, w) > 1e-3,
+        "weights left the maps as they were"
+    );
+    // Unweighted statistics do not add up with weighted ones.
+    let mut more = opts(3, 3);
+    more.attention_weight = 1.0;
+    let prior = vec![(
+        PathBuf::from("saved"),
+        plain.stats.into_iter().next().unwrap(),
+    )];
+    let e = run(&a, &b, &docs, &more, prior).err().unwrap();
+    assert!(e.to_string().contains("--attention-weight 0"), "{e}");
 }

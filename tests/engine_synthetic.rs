@@ -57,7 +57,7 @@ fn calibration() -> CalibrateOptions {
         token_features: baton::calibrate::TokenFeatures::Off,
         key_gain: 1.0,
         value_gain: 1.0,
-        skip_windows: 0,
+        ..CalibrateOptions::default()
     }
 }
 

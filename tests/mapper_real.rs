@@ -39,7 +39,7 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         token_features: baton::calibrate::TokenFeatures::Off,
         key_gain: 1.0,
         value_gain: 1.0,
-        skip_windows: 0,
+        ..CalibrateOptions::default()
     };
     let fitted = calibrate(
         &src,

@@ -60,7 +60,7 @@ fn opts(k: Vec<usize>) -> CalibrateOptions {
         token_features: baton::calibrate::TokenFeatures::Off,
         key_gain: 1.0,
         value_gain: 1.0,
-        skip_windows: 0,
+        ..CalibrateOptions::default()
     }
 }
 

@@ -131,10 +131,21 @@ impl DirectionStats {
 
     /// Add one window read by both models, the first model's features in `a`.
     pub fn add(&mut self, a: &WindowFeatures, b: &WindowFeatures) -> Result<(), CalibrateError> {
+        self.add_weighted(a, b, None)
+    }
+
+    /// [`Self::add`] with a weight per kept position.
+    pub fn add_weighted(
+        &mut self,
+        a: &WindowFeatures,
+        b: &WindowFeatures,
+        weights: Option<&[f32]>,
+    ) -> Result<(), CalibrateError> {
         let (s, t) = self.direction.pick(a, b);
         let (xk, xv) = source_rows(s, t, &self.keys, self.token_layers)?;
-        self.keys.update(&xk, &t.keys, s.rows)?;
-        self.values.update(&xv, &t.values, s.rows)?;
+        self.keys.update_weighted(&xk, &t.keys, s.rows, weights)?;
+        self.values
+            .update_weighted(&xv, &t.values, s.rows, weights)?;
         Ok(())
     }
 
@@ -172,10 +183,22 @@ pub fn capture_fit(
     cancel: &AtomicBool,
 ) -> Result<(), CalibrateError> {
     progress.phase("capture", windows.len() as u64);
+    let weighted = opts.attention_weight > 0.0;
+    // A model's own queries at every position, when it is a direction's target and the
+    // fit is weighted by where they read.
+    let all = |w: &[u32], is_target: bool| -> Vec<usize> {
+        if weighted && is_target {
+            (0..w.len()).collect()
+        } else {
+            Vec::new()
+        }
+    };
+    let a_target = stats.iter().any(|s| s.direction == Direction::Backward);
+    let b_target = stats.iter().any(|s| s.direction == Direction::Forward);
     for w in windows {
         check_cancel(cancel)?;
-        let ca = capture(a, w, &[])?;
-        let cb = capture(b, w, &[])?;
+        let ca = capture(a, w, &all(w, a_target))?;
+        let cb = capture(b, w, &all(w, b_target))?;
         let fa = WindowFeatures::of(
             &ca.cache,
             a.decoder.rope(),
@@ -190,12 +213,50 @@ pub fn capture_fit(
             w.len(),
             opts.stride,
         )?;
+        let weights_of = |c: &Captured| -> Result<Option<Vec<f32>>, CalibrateError> {
+            if c.queries.is_empty() {
+                return Ok(None);
+            }
+            Ok(Some(attention_weights(c, opts)?))
+        };
+        let (wa, wb) = (weights_of(&ca)?, weights_of(&cb)?);
         for s in stats.iter_mut() {
-            s.add(&fa, &fb)?;
+            let w = match s.direction {
+                Direction::Forward => wb.as_deref(),
+                Direction::Backward => wa.as_deref(),
+            };
+            s.add_weighted(&fa, &fb, w)?;
         }
         progress.advance(1);
     }
     Ok(())
+}
+
+/// The weight of every kept position of a window (`skip_first..len`, every `stride`-th)
+/// from the attention the model's own queries give it, summed over its layers and
+/// heads, relative to even attention: clipped to [1/8, 8] so that no position (the
+/// attention sink above all) outweighs the rest, then raised to the chosen power.
+fn attention_weights(c: &Captured, opts: &CalibrateOptions) -> Result<Vec<f32>, CalibrateError> {
+    use crate::metrics::attention_mass::{received_by_position, relative_to_even};
+    let mut total: Vec<f64> = Vec::new();
+    let mut heads = 0;
+    for (l, q) in c.queries.iter().enumerate() {
+        let got = received_by_position(q, &c.cache.layer(l)?.k)?;
+        if total.is_empty() {
+            total = vec![0.0; got.len()];
+        }
+        for (t, g) in total.iter_mut().zip(&got) {
+            *t += g;
+        }
+        heads += q.dim(0)?;
+    }
+    let rel = relative_to_even(&total, heads);
+    Ok(rel
+        .iter()
+        .skip(opts.skip_first)
+        .step_by(opts.stride)
+        .map(|r| (r.clamp(0.125, 8.0) as f32).powf(opts.attention_weight))
+        .collect())
 }
 
 /// The held-out windows as both models read them, with each model's own queries at the

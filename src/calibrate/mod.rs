@@ -269,6 +269,7 @@ pub fn calibrate_with(
             target,
             token_layers: token_layers(d)?,
             skip_first: opts.skip_first,
+            attention_weight: opts.attention_weight,
             observations: 0,
             sources: this_run.clone().into_iter().collect(),
         };
@@ -562,6 +563,7 @@ fn fit_direction(
         token_block,
         key_gain: opts.key_gain,
         value_gain: opts.value_gain,
+        attention_weight: opts.attention_weight,
     };
     Ok(Fitted {
         source: src.identity.clone(),

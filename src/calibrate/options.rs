@@ -52,6 +52,12 @@ pub struct CalibrateOptions {
     pub key_gain: f32,
     #[serde(default = "crate::mapper::gain::unit")]
     pub value_gain: f32,
+    /// Weight every fit position by the attention the target's own queries give it,
+    /// relative to even attention and clipped to [1/8, 8], raised to this power (0: every
+    /// position counts the same, 1: in proportion). The fit then spends its accuracy where
+    /// the target reads.
+    #[serde(default)]
+    pub attention_weight: f32,
     /// Fit windows of the corpus passed over before the `sequences` read: windows that
     /// saved statistics being added to already hold.
     #[serde(default)]
@@ -169,6 +175,7 @@ impl Default for CalibrateOptions {
             key_gain: DEFAULT_KEY_GAIN,
             value_gain: 1.0,
             skip_windows: 0,
+            attention_weight: 0.0,
         }
     }
 }
@@ -222,6 +229,12 @@ impl CalibrateOptions {
                     "{name} {g}: a gain is a positive number (1 leaves the maps as fitted)"
                 ));
             }
+        }
+        if !self.attention_weight.is_finite() || !(0.0..=4.0).contains(&self.attention_weight) {
+            return bad(format!(
+                "--attention-weight {}: a power from 0 (off) to 4, e.g. 0.5",
+                self.attention_weight
+            ));
         }
         if self.stride == 0 {
             return bad("--stride 0 keeps no positions; use --stride 1 or more".into());

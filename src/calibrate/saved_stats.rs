@@ -59,6 +59,9 @@ pub struct StatsMeta {
     pub token_layers: usize,
     /// Leading positions of each window left out of the statistics.
     pub skip_first: usize,
+    /// The power of the attention weights the positions were fitted with (0: none).
+    #[serde(default)]
+    pub attention_weight: f32,
     pub observations: u64,
     pub sources: Vec<StatsSource>,
 }
@@ -302,6 +305,16 @@ pub fn check_merge(a: &StatsMeta, b: &StatsMeta, prior_dir: &Path) -> Result<(),
             ),
         ));
     }
+    if a.attention_weight != b.attention_weight {
+        return Err(bad(
+            prior_dir,
+            format!(
+                "captured with --attention-weight {}, and this calibration weights by {}: \
+                 use --attention-weight {} to add to them",
+                b.attention_weight, a.attention_weight, b.attention_weight
+            ),
+        ));
+    }
     for new in &a.sources {
         if let Some(old) = b.sources.iter().find(|old| old.overlaps(new)) {
             return Err(bad(
@@ -371,6 +384,7 @@ mod tests {
             target: model("b", "bb", 2),
             token_layers,
             skip_first: 0,
+            attention_weight: 0.0,
             observations: rows as u64,
             sources: vec![src],
         };

@@ -91,6 +91,9 @@ pub struct CalibrationReport {
     pub key_gain: f32,
     #[serde(default = "crate::mapper::gain::unit")]
     pub value_gain: f32,
+    /// The power of the attention weights on the fit positions (0: unweighted).
+    #[serde(default)]
+    pub attention_weight: f32,
 }
 
 /// Which target layers' maps read the token block.

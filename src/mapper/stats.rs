@@ -248,6 +248,21 @@ impl PairStats {
     /// infinite value is rejected whole, before anything is added: one would poison the
     /// statistics for good, and they are kept and merged for a long time.
     pub fn update(&mut self, x: &[f32], y: &[f32], rows: usize) -> Result<()> {
+        self.update_weighted(x, y, rows, None)
+    }
+
+    /// [`Self::update`] with a weight per observation: the moments become weighted sums
+    /// (`C_xx = Σ wᵢ (xᵢ−μ)(xᵢ−μ)ᵀ` about the weighted mean), so the ridge fit from them is
+    /// the weighted least-squares fit. The weights are rescaled to sum to `rows`, so the
+    /// batch still counts as `rows` observations and merges with unweighted batches as
+    /// one of that size would; only their proportions matter.
+    pub fn update_weighted(
+        &mut self,
+        x: &[f32],
+        y: &[f32],
+        rows: usize,
+        weights: Option<&[f32]>,
+    ) -> Result<()> {
         let dx = self.dx();
         let dy = self.dy();
         check_batch("x", x, rows, dx)?;
@@ -255,11 +270,16 @@ impl PairStats {
         if rows == 0 {
             return Ok(());
         }
+        let weights = match weights {
+            None => None,
+            Some(w) => Some(normalised_weights(w, rows)?),
+        };
+        let weights = weights.as_deref();
         let na = self.count as f64;
         let nb = rows as f64;
         let n = na + nb;
-        let batch_mean_x = column_means(x, rows, dx);
-        let batch_mean_y = column_means(y, rows, dy);
+        let batch_mean_x = column_means(x, rows, dx, weights);
+        let batch_mean_y = column_means(y, rows, dy, weights);
 
         // The Chan merge term (na·nb/n)·δδᵀ is folded into the product as one extra row
         // sqrt(na·nb/n)·δ, so the big matrices are swept once per batch, not twice.
@@ -269,8 +289,8 @@ impl PairStats {
         } else {
             0.0
         };
-        let xc = centred_columns(x, rows, dx, &batch_mean_x, &self.mean_x, w, extra);
-        let yc = centred_columns(y, rows, dy, &batch_mean_y, &self.mean_y, w, extra);
+        let xc = centred_columns(x, rows, dx, &batch_mean_x, &self.mean_x, w, extra, weights);
+        let yc = centred_columns(y, rows, dy, &batch_mean_y, &self.mean_y, w, extra, weights);
         let k = rows + extra;
         let xc_ref = MatRef::from_column_major_slice(&xc, k, dx);
         let yc_ref = MatRef::from_column_major_slice(&yc, k, dy);
@@ -536,11 +556,43 @@ fn check_batch(what: &'static str, data: &[f32], rows: usize, width: usize) -> R
     Ok(())
 }
 
-fn column_means(data: &[f32], rows: usize, width: usize) -> Vec<f64> {
+/// `w` (one per row, non-negative, finite, not all zero) scaled to sum to `rows`.
+fn normalised_weights(w: &[f32], rows: usize) -> Result<Vec<f64>> {
+    if w.len() != rows {
+        return Err(MapperError::BatchShape {
+            what: "weights",
+            got: w.len(),
+            expected: rows,
+            rows,
+            width: 1,
+        });
+    }
+    if let Some(r) = w.iter().position(|v| !v.is_finite() || *v < 0.0) {
+        return Err(MapperError::NonFinite {
+            what: "weights",
+            row: r,
+            col: 0,
+        });
+    }
+    let total: f64 = w.iter().map(|&v| f64::from(v)).sum();
+    if total <= 0.0 {
+        return Err(MapperError::NonFinite {
+            what: "weights (all zero)",
+            row: 0,
+            col: 0,
+        });
+    }
+    let f = rows as f64 / total;
+    Ok(w.iter().map(|&v| f64::from(v) * f).collect())
+}
+
+/// Column means of the batch, weighted by `weights` (which sum to `rows`) when given.
+fn column_means(data: &[f32], rows: usize, width: usize, weights: Option<&[f64]>) -> Vec<f64> {
     let mut m = vec![0.0f64; width];
-    for row in data.chunks_exact(width) {
+    for (r, row) in data.chunks_exact(width).enumerate() {
+        let w = weights.map_or(1.0, |w| w[r]);
         for (a, v) in m.iter_mut().zip(row) {
-            *a += f64::from(*v);
+            *a += w * f64::from(*v);
         }
     }
     let inv = 1.0 / rows as f64;
@@ -552,6 +604,7 @@ fn column_means(data: &[f32], rows: usize, width: usize) -> Vec<f64> {
 /// `width`), plus (when `extra` is 1) the last row `w·(batch mean − running mean)` that
 /// carries the Chan merge term. Column-major because faer's product runs about twice as
 /// fast with both operands laid out that way than with the row-major input as is.
+#[allow(clippy::too_many_arguments)] // one batch's layout, means, merge row and weights
 fn centred_columns(
     data: &[f32],
     rows: usize,
@@ -560,12 +613,15 @@ fn centred_columns(
     running_mean: &[f64],
     w: f64,
     extra: usize,
+    weights: Option<&[f64]>,
 ) -> Vec<f64> {
     let k = rows + extra;
     let mut out = vec![0.0f64; k * width];
     for (r, row) in data.chunks_exact(width).enumerate() {
+        // A row of weight w enters the products as √w·(x − μ): Σ √w·√w = Σ w.
+        let s = weights.map_or(1.0, |w| w[r].sqrt());
         for (c, (v, m)) in row.iter().zip(batch_mean).enumerate() {
-            out[c * k + r] = f64::from(*v) - m;
+            out[c * k + r] = s * (f64::from(*v) - m);
         }
     }
     if extra == 1 {
@@ -696,6 +752,45 @@ pub(crate) mod tests {
         assert!(max_rel_diff(&a.syy, &b.syy) <= tol, "syy");
     }
 
+    #[test]
+    fn a_weighted_batch_is_the_batch_with_rows_repeated_as_often_as_their_weight() {
+        // Multiplicities summing to the row count, so both count four observations.
+        let (dx, dy) = (3, 2);
+        let (x, y) = data(4, dx, dy, 7);
+        let repeat = [2usize, 1, 1, 0];
+        let (mut rx, mut ry) = (Vec::new(), Vec::new());
+        for (r, &m) in repeat.iter().enumerate() {
+            for _ in 0..m {
+                rx.extend_from_slice(&x[r * dx..(r + 1) * dx]);
+                ry.extend_from_slice(&y[r * dy..(r + 1) * dy]);
+            }
+        }
+        let (x2, y2) = data(5, dx, dy, 8);
+        let mut repeated = PairStats::new(1, dx, 1, dy).unwrap();
+        repeated.update(&x2, &y2, 5).unwrap();
+        repeated.update(&rx, &ry, 4).unwrap();
+        let mut weighted = PairStats::new(1, dx, 1, dy).unwrap();
+        weighted.update(&x2, &y2, 5).unwrap();
+        // Scaled by 3: only the proportions of the weights count.
+        let w: Vec<f32> = repeat.iter().map(|&m| 3.0 * m as f32).collect();
+        weighted.update_weighted(&x, &y, 4, Some(&w)).unwrap();
+        assert_close(&weighted, &repeated, 1e-9);
+        let mut plain = PairStats::new(1, dx, 1, dy).unwrap();
+        plain.update(&x2, &y2, 5).unwrap();
+        plain.update(&x, &y, 4).unwrap();
+        assert!(max_rel_diff(&plain.cxx, &weighted.cxx) > 1e-3);
+    }
+
+    #[test]
+    fn weights_that_are_negative_missing_or_all_zero_are_refused() {
+        let (x, y) = data(2, 1, 1, 3);
+        let mut s = PairStats::new(1, 1, 1, 1).unwrap();
+        for w in [&[1.0f32, -1.0][..], &[1.0], &[0.0, 0.0], &[f32::NAN, 1.0]] {
+            assert!(s.update_weighted(&x, &y, 2, Some(w)).is_err(), "{w:?}");
+        }
+        assert_eq!(s.count(), 0);
+    }
+
     /// Straightforward f64 reference: raw sums, then centre.
     fn naive(
         x: &[f32],
@@ -704,8 +799,8 @@ pub(crate) mod tests {
         dx: usize,
         dy: usize,
     ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-        let mx = column_means(x, rows, dx);
-        let my = column_means(y, rows, dy);
+        let mx = column_means(x, rows, dx, None);
+        let my = column_means(y, rows, dy, None);
         let mut cxx = vec![0.0; dx * dx];
         let mut cxy = vec![0.0; dx * dy];
         let mut syy = vec![0.0; dy];

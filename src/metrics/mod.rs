@@ -3,6 +3,7 @@
 
 pub mod answers;
 pub mod attention_cosine;
+pub mod attention_mass;
 pub mod concentration;
 pub mod interval;
 pub mod logits;

@@ -1,0 +1,106 @@
+//! How much attention each position of a window receives from the model's own queries,
+//! against what it would receive if every query spread its attention evenly: the weight
+//! an attention-weighted calibration gives the position (see
+//! [`crate::calibrate::CalibrateOptions::attention_weight`]). A map's error at a position
+//! no query reads costs nothing downstream; at a position queries read hard it is what the
+//! target sees.
+
+use super::{MetricError, Result};
+use candle_core::{DType, Tensor, D};
+
+/// Attention received by every key position of one layer: `queries` [n_head, len, hd]
+/// (after RoPE, one per position) attend causally over `keys` [n_kv_head, len, hd]; the
+/// probabilities are summed over heads and queries.
+pub fn received_by_position(queries: &Tensor, keys: &Tensor) -> Result<Vec<f64>> {
+    let (nh, len, hd) = queries.dims3()?;
+    let (nkv, klen, khd) = keys.dims3()?;
+    if klen != len || khd != hd || nkv == 0 || nh % nkv != 0 {
+        return Err(MetricError::Shape(format!(
+            "queries {:?} against keys {:?}: one query per key position expected",
+            queries.dims(),
+            keys.dims()
+        )));
+    }
+    let group = nh / nkv;
+    let q = queries
+        .to_dtype(DType::F32)?
+        .contiguous()?
+        .reshape((nkv, group * len, hd))?;
+    let k = keys.to_dtype(DType::F32)?.contiguous()?;
+    let mut mask = vec![0f32; len * len];
+    for i in 0..len {
+        for m in &mut mask[i * len + i + 1..(i + 1) * len] {
+            *m = f32::NEG_INFINITY;
+        }
+    }
+    let mask = Tensor::from_vec(mask, (len, len), q.device())?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let s = (q.matmul(&k.t()?)? * scale)?
+        .reshape((nkv, group, len, len))?
+        .broadcast_add(&mask)?;
+    let p = candle_nn::ops::softmax_last_dim(&s)?;
+    // Summed over heads and queries: [len] of key positions.
+    let got = p.sum(D::Minus2)?.sum(1)?.sum(0)?;
+    Ok(got.to_vec1::<f32>()?.into_iter().map(f64::from).collect())
+}
+
+/// The attention `received` (summed over `heads` query heads, any number of layers
+/// `layers` already added in) as a multiple of what even causal attention would give:
+/// query `i` spreads `1/(i+1)` over each of positions `0..=i`.
+pub fn relative_to_even(received: &[f64], heads_times_layers: usize) -> Vec<f64> {
+    let len = received.len();
+    let mut even = vec![0.0f64; len];
+    let mut tail = 0.0;
+    for j in (0..len).rev() {
+        tail += 1.0 / (j + 1) as f64;
+        even[j] = tail * heads_times_layers as f64;
+    }
+    received.iter().zip(&even).map(|(r, e)| r / e).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn queries_that_see_nothing_spread_evenly_and_score_one_everywhere() {
+        // Zero queries: every logit is 0, so query i gives 1/(i+1) to each earlier position.
+        let (nh, nkv, len, hd) = (4, 2, 6, 8);
+        let q = Tensor::zeros((nh, len, hd), DType::F32, &Device::Cpu).unwrap();
+        let k = Tensor::randn(0f32, 1.0, (nkv, len, hd), &Device::Cpu).unwrap();
+        let got = received_by_position(&q, &k).unwrap();
+        let total: f64 = got.iter().sum();
+        // Every query hands out one unit per head.
+        assert!((total - (nh * len) as f64).abs() < 1e-4, "{total}");
+        for r in relative_to_even(&got, nh) {
+            assert!((r - 1.0).abs() < 1e-5, "{r}");
+        }
+    }
+
+    #[test]
+    fn a_key_every_query_points_at_receives_the_attention() {
+        // Keys along one axis, one of them long: queries along the same axis all read it.
+        let (len, hd) = (5, 4);
+        let mut k = vec![0f32; len * hd];
+        k[2 * hd] = 20.0;
+        let keys = Tensor::from_vec(k, (1, len, hd), &Device::Cpu).unwrap();
+        let mut q = vec![0f32; len * hd];
+        for i in 0..len {
+            q[i * hd] = 1.0;
+        }
+        let queries = Tensor::from_vec(q, (1, len, hd), &Device::Cpu).unwrap();
+        let got = received_by_position(&queries, &keys).unwrap();
+        let rel = relative_to_even(&got, 1);
+        // Queries 2..5 put almost all their weight on position 2.
+        assert!(got[2] > 2.9, "{got:?}");
+        assert!(rel[2] > 3.0 && rel[3] < 0.5 && rel[4] < 0.5, "{rel:?}");
+    }
+
+    #[test]
+    fn queries_and_keys_of_other_lengths_are_refused() {
+        let q = Tensor::zeros((2, 3, 4), DType::F32, &Device::Cpu).unwrap();
+        let k = Tensor::zeros((1, 4, 4), DType::F32, &Device::Cpu).unwrap();
+        assert!(received_by_position(&q, &k).is_err());
+    }
+}
