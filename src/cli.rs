@@ -292,6 +292,10 @@ pub struct EvalArgs {
     /// re-prefilled answer. 0 runs none.
     #[arg(long, default_value_t = 0)]
     pub conversations: usize,
+    /// Start the recall suite after its first N conversations: an independent check of
+    /// a setting chosen on the first ones.
+    #[arg(long, default_value_t = 0)]
+    pub skip_conversations: usize,
     /// A diagnosis of the recall suite, not a handoff: the mapped cache gets the
     /// target's own keys (true-keys) or values (true-values), to tell which half loses
     /// the facts.
@@ -655,6 +659,7 @@ impl EvalArgs {
                     OracleArg::TrueValues => baton::eval::recall::Oracle::TrueValues,
                     OracleArg::TrueBoth => baton::eval::recall::Oracle::TrueBoth,
                 }),
+                first_conversation: self.skip_conversations,
                 ..Default::default()
             },
         )

@@ -375,10 +375,18 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
         Vec::new()
     } else {
         let root = baton::fetch::ensure_by_name("eval-tasks", &BarProgress::new())?.path;
-        let c = baton::data::recall::load_conversations(&root, a.conversations)?;
+        let skip = a.skip_conversations;
+        let mut c = baton::data::recall::load_conversations(&root, skip + a.conversations)?;
+        if c.len() <= skip {
+            bail!(
+                "--skip-conversations {skip} passes over the whole suite ({} conversations): skip fewer",
+                c.len()
+            );
+        }
+        c.drain(..skip);
         if c.len() < a.conversations {
             eprintln!(
-                "the suite has {} conversations, fewer than --conversations {}: evaluating those",
+                "the suite has {} conversations past the first {skip}, fewer than --conversations {}: evaluating those",
                 c.len(),
                 a.conversations
             );

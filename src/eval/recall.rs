@@ -70,6 +70,10 @@ pub struct RecallOptions {
     /// Not a handoff: a diagnosis (see [`Oracle`]); `None` maps both halves.
     #[serde(default)]
     pub oracle: Option<Oracle>,
+    /// The suite's number of the first conversation given (those before it were
+    /// skipped), so that outcomes keep the suite's numbering.
+    #[serde(default)]
+    pub first_conversation: usize,
 }
 
 impl Default for RecallOptions {
@@ -81,6 +85,7 @@ impl Default for RecallOptions {
             bootstrap_resamples: 2000,
             seed: 20_261_201,
             oracle: None,
+            first_conversation: 0,
         }
     }
 }
@@ -274,7 +279,7 @@ pub fn eval_recall(
             );
             tracing::debug!(conversation = c, question = j + 1, reference = %reference_text, mapped = %mapped_text, "recall turn");
             outcomes.push(TurnOutcome {
-                conversation: c,
+                conversation: opts.first_conversation + c,
                 question_number: j + 1,
                 question_id: q.id.clone(),
                 context_tokens: h,
