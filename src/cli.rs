@@ -413,12 +413,13 @@ pub struct CalibrateArgs {
     pub token_features: TokenFeatures,
     /// Stretch the chosen key maps' predictions away from their mean by this factor
     /// (1: as fitted), folded into the saved weights: ridge predictions are shrunk toward
-    /// the mean, which flattens the target's attention.
-    #[arg(long, default_value_t = baton::calibrate::DEFAULT_KEY_GAIN)]
-    pub key_gain: f32,
+    /// the mean, which flattens the target's attention. `matched`: per head, the gain that
+    /// gives the mapped keys the spread of the true keys on the held-out windows.
+    #[arg(long, default_value_t = baton::calibrate::DEFAULT_KEY_GAIN.to_string())]
+    pub key_gain: String,
     /// The same for the value maps.
-    #[arg(long, default_value_t = 1.0)]
-    pub value_gain: f32,
+    #[arg(long, default_value = "1")]
+    pub value_gain: String,
     /// Held-out score (in the `--select-by` measure) a smaller, faster k may give up
     /// against the best and still be chosen (e.g. 0.01; default none).
     #[arg(long, default_value_t = 0.0)]
@@ -573,8 +574,10 @@ impl CalibrateArgs {
             standardize: !self.no_standardize,
             chat_share: self.chat_share,
             token_features: self.token_features,
-            key_gain: self.key_gain,
-            value_gain: self.value_gain,
+            key_gain: gain_number(&self.key_gain, "--key-gain")?.unwrap_or(1.0),
+            value_gain: gain_number(&self.value_gain, "--value-gain")?.unwrap_or(1.0),
+            key_gain_matched: self.key_gain == "matched",
+            value_gain_matched: self.value_gain == "matched",
             skip_windows: self.skip_windows,
             attention_weight: self.attention_weight,
             rank: match self.rank.as_deref() {
@@ -587,6 +590,16 @@ impl CalibrateArgs {
             ..CalibrateOptions::default()
         })
     }
+}
+
+/// A gain flag's number, or `None` for `matched`.
+fn gain_number(v: &str, flag: &str) -> Result<Option<f32>> {
+    if v == "matched" {
+        return Ok(None);
+    }
+    v.parse::<f32>().map(Some).with_context(|| {
+        format!("{flag} takes a number (1 leaves the maps as fitted) or `matched`, got `{v}`")
+    })
 }
 
 /// A count where `all` means every layer.
@@ -808,6 +821,19 @@ mod tests {
 
     #[test]
     fn a_bad_count_names_its_flag() {
+        let o = calibrate(&["--key-gain", "matched", "--value-gain", "1.5"])
+            .options()
+            .unwrap();
+        assert!(o.key_gain_matched && !o.value_gain_matched);
+        assert_eq!(o.value_gain, 1.5);
+        let o = calibrate(&[]).options().unwrap();
+        assert_eq!(o.key_gain, baton::calibrate::DEFAULT_KEY_GAIN);
+        assert!(!o.key_gain_matched);
+        let e = calibrate(&["--key-gain", "sharp"])
+            .options()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`matched`"), "{e}");
         let e = calibrate(&["--k", "two"])
             .options()
             .unwrap_err()

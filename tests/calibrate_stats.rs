@@ -2,7 +2,8 @@
 //! windows and merged with those of others fit the maps one calibration on all the
 //! windows fits, a refit from saved statistics alone reads no fit window, merges that
 //! would count a window twice or mix token blocks are refused before any capture, and
-//! attention weights change the fit and are recorded.
+//! attention weights change the fit and are recorded, and gains matched to the held-out
+//! statistics' spread are chosen per head within their bounds.
 
 mod common;
 
@@ -221,4 +222,26 @@ fn attention_weights_change_the_fit_and_the_report_and_the_statistics_record_the
     )];
     let e = run(&a, &b, &docs, &more, prior).err().unwrap();
     assert!(e.to_string().contains("--attention-weight 0"), "{e}");
+}
+
+#[test]
+fn matched_key_gains_are_chosen_per_layer_and_head_from_the_held_out_spread() {
+    let tiny = Tiny::new("llama");
+    let (_dir, a, b) = model_pair(&tiny, &tiny.weights(3), &tiny.weights(4));
+    let docs = docs(&tiny);
+    let plain = run(&a, &b, &docs, &opts(3, 0), Vec::new()).unwrap();
+    let mut o = opts(3, 0);
+    o.key_gain_matched = true;
+    let matched = run(&a, &b, &docs, &o, Vec::new()).unwrap();
+    let (p, m) = (&plain.fitted[0], &matched.fitted[0]);
+    let gains = &m.report.matched_key_gains;
+    assert_eq!(gains.len(), b.config().n_layer);
+    assert!(gains.iter().all(|l| l.len() == b.config().n_kv_head));
+    assert!(gains.iter().flatten().all(|g| (1.0..=2.0).contains(g)), "{gains:?}");
+    // Unrelated models: the ridge shrinks, so some head needs more than a gain of 1.
+    assert!(gains.iter().flatten().any(|&g| g > 1.01), "{gains:?}");
+    assert!(m.report.matched_value_gains.is_empty());
+    // Same fit, then the gains: the values are untouched and the keys stretched.
+    assert_eq!(p.values[0].weight, m.values[0].weight);
+    assert!(relative_difference(p, m) > 1e-3);
 }

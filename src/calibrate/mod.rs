@@ -22,6 +22,7 @@
 mod capture;
 pub mod choice;
 mod error;
+mod gains;
 mod heldout;
 mod options;
 mod rank;
@@ -41,7 +42,6 @@ pub use save::{corpus_info, save_fitted, Saved};
 
 use crate::data::corpus::{self, Document, Split};
 use crate::mapper::artifact::ModelRef;
-use crate::mapper::gain::{apply_gain, Half};
 use crate::mapper::packed::SourceScales;
 use crate::mapper::ridge::{LayerMap, RidgeOptions};
 use crate::mapper::select::single_layer_r2;
@@ -50,7 +50,7 @@ use crate::model::{Model, ModelIdentity};
 pub use capture::DirectionStats;
 use capture::HeldOutCaptures;
 use choice::ChoiceRule;
-use heldout::{HeldOutScorer, ScoreMaps};
+use heldout::HeldOutScorer;
 use saved_stats::{SavedStats, StatsMeta, StatsSource};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -497,27 +497,14 @@ fn fit_direction(
     } else {
         (full, None)
     };
-    let full = if opts.key_gain != 1.0 || opts.value_gain != 1.0 {
-        let heldout::Scored {
-            mut keys,
-            mut values,
-            ..
-        } = full;
-        let width = src.config().kv_width();
-        apply_gain(&mut keys, Half::Keys, &scales, width, opts.key_gain)?;
-        apply_gain(&mut values, Half::Values, &scales, width, opts.value_gain)?;
-        let held = scorer.score(&keys, &values)?;
-        progress.note(&format!(
-            "gains K {} V {}: held-out cosine {:.4}, top-1 {:.4}",
-            opts.key_gain,
-            opts.value_gain,
-            held.mean_cosine(),
-            held.agreement.top1
-        ));
-        heldout::Scored { keys, values, held }
-    } else {
-        full
+    let gain_inputs = gains::GainInputs {
+        scales: &scales,
+        source_width: src.config().kv_width(),
+        target_head_dim: tgt.config().head_dim,
+        held_keys: &hk,
+        held_values: &hv,
     };
+    let (full, applied) = gains::apply(full, opts, &gain_inputs, &scorer, progress)?;
     let full_cosine = full.held.mean_cosine();
     let reduced = match opts.rank {
         None => rank::RankOutcome {
@@ -564,6 +551,8 @@ fn fit_direction(
         key_gain: opts.key_gain,
         value_gain: opts.value_gain,
         attention_weight: opts.attention_weight,
+        matched_key_gains: applied.keys,
+        matched_value_gains: applied.values,
     };
     Ok(Fitted {
         source: src.identity.clone(),

@@ -52,6 +52,12 @@ pub struct CalibrateOptions {
     pub key_gain: f32,
     #[serde(default = "crate::mapper::gain::unit")]
     pub value_gain: f32,
+    /// Instead of `key_gain`, per head the gain that gives the mapped keys the spread of
+    /// the true keys on the held-out windows ([`crate::mapper::gain::matched_gains`]).
+    #[serde(default)]
+    pub key_gain_matched: bool,
+    #[serde(default)]
+    pub value_gain_matched: bool,
     /// Weight every fit position by the attention the target's own queries give it,
     /// relative to even attention and clipped to [1/8, 8], raised to this power (0: every
     /// position counts the same, 1: in proportion). The fit then spends its accuracy where
@@ -176,6 +182,8 @@ impl Default for CalibrateOptions {
             value_gain: 1.0,
             skip_windows: 0,
             attention_weight: 0.0,
+            key_gain_matched: false,
+            value_gain_matched: false,
         }
     }
 }

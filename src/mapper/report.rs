@@ -94,6 +94,12 @@ pub struct CalibrationReport {
     /// The power of the attention weights on the fit positions (0: unweighted).
     #[serde(default)]
     pub attention_weight: f32,
+    /// Per target layer and head, the gains `--key-gain matched` chose (empty for a
+    /// fixed gain, which `key_gain` gives).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matched_key_gains: Vec<Vec<f32>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matched_value_gains: Vec<Vec<f32>>,
 }
 
 /// Which target layers' maps read the token block.

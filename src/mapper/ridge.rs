@@ -256,6 +256,9 @@ pub struct Residuals {
     pub sse: Vec<f64>,
     /// `Σ (y − ȳ)²` per target column, around these statistics' own mean.
     pub sst: Vec<f64>,
+    /// `Σ (ŷ − mean ŷ)²` per target column: the spread of the predictions, which ridge
+    /// shrinks below `sst`.
+    pub spread: Vec<f64>,
     pub count: u64,
 }
 
@@ -315,6 +318,7 @@ pub fn residuals(stats: &PairStats, target_layer: usize, map: &LayerMap) -> Resu
     let n = stats.count() as f64;
     let syy = &stats.syy()[cols];
     let mut sse = Vec::with_capacity(m);
+    let mut spread = Vec::with_capacity(m);
     for c in 0..m {
         let wc = &w[c * p..(c + 1) * p];
         let cross: f64 = wc
@@ -331,10 +335,12 @@ pub fn residuals(stats: &PairStats, target_layer: usize, map: &LayerMap) -> Resu
             wc.iter().zip(&prob.mean_x).map(|(a, b)| a * b).sum::<f64>() + f64::from(map.bias[c]);
         let offset = prob.mean_y[c] - pred_mean;
         sse.push((syy[c] - 2.0 * cross + quad + n * offset * offset).max(0.0));
+        spread.push(quad.max(0.0));
     }
     Ok(Residuals {
         sse,
         sst: syy.to_vec(),
+        spread,
         count: stats.count(),
     })
 }
