@@ -471,6 +471,17 @@ mod tests {
     }
 
     #[test]
+    fn the_summary_says_how_much_the_statistics_hold_and_where_from() {
+        let mut into = saved(5, 0.0, 0, source(4, 2));
+        merge_into(&mut into, &saved(7, 1.0, 0, source(0, 4)), Path::new("p")).unwrap();
+        assert_eq!(
+            into.meta.summary(),
+            "saved statistics: 6 windows, 12 observations (c.txt windows 0..4 of 64 tokens; \
+             c.txt windows 4..6 of 64 tokens)"
+        );
+    }
+
+    #[test]
     fn windows_of_another_corpus_or_shape_never_overlap() {
         let a = source(0, 4);
         let mut b = source(0, 4);
