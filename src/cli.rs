@@ -413,9 +413,9 @@ pub struct CalibrateArgs {
     pub token_features: TokenFeatures,
     /// Stretch the chosen key maps' predictions away from their mean by this factor
     /// (1: as fitted), folded into the saved weights: ridge predictions are shrunk toward
-    /// the mean, which flattens the target's attention. `matched`: per head, the gain that
+    /// the mean, which flattens the target's attention. `matched` (the default): per head, the gain that
     /// gives the mapped keys the spread of the true keys on the held-out windows.
-    #[arg(long, default_value_t = baton::calibrate::DEFAULT_KEY_GAIN.to_string())]
+    #[arg(long, default_value = "matched")]
     pub key_gain: String,
     /// The same for the value maps.
     #[arg(long, default_value = "1")]
@@ -827,8 +827,11 @@ mod tests {
         assert!(o.key_gain_matched && !o.value_gain_matched);
         assert_eq!(o.value_gain, 1.5);
         let o = calibrate(&[]).options().unwrap();
-        assert_eq!(o.key_gain, baton::calibrate::DEFAULT_KEY_GAIN);
-        assert!(!o.key_gain_matched);
+        assert_eq!(
+            o.key_gain_matched,
+            baton::calibrate::DEFAULT_KEY_GAIN_MATCHED
+        );
+        assert!(!o.value_gain_matched);
         let e = calibrate(&["--key-gain", "sharp"])
             .options()
             .unwrap_err()

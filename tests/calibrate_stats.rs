@@ -41,6 +41,7 @@ fn opts(sequences: usize, skip_windows: usize) -> CalibrateOptions {
         max_k: usize::MAX,
         token_features: TokenFeatures::All,
         key_gain: 1.0,
+        key_gain_matched: false,
         ..CalibrateOptions::default()
     }
 }
@@ -237,7 +238,10 @@ fn matched_key_gains_are_chosen_per_layer_and_head_from_the_held_out_spread() {
     let gains = &m.report.matched_key_gains;
     assert_eq!(gains.len(), b.config().n_layer);
     assert!(gains.iter().all(|l| l.len() == b.config().n_kv_head));
-    assert!(gains.iter().flatten().all(|g| (1.0..=2.0).contains(g)), "{gains:?}");
+    assert!(
+        gains.iter().flatten().all(|g| (1.0..=2.0).contains(g)),
+        "{gains:?}"
+    );
     // Unrelated models: the ridge shrinks, so some head needs more than a gain of 1.
     assert!(gains.iter().flatten().any(|&g| g > 1.01), "{gains:?}");
     assert!(m.report.matched_value_gains.is_empty());

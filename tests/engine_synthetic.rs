@@ -56,6 +56,7 @@ fn calibration() -> CalibrateOptions {
         chat_share: 0.0,
         token_features: baton::calibrate::TokenFeatures::Off,
         key_gain: 1.0,
+        key_gain_matched: false,
         value_gain: 1.0,
         ..CalibrateOptions::default()
     }

@@ -38,6 +38,7 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         chat_share: 0.25,
         token_features: baton::calibrate::TokenFeatures::Off,
         key_gain: 1.0,
+        key_gain_matched: false,
         value_gain: 1.0,
         ..CalibrateOptions::default()
     };

@@ -35,7 +35,7 @@ pub use crate::mapper::report::{CalibrationReport, RankPoint, SkippedK, SweepPoi
 pub use error::CalibrateError;
 pub use heldout::continuation_start;
 pub use options::{
-    CalibrateOptions, RankChoice, SelectBy, TokenFeatures, AUTO_RANKS, DEFAULT_KEY_GAIN,
+    CalibrateOptions, RankChoice, SelectBy, TokenFeatures, AUTO_RANKS, DEFAULT_KEY_GAIN_MATCHED,
     DEFAULT_MAX_K, K_TOLERANCE, RANK_TOLERANCE,
 };
 pub use save::{corpus_info, save_fitted, Saved};
