@@ -11,10 +11,10 @@ use baton::calibrate::{calibrate, save_fitted, CalibrateOptions, Direction, NoPr
 use baton::data::corpus::Document;
 use baton::engine::{self, load, script, Engine, EngineConfig, EngineHandle, Envelope, Settings};
 use baton::mapper::artifact::CorpusInfo;
-use baton::model::{LoadOptions, Model, ResolvedModel};
+use baton::model::Model;
 use baton::protocol::{CacheOrigin, Command, Event, PathKind, StopKind, SwitchMetrics};
 use candle_core::Device;
-use common::synthetic::Tiny;
+use common::synthetic::{load as load_model, Tiny};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -25,17 +25,6 @@ fn tiny() -> Tiny {
         context: 1024,
         ..Tiny::new("qwen2")
     }
-}
-
-fn load_model(dir: &Path, name: &str) -> Model {
-    let r = ResolvedModel {
-        name: name.into(),
-        path: dir.to_path_buf(),
-        sha256: baton::fetch::local_sha256(dir).unwrap(),
-        sha256_check: baton::model::DigestCheck::HashedNow,
-        source: None,
-    };
-    Model::load(&r, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)).unwrap()
 }
 
 fn calibration() -> CalibrateOptions {
