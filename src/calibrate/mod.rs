@@ -311,6 +311,8 @@ pub fn calibrate_with(
             prior = rest;
             mine
         };
+        // This run's windows start the sum; without any, the first saved statistics do.
+        let mut mine = mine.into_iter();
         let mut merged = match fresh.next() {
             Some(st) => {
                 let n = st.keys.count();
@@ -320,22 +322,13 @@ pub fn calibrate_with(
                 }
                 SavedStats { stats: st, meta }
             }
-            None => {
-                // Fitted from saved statistics alone: the first of them is the start.
-                let mut mine = mine.into_iter();
-                let (_, first) = mine
-                    .next()
-                    .ok_or_else(|| CalibrateError::Options("no statistics to fit from".into()))?;
-                let mut merged = first;
-                for (dir, p) in mine {
-                    saved_stats::merge_into(&mut merged, &p, &dir)?;
-                }
-                stats.push(merged);
-                continue;
-            }
+            None => mine
+                .next()
+                .map(|(_, p)| p)
+                .ok_or_else(|| CalibrateError::Options("no statistics to fit from".into()))?,
         };
-        for (dir, p) in &mine {
-            saved_stats::merge_into(&mut merged, p, dir)?;
+        for (dir, p) in mine {
+            saved_stats::merge_into(&mut merged, &p, &dir)?;
         }
         stats.push(merged);
     }
