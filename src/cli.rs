@@ -296,6 +296,12 @@ pub struct EvalArgs {
     /// a setting chosen on the first ones.
     #[arg(long, default_value_t = 0)]
     pub skip_conversations: usize,
+    /// The recall suite's mapper learns from each conversation once its questions are
+    /// answered, so later conversations are answered with what it learned (it needs the
+    /// calibration's statistics: `baton calibrate --save-stats`). Starts from the
+    /// calibration and keeps nothing.
+    #[arg(long)]
+    pub learn: bool,
     /// A diagnosis of the recall suite, not a handoff: the mapped cache gets the
     /// target's own keys (true-keys) or values (true-values), to tell which half loses
     /// the facts.
@@ -465,6 +471,10 @@ pub struct CalibrateArgs {
 pub struct MappersArgs {
     #[arg(long)]
     pub json: bool,
+    /// Forget what the mappers learned from conversations, returning each to its
+    /// calibration (the calibration's own statistics stay).
+    #[arg(long)]
+    pub reset_learned: bool,
 }
 
 #[derive(Debug, Args)]

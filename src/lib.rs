@@ -10,6 +10,7 @@ pub mod engine;
 pub mod eval;
 pub mod fetch;
 pub mod kernels;
+pub mod learn;
 pub mod logging;
 pub mod mapper;
 pub mod metrics;

@@ -318,6 +318,7 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
 
 fn mappers_cmd(a: MappersArgs) -> Result<()> {
     use baton::calibrate::saved_stats;
+    use baton::learn::store;
     use baton::mapper::artifact;
     let list = artifact::list(&fetch::cache_root());
     // What each mapper's saved statistics hold, read from their description only.
@@ -325,6 +326,25 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
         let dir = p.parent().unwrap_or(std::path::Path::new("."));
         saved_stats::read_meta(&saved_stats::stats_dir_in(dir, &m.source, &m.target))
     };
+    let learned_dir = |p: &std::path::Path, m: &artifact::MapperMeta| {
+        let dir = p.parent().unwrap_or(std::path::Path::new("."));
+        store::learned_dir_in(dir, &m.source, &m.target)
+    };
+    if a.reset_learned {
+        let mut forgot = 0;
+        for (p, m) in &list {
+            if let Ok(m) = m {
+                if store::reset(&learned_dir(p, m))? {
+                    println!("{}: back to its calibration", m.direction);
+                    forgot += 1;
+                }
+            }
+        }
+        if forgot == 0 {
+            println!("no mapper has learned anything: nothing to reset");
+        }
+        return Ok(());
+    }
     if a.json {
         let mut rows = Vec::new();
         for row in artifact::listing(&list) {
@@ -335,6 +355,11 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
                     Err(e) => serde_json::json!({ "error": e.to_string() }),
                 };
                 obj.insert("stats".into(), stats);
+                let learned = match store::read_meta(&learned_dir(row.path, m)) {
+                    Ok(l) => serde_json::to_value(l)?,
+                    Err(e) => serde_json::json!({ "error": e.to_string() }),
+                };
+                obj.insert("learned".into(), learned);
             }
             rows.push(v);
         }
@@ -350,6 +375,11 @@ fn mappers_cmd(a: MappersArgs) -> Result<()> {
                 println!("{}", m.list_line(&p));
                 match stats_of(&p, &m) {
                     Ok(Some(s)) => println!("    {}", s.summary()),
+                    Ok(None) => {}
+                    Err(e) => println!("    {e}"),
+                }
+                match store::read_meta(&learned_dir(&p, &m)) {
+                    Ok(Some(l)) => println!("    {}", l.summary()),
                     Ok(None) => {}
                     Err(e) => println!("    {e}"),
                 }
@@ -424,7 +454,11 @@ fn eval_cmd(a: EvalArgs, dev: &Device) -> Result<()> {
             key: a.key_gain,
             value: a.value_gain,
         },
+        learn: a.learn,
     };
+    if a.learn && conversations.is_empty() {
+        bail!("--learn learns from the recall suite's conversations: give --conversations N");
+    }
     let report = evaluate(
         &a.direction.pairs(&first, &second),
         &plan,

@@ -122,7 +122,7 @@ fn recall_turns_run_the_three_paths(
         bootstrap_resamples: 200,
         ..RecallOptions::default()
     };
-    let reread = eval_recall(src, tgt, mapper, &convs, &opts(100_000), &mut |_| {}).unwrap();
+    let reread = eval_recall(src, tgt, mapper, &convs, &opts(100_000), None, &mut |_| {}).unwrap();
     assert_eq!(reread.turns, questions);
     for t in &reread.outcomes {
         assert!(
@@ -137,7 +137,7 @@ fn recall_turns_run_the_three_paths(
         oracle: Some(Oracle::TrueBoth),
         ..opts(0)
     };
-    let own = eval_recall(src, tgt, mapper, &convs, &own, &mut |_| {}).unwrap();
+    let own = eval_recall(src, tgt, mapper, &convs, &own, None, &mut |_| {}).unwrap();
     for t in &own.outcomes {
         assert!(
             t.identical,
@@ -145,7 +145,7 @@ fn recall_turns_run_the_three_paths(
             t.question_number, t.mapped, t.reference
         );
     }
-    let mapped = eval_recall(src, tgt, mapper, &convs, &opts(0), &mut |_| {}).unwrap();
+    let mapped = eval_recall(src, tgt, mapper, &convs, &opts(0), None, &mut |_| {}).unwrap();
     for (a, b) in mapped.outcomes.iter().zip(&reread.outcomes) {
         // The same history and question, so the same source and reference answers.
         assert_eq!((&a.source, &a.reference), (&b.source, &b.reference));

@@ -146,6 +146,19 @@ fn beside(dir: &Path, suffix: &str) -> PathBuf {
 
 /// Writes `saved` as `dir` (made or replaced whole).
 pub fn save(saved: &SavedStats, dir: &Path) -> Result<(), CalibrateError> {
+    let json = serde_json::to_string_pretty(&saved.meta).map_err(|e| bad(dir, e.to_string()))?;
+    write_dir(dir, &saved.stats, "meta.json", &json)
+}
+
+/// Writes `stats` and a description of them named `meta_name` as `dir`, made or replaced
+/// whole: the new files go to a fresh directory that is swapped in, so a crash leaves
+/// the old ones.
+pub fn write_dir(
+    dir: &Path,
+    stats: &DirectionStats,
+    meta_name: &str,
+    meta_json: &str,
+) -> Result<(), CalibrateError> {
     let parent = dir
         .parent()
         .ok_or_else(|| bad(dir, "has no parent directory".into()))?;
@@ -155,11 +168,10 @@ pub fn save(saved: &SavedStats, dir: &Path) -> Result<(), CalibrateError> {
         std::fs::remove_dir_all(&fresh).map_err(|e| io(&fresh, e))?;
     }
     std::fs::create_dir(&fresh).map_err(|e| io(&fresh, e))?;
-    saved.stats.keys.save(&fresh.join("keys.safetensors"))?;
-    saved.stats.values.save(&fresh.join("values.safetensors"))?;
-    let json = serde_json::to_string_pretty(&saved.meta).map_err(|e| bad(dir, e.to_string()))?;
-    let meta_path = fresh.join("meta.json");
-    std::fs::write(&meta_path, json).map_err(|e| io(&meta_path, e))?;
+    stats.keys.save(&fresh.join("keys.safetensors"))?;
+    stats.values.save(&fresh.join("values.safetensors"))?;
+    let meta_path = fresh.join(meta_name);
+    std::fs::write(&meta_path, meta_json).map_err(|e| io(&meta_path, e))?;
     // A directory cannot be renamed over a full one: the old one steps aside first and
     // goes only once the new one is in place.
     let old = beside(dir, "old");

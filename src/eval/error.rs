@@ -23,6 +23,8 @@ pub enum EvalError {
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
+    Learn(#[from] crate::learn::LearnError),
+    #[error(transparent)]
     Tokenizer(#[from] crate::text::TokenizerError),
     #[error("the conversation cannot be rendered: {0}")]
     Template(#[from] crate::text::ChatTemplateError),

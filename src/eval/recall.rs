@@ -25,6 +25,7 @@
 use super::tasks::{common_prefix_len, generate_until};
 use super::EvalError;
 use crate::data::recall::RecallConversation;
+use crate::learn::{ConversationPair, LearnOutcome, Learner};
 use crate::mapper::CacheMapper;
 use crate::metrics::answers::{best_exact_match, best_f1, token_f1};
 use crate::metrics::interval::{cluster_bootstrap, Estimate};
@@ -145,6 +146,18 @@ pub struct RecallResult {
     pub map_seconds: f64,
     pub reprefill_seconds: f64,
     pub outcomes: Vec<TurnOutcome>,
+    /// With learning on: what the mapper learned after each conversation, which the
+    /// conversations after it were answered with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub learning: Vec<ConversationLearning>,
+}
+
+/// What the mapper learned from one conversation, once its questions were answered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConversationLearning {
+    pub conversation: usize,
+    /// `None`: too little new text to learn from.
+    pub outcome: Option<LearnOutcome>,
 }
 
 /// The messages up to and including question `j`'s (0-based), earlier questions
@@ -194,21 +207,27 @@ fn extend_to(
 }
 
 /// Run the suite in one direction. `on_turn` is called after each answered question.
+/// With a `learner`, each conversation is answered with its mapper, and it learns from
+/// the conversation once all its questions are answered (never before: no answer is
+/// helped by its own conversation).
 pub fn eval_recall(
     src: &Model,
     tgt: &Model,
     mapper: &CacheMapper,
     conversations: &[RecallConversation],
     opts: &RecallOptions,
+    mut learner: Option<&mut Learner>,
     on_turn: &mut dyn FnMut(usize),
 ) -> Result<RecallResult, EvalError> {
     let template = tgt.chat_template()?;
     let tok = &tgt.tokenizer;
     let mut outcomes = Vec::new();
+    let mut learning = Vec::new();
     let (mut map_s, mut pre_s) = (0f64, 0f64);
     for (c, conv) in conversations.iter().enumerate() {
         let mut src_cache = src.decoder.new_cache();
         let mut src_held: Vec<u32> = Vec::new();
+        let mapper = learner.as_deref().map_or(mapper, |l| l.mapper());
         for (j, q) in conv.questions.iter().enumerate() {
             let messages = messages_for(conv, j);
             let ids = template.render_ids(tok, &messages, true)?;
@@ -297,13 +316,50 @@ pub fn eval_recall(
             });
             on_turn(outcomes.len());
         }
+        if let Some(l) = learner.as_deref_mut() {
+            let outcome = learn_from(src, tgt, l, &src_cache, &src_held)?;
+            learning.push(ConversationLearning {
+                conversation: opts.first_conversation + c,
+                outcome,
+            });
+        }
     }
-    Ok(summarise(
-        conversations.len(),
-        outcomes,
-        (map_s, pre_s),
-        opts,
-    ))
+    let mut result = summarise(conversations.len(), outcomes, (map_s, pre_s), opts);
+    result.learning = learning;
+    Ok(result)
+}
+
+/// Probe positions the target keeps its queries at when a conversation is learned from.
+const LEARN_PROBES: usize = 32;
+
+/// `learner` learns from a conversation: the source's own cache of `ids` and the
+/// target's, read here.
+fn learn_from(
+    src: &Model,
+    tgt: &Model,
+    learner: &mut Learner,
+    src_cache: &KvCache,
+    ids: &[u32],
+) -> Result<Option<LearnOutcome>, EvalError> {
+    let probes = crate::metrics::probe_positions(ids.len(), LEARN_PROBES);
+    let mut own = tgt.decoder.new_cache();
+    let out = tgt.decoder.forward(
+        ids,
+        &mut own,
+        &ForwardOptions {
+            logits: Logits::None,
+            probe_positions: probes.clone(),
+        },
+    )?;
+    let pair = ConversationPair {
+        tokens: ids,
+        src: src_cache,
+        tgt: &own,
+        queries: &out.queries,
+        probes: &probes,
+        from: 0,
+    };
+    Ok(learner.learn(src, tgt, &pair)?)
 }
 
 /// The suite's estimates from its turns.
@@ -354,6 +410,7 @@ pub fn summarise(
         map_seconds: map_s / n,
         reprefill_seconds: pre_s / n,
         outcomes,
+        learning: Vec::new(),
     }
 }
 

@@ -119,6 +119,31 @@ pub fn recall_line(direction: &str, r: &RecallResult) -> String {
         ci(&r.identical),
         r.map_seconds * 1e3,
         r.reprefill_seconds * 1e3,
+    ) + &learning_note(r)
+}
+
+/// What the mapper learned over the suite, when it learned: how many updates were taken
+/// and the held-out cosine before the first and after the last taken.
+fn learning_note(r: &RecallResult) -> String {
+    if r.learning.is_empty() {
+        return String::new();
+    }
+    let steps: Vec<_> = r
+        .learning
+        .iter()
+        .filter_map(|l| l.outcome.as_ref())
+        .collect();
+    let taken: Vec<_> = steps.iter().filter(|o| o.accepted).collect();
+    let (Some(first), Some(last)) = (taken.first(), taken.last()) else {
+        return format!(" | learning: no update of {} taken", steps.len());
+    };
+    format!(
+        " | learning: {} of {} updates taken, {} positions, held-out cosine {:.3} -> {:.3}",
+        taken.len(),
+        steps.len(),
+        last.learned_tokens,
+        first.before.combined(),
+        last.after.combined()
     )
 }
 

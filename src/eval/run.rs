@@ -28,6 +28,9 @@ pub struct EvalPlan<'a> {
     /// Gains around the mean prediction for the mapped keys and values (1 for none; see
     /// [`crate::mapper::gain`]).
     pub gains: Gains,
+    /// The recall suite's mapper learns from each conversation after answering it,
+    /// starting from its calibration (see [`crate::learn`]); nothing learned is kept.
+    pub learn: bool,
 }
 
 /// Gains for the mapped keys and values.
@@ -90,6 +93,29 @@ fn apply_gains(
     Ok(())
 }
 
+/// A learner from the artifact's calibration alone, judged on the default corpus's
+/// held-out text.
+fn open_learner(
+    s: &Model,
+    t: &Model,
+    art: &artifact::MapperArtifact,
+    mapper: &crate::mapper::CacheMapper,
+    plan: &EvalPlan<'_>,
+) -> Result<crate::learn::Learner, EvalError> {
+    if plan.gains != Gains::default() {
+        return Err(EvalError::Input(
+            "--learn solves the maps again with the gains they were calibrated with: leave out --key-gain and --value-gain"
+                .into(),
+        ));
+    }
+    let dir = art.path.parent().unwrap_or(Path::new("."));
+    let docs = crate::data::corpus::read_documents(&crate::data::corpus::default_files()?)?;
+    let anchor = plan.recall.anchor;
+    let slices = crate::learn::calibration_slices(s, t, &docs, anchor)?;
+    let opened = crate::learn::open(s, t, art, mapper.clone(), dir, false, slices, anchor)?;
+    Ok(opened.learner)
+}
+
 fn evaluate_direction(
     s: &Model,
     t: &Model,
@@ -138,11 +164,25 @@ fn evaluate_direction(
     let conversations = if plan.conversations.is_empty() {
         None
     } else {
+        let mut learner = if plan.learn {
+            progress.status(&format!(
+                "{direction}: reading the calibration's statistics to learn from the conversations"
+            ));
+            Some(open_learner(s, t, &art, &mapper, plan)?)
+        } else {
+            None
+        };
         let turns = plan.conversations.iter().map(|c| c.questions.len()).sum();
         progress.task_started("recall (turns)", turns);
-        let r = eval_recall(s, t, &mapper, plan.conversations, &plan.recall, &mut |n| {
-            progress.task_advanced(n)
-        });
+        let r = eval_recall(
+            s,
+            t,
+            &mapper,
+            plan.conversations,
+            &plan.recall,
+            learner.as_mut(),
+            &mut |n| progress.task_advanced(n),
+        );
         progress.task_finished();
         let r = r?;
         progress.result(&recall_line(&direction, &r));

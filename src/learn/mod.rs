@@ -1,0 +1,59 @@
+//! Learning from use: the mapper adds the conversations it hands over to its statistics
+//! and is solved again, so the next switch maps this kind of text better.
+//!
+//! A ridge map's sufficient statistics add up (see [`crate::mapper::PairStats`]). With
+//! the reference path on, a switch already holds both models' own caches of the same
+//! tokens: exact pairs in the very domain being mapped (this user's text, in the chat
+//! template). They are added to the calibration's statistics and every target layer is
+//! solved again with the calibration's structure kept as it was (the same source layers
+//! per target layer, the same λ, the same gains): a re-solve, not a new calibration.
+//!
+//! An update is only taken if it does not lower the attention-output cosine on a
+//! held-out slice made of two equal halves:
+//! - the newest quarter of the conversation's new positions, kept out of the fit: the
+//!   target's own queries there attend over its own cache of everything before with
+//!   only the held-out positions mapped, so the two mappers are compared on positions
+//!   neither was fitted on;
+//! - a fixed stretch of calibration text no fit ever reads, mapped whole, which guards
+//!   the mapper's use on other text.
+//!
+//! What was learned is kept apart from the calibration's statistics (`store`), so the
+//! next session starts from it and a reset returns to the calibration.
+
+mod judge;
+mod learner;
+pub mod open;
+mod refit;
+pub mod store;
+
+pub use judge::{HeldOutScores, Slice};
+pub use learner::{ConversationPair, LearnOutcome, Learner, MIN_NEW_POSITIONS};
+pub use open::{calibration_slices, open, Opened};
+pub use refit::{Refitted, Structure};
+
+use crate::calibrate::CalibrateError;
+use crate::mapper::MapperError;
+use crate::metrics::MetricError;
+use crate::model::ModelError;
+
+/// What can stop a learning step; nothing learned so far is lost by any of them.
+#[derive(Debug, thiserror::Error)]
+pub enum LearnError {
+    #[error(transparent)]
+    Calibrate(#[from] CalibrateError),
+    #[error(transparent)]
+    Mapper(#[from] MapperError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Metric(#[from] MetricError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error("learned statistics {}: {reason}", path.display())]
+    Store {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+}

@@ -1,0 +1,122 @@
+//! Setting a learner up beside a mapper artifact: the calibration's saved statistics,
+//! what was learned before (if it is to be used), and the fixed calibration text the
+//! updates are judged on.
+
+use super::judge::Slice;
+use super::learner::Learner;
+use super::refit::Structure;
+use super::store::{self, LearnedMeta};
+use super::LearnError;
+use crate::calibrate::saved_stats;
+use crate::calibrate::Direction;
+use crate::data::corpus::{self, Document, Split};
+use crate::mapper::artifact::{MapperArtifact, ModelRef};
+use crate::mapper::CacheMapper;
+use crate::metrics::probe_positions;
+use crate::model::Model;
+use std::path::{Path, PathBuf};
+
+/// Windows of calibration text in the judged slice, and their length: enough probes to
+/// steady the score, little enough to judge an update in a few seconds.
+pub const CALIBRATION_WINDOWS: usize = 2;
+pub const CALIBRATION_LEN: usize = 256;
+const CALIBRATION_PROBES: usize = 16;
+
+/// A learner with where it keeps what it learns.
+pub struct Opened {
+    pub learner: Learner,
+    pub meta: LearnedMeta,
+    /// Where what it learns is kept.
+    pub dir: PathBuf,
+}
+
+/// The fixed calibration text updates are judged on: the first windows of the corpus's
+/// selection split, which no fit reads.
+pub fn calibration_slices(
+    src: &Model,
+    tgt: &Model,
+    docs: &[Document],
+    anchor: usize,
+) -> Result<Vec<Slice>, LearnError> {
+    let windows = corpus::windows(
+        docs,
+        &tgt.tokenizer,
+        Split::Select,
+        CALIBRATION_LEN,
+        CALIBRATION_WINDOWS,
+    )
+    .map_err(crate::calibrate::CalibrateError::from)?;
+    windows
+        .into_iter()
+        .map(|w| {
+            let probes: Vec<usize> = probe_positions(w.len(), CALIBRATION_PROBES)
+                .into_iter()
+                .filter(|&p| p >= anchor)
+                .collect();
+            Slice::read(src, tgt, w, probes, anchor)
+        })
+        .collect()
+}
+
+/// A learner for `art` (loaded from `mapper_dir`, `mapper` its maps ready to apply):
+/// with `use_learned`, starting from what was learned before.
+#[allow(clippy::too_many_arguments)]
+pub fn open(
+    src: &Model,
+    tgt: &Model,
+    art: &MapperArtifact,
+    mapper: CacheMapper,
+    mapper_dir: &Path,
+    use_learned: bool,
+    slices: Vec<Slice>,
+    anchor: usize,
+) -> Result<Opened, LearnError> {
+    let sr = ModelRef::new(&src.identity, src.config());
+    let tr = ModelRef::new(&tgt.identity, tgt.config());
+    let stats_dir = saved_stats::stats_dir_in(mapper_dir, &sr, &tr);
+    if saved_stats::read_meta(&stats_dir)?.is_none() {
+        return Err(LearnError::Unsupported(format!(
+            "learning adds to the calibration's statistics, and {} has none for {} -> {}: \
+             calibrate with `baton calibrate --save-stats`, or turn learning off",
+            mapper_dir.display(),
+            sr.name,
+            tr.name
+        )));
+    }
+    // Loaded source-first whatever the pair's order on the command line.
+    let calibration = saved_stats::load(&stats_dir, Direction::Forward, &sr, &tr)?.stats;
+    let structure = Structure::of(
+        &art.keys,
+        &art.values,
+        art.meta.lambda,
+        art.meta.standardize,
+        &art.meta.report,
+        src.config().kv_width(),
+        tgt.config().head_dim,
+    )?;
+    let dir = store::learned_dir_in(mapper_dir, &sr, &tr);
+    let (learned, meta) = match use_learned {
+        true => match store::load(&dir, &calibration, &sr, &tr)? {
+            Some((s, m)) => (Some(s), m),
+            None => (
+                None,
+                LearnedMeta::new(sr.clone(), tr.clone(), calibration.token_layers),
+            ),
+        },
+        false => (
+            None,
+            LearnedMeta::new(sr.clone(), tr.clone(), calibration.token_layers),
+        ),
+    };
+    let learner = Learner::new(
+        src,
+        tgt,
+        structure,
+        calibration,
+        learned,
+        slices,
+        anchor,
+        mapper,
+    )?;
+    Ok(Opened { learner, meta, dir })
+}

@@ -1,0 +1,269 @@
+//! Learning from conversations on tiny models generated here: a re-solve with the
+//! calibration's structure gives back the calibrated maps, an update is taken exactly
+//! when it does not lower the held-out cosine, what was learned is kept, found again and
+//! reset, and a mapper without saved statistics is refused with the fix.
+
+mod common;
+
+use baton::calibrate::saved_stats;
+use baton::calibrate::{
+    calibrate_with, corpus_info, save_fitted, CalibrateOptions, CorpusName, Direction, NoProgress,
+    Run, TokenFeatures,
+};
+use baton::data::corpus::{self, Document};
+use baton::learn::{self, store, ConversationPair, Learner, Structure};
+use baton::mapper::artifact::{self, ModelRef};
+use baton::metrics::probe_positions;
+use baton::model::{ForwardOptions, Logits, Model};
+use common::synthetic::{model_pair, Tiny};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+const ANCHOR: usize = 1;
+
+fn docs(tiny: &Tiny) -> Vec<Document> {
+    (0..3)
+        .map(|i| Document {
+            name: format!("d{i}"),
+            text: tiny.text(4000, 21 + i),
+        })
+        .collect()
+}
+
+fn opts() -> CalibrateOptions {
+    CalibrateOptions {
+        sequences: 4,
+        seq_len: 64,
+        stride: 1,
+        select_sequences: 2,
+        probes: 8,
+        k_sweep: vec![1, 2],
+        lambdas: vec![0.01],
+        max_k: usize::MAX,
+        token_features: TokenFeatures::All,
+        // Matched gains, so that the re-solve must put back per-head gains as well.
+        key_gain_matched: true,
+        ..CalibrateOptions::default()
+    }
+}
+
+/// Calibrates a -> b into `dir`, keeping its statistics, as `baton calibrate --save-stats`.
+fn calibrate_into(a: &Model, b: &Model, docs: &[Document], dir: &Path) {
+    let o = opts();
+    let name = CorpusName {
+        files: "tiny".into(),
+        fingerprint: corpus::fingerprint(docs),
+    };
+    let run = Run {
+        docs,
+        corpus: &name,
+        directions: &[Direction::Forward],
+        opts: &o,
+    };
+    let c = calibrate_with(a, b, &run, Vec::new(), &NoProgress, &AtomicBool::new(false)).unwrap();
+    save_fitted(&c.fitted, [a, b], &corpus_info(&[], docs, &o), dir).unwrap();
+    let (sr, tr) = refs(a, b);
+    saved_stats::save(&c.stats[0], &saved_stats::stats_dir_in(dir, &sr, &tr)).unwrap();
+}
+
+fn refs(a: &Model, b: &Model) -> (ModelRef, ModelRef) {
+    (
+        ModelRef::new(&a.identity, a.config()),
+        ModelRef::new(&b.identity, b.config()),
+    )
+}
+
+fn open(a: &Model, b: &Model, dir: &Path, use_learned: bool) -> learn::Opened {
+    let art = artifact::find_for(Some(dir), a, b).unwrap();
+    let mapper = art.cache_mapper(a, b).unwrap();
+    let docs = docs_for_slices(a);
+    let slices = learn::calibration_slices(a, b, &docs, ANCHOR).unwrap();
+    learn::open(a, b, &art, mapper, dir, use_learned, slices, ANCHOR).unwrap()
+}
+
+fn docs_for_slices(_: &Model) -> Vec<Document> {
+    docs(&Tiny::new("llama"))
+}
+
+/// Both models' own caches of `ids`, the target's queries at probes, and one step.
+fn learn_once(
+    learner: &mut Learner,
+    a: &Model,
+    b: &Model,
+    ids: &[u32],
+) -> Option<learn::LearnOutcome> {
+    let probes = probe_positions(ids.len(), 16);
+    let mut sc = a.decoder.new_cache();
+    a.decoder
+        .forward(
+            ids,
+            &mut sc,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: vec![],
+            },
+        )
+        .unwrap();
+    let mut tc = b.decoder.new_cache();
+    let out = b
+        .decoder
+        .forward(
+            ids,
+            &mut tc,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: probes.clone(),
+            },
+        )
+        .unwrap();
+    let pair = ConversationPair {
+        tokens: ids,
+        src: &sc,
+        tgt: &tc,
+        queries: &out.queries,
+        probes: &probes,
+        from: 0,
+    };
+    learner.learn(a, b, &pair).unwrap()
+}
+
+fn conversation(tiny: &Tiny, a: &Model, seed: u64) -> Vec<u32> {
+    let text = tiny.text(400, seed);
+    let ids = a.tokenizer.encode(&text).unwrap();
+    ids[..ids.len().min(160)].to_vec()
+}
+
+#[test]
+fn a_re_solve_with_the_calibrations_structure_gives_back_the_calibrated_maps() {
+    let tiny = Tiny::new("llama");
+    let (_m, a, b) = model_pair(&tiny, &tiny.weights(3), &tiny.weights(4));
+    let dir = tempfile::tempdir().unwrap();
+    calibrate_into(&a, &b, &docs(&tiny), dir.path());
+    let art = artifact::find_for(Some(dir.path()), &a, &b).unwrap();
+    assert!(
+        art.meta
+            .report
+            .matched_key_gains
+            .iter()
+            .flatten()
+            .any(|&g| g > 1.0),
+        "the calibration chose gains above 1, so the test sees them put back"
+    );
+    let (sr, tr) = refs(&a, &b);
+    let stats = saved_stats::load(
+        &saved_stats::stats_dir_in(dir.path(), &sr, &tr),
+        Direction::Forward,
+        &sr,
+        &tr,
+    )
+    .unwrap()
+    .stats;
+    let s = Structure::of(
+        &art.keys,
+        &art.values,
+        art.meta.lambda,
+        art.meta.standardize,
+        &art.meta.report,
+        a.config().kv_width(),
+        b.config().head_dim,
+    )
+    .unwrap();
+    let r = s.refit(&stats).unwrap();
+    let (mut diff, mut scale) = (0f32, 0f32);
+    for (m, n) in art
+        .keys
+        .iter()
+        .chain(&art.values)
+        .zip(r.keys.iter().chain(&r.values))
+    {
+        assert_eq!(m.sources, n.sources);
+        for (p, q) in m
+            .weight
+            .iter()
+            .chain(&m.bias)
+            .zip(n.weight.iter().chain(&n.bias))
+        {
+            diff = diff.max((p - q).abs());
+            scale = scale.max(p.abs());
+        }
+    }
+    // The same f64 solve of the same statistics: equal to f32 rounding of the stored maps.
+    assert!(
+        diff / scale < 1e-5,
+        "re-solved maps differ by {}",
+        diff / scale
+    );
+}
+
+#[test]
+fn an_update_is_taken_exactly_when_it_does_not_score_lower_and_is_kept_found_again_and_reset() {
+    let tiny = Tiny::new("llama");
+    let (_m, a, b) = model_pair(&tiny, &tiny.weights(3), &tiny.weights(4));
+    let dir = tempfile::tempdir().unwrap();
+    calibrate_into(&a, &b, &docs(&tiny), dir.path());
+    let mut opened = open(&a, &b, dir.path(), true);
+    assert_eq!(opened.learner.learned_tokens(), 0);
+
+    let mut accepted = 0u64;
+    let mut taken = None;
+    for seed in [101, 102, 103] {
+        let ids = conversation(&tiny, &a, seed);
+        let before = opened.learner.learned_tokens();
+        let o = learn_once(&mut opened.learner, &a, &b, &ids).expect("enough text to learn from");
+        assert_eq!(
+            o.accepted,
+            o.after.combined() >= o.before.combined(),
+            "{o:?}"
+        );
+        assert!(
+            o.before.calibration.is_some(),
+            "judged on calibration text too"
+        );
+        assert_eq!(o.held_out + o.tokens + ANCHOR, ids.len());
+        let grown = opened.learner.learned_tokens() - before;
+        assert_eq!(grown, if o.accepted { o.tokens as u64 } else { 0 });
+        if o.accepted {
+            accepted += o.tokens as u64;
+            opened.meta.record("test", &o);
+            taken = Some(o);
+        }
+    }
+    let o =
+        taken.expect("an update of this text was taken: the tiny pair is fitted on the same kind");
+    assert!(o.after.conversation >= 0.0 && o.after.conversation <= 1.0 + 1e-9);
+    assert_eq!(opened.learner.learned_tokens(), accepted);
+
+    // Too little new text is left for the next time.
+    let short = conversation(&tiny, &a, 104)[..ANCHOR + 8].to_vec();
+    assert!(learn_once(&mut opened.learner, &a, &b, &short).is_none());
+
+    store::save(&opened.dir, opened.learner.learned(), &opened.meta).unwrap();
+    let again = open(&a, &b, dir.path(), true);
+    assert_eq!(again.learner.learned_tokens(), accepted);
+    assert_eq!(again.meta.tokens, accepted);
+    assert!(again
+        .meta
+        .summary()
+        .contains(&format!("learned from {accepted} positions")));
+    // Starting from the calibration ignores it; a reset forgets it.
+    assert_eq!(open(&a, &b, dir.path(), false).learner.learned_tokens(), 0);
+    assert!(store::reset(&opened.dir).unwrap());
+    assert!(!store::reset(&opened.dir).unwrap());
+    assert_eq!(open(&a, &b, dir.path(), true).learner.learned_tokens(), 0);
+}
+
+#[test]
+fn a_mapper_without_saved_statistics_is_refused_with_the_flag_that_keeps_them() {
+    let tiny = Tiny::new("llama");
+    let (_m, a, b) = model_pair(&tiny, &tiny.weights(3), &tiny.weights(4));
+    let dir = tempfile::tempdir().unwrap();
+    calibrate_into(&a, &b, &docs(&tiny), dir.path());
+    let (sr, tr) = refs(&a, &b);
+    std::fs::remove_dir_all(saved_stats::stats_dir_in(dir.path(), &sr, &tr)).unwrap();
+    let art = artifact::find_for(Some(dir.path()), &a, &b).unwrap();
+    let mapper = art.cache_mapper(&a, &b).unwrap();
+    let e = learn::open(&a, &b, &art, mapper, dir.path(), true, Vec::new(), ANCHOR)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("--save-stats"), "{e}");
+}
