@@ -719,6 +719,12 @@ fn top_p(v: &str) -> std::result::Result<f64, String> {
 impl EvalArgs {
     /// What the flags cannot ask for together, checked before any model loads.
     pub fn validate(&self) -> Result<()> {
+        if self.learn && self.conversations == 0 {
+            bail!("--learn learns from the recall suite's conversations: give --conversations N");
+        }
+        if self.learn && (self.key_gain != 1.0 || self.value_gain != 1.0) {
+            bail!("--learn solves the maps again with the gains they were calibrated with: leave out --key-gain and --value-gain");
+        }
         if !self.no_text && self.anchor >= self.prefix {
             bail!(
                 "--anchor {} leaves nothing of the {}-token prefix to map: give an anchor below --prefix",

@@ -201,6 +201,21 @@ fn impossible_options_are_refused_by_the_binary_before_any_model_loads() {
         ),
         (&["bench", "--repeats", "0"], "--repeats"),
         (&["calibrate", "--sequences", "0"], "--merge-stats"),
+        (
+            &["eval", "--learn", "--no-text", "--tasks", "hellaswag"],
+            "--conversations N",
+        ),
+        (
+            &[
+                "eval",
+                "--learn",
+                "--conversations",
+                "2",
+                "--key-gain",
+                "1.25",
+            ],
+            "--key-gain",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_baton"))
             .args(args)

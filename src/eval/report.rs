@@ -296,4 +296,56 @@ mod tests {
             "{recall}"
         );
     }
+
+    #[test]
+    fn the_recall_line_says_what_was_learned_only_when_learning_was_on() {
+        use crate::eval::recall::ConversationLearning;
+        use crate::learn::{HeldOutScores, LearnOutcome};
+        let r = report();
+        let mut recall = r.results[0].conversations.clone().unwrap();
+        assert!(!recall_line("a -> b", &recall).contains("learning"));
+        let step = |accepted: bool, before: f64, after: f64, learned: u64| LearnOutcome {
+            tokens: 100,
+            held_out: 33,
+            before: HeldOutScores {
+                conversation: before,
+                calibration: Some(before),
+            },
+            after: HeldOutScores {
+                conversation: after,
+                calibration: Some(after),
+            },
+            accepted,
+            learned_tokens: learned,
+            learned_to: 101,
+            seconds: 1.0,
+        };
+        recall.learning = vec![
+            ConversationLearning {
+                conversation: 0,
+                outcome: Some(step(true, 0.70, 0.75, 100)),
+            },
+            ConversationLearning {
+                conversation: 1,
+                outcome: None,
+            },
+            ConversationLearning {
+                conversation: 2,
+                outcome: Some(step(false, 0.75, 0.74, 100)),
+            },
+            ConversationLearning {
+                conversation: 3,
+                outcome: Some(step(true, 0.76, 0.80, 200)),
+            },
+        ];
+        let line = recall_line("a -> b", &recall);
+        assert!(
+            line.contains(
+                "learning: 2 of 3 updates taken, 200 positions, held-out cosine 0.700 -> 0.800"
+            ),
+            "{line}"
+        );
+        recall.learning.retain(|l| l.conversation == 2);
+        assert!(recall_line("a -> b", &recall).contains("learning: no update of 1 taken"));
+    }
 }
