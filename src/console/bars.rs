@@ -3,20 +3,73 @@
 
 use crate::eval::EvalProgress;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::io::IsTerminal;
+use std::time::Instant;
 
 /// Bars for a run of phases (calibration steps, evaluated tasks). With `json` set,
-/// result lines go to stderr so stdout stays one JSON document.
+/// result lines go to stderr so stdout stays one JSON document. Without a terminal on
+/// stderr (a log file, a CI job) no bar can be drawn, so each phase says how far it got
+/// in a plain line at every tenth of the way instead: a long run can still be watched.
 pub struct PhaseBars {
     bar: RefCell<Option<ProgressBar>>,
     json: bool,
+    plain: Option<PlainProgress>,
+}
+
+/// Where a phase stands, for the plain lines.
+struct PlainProgress {
+    name: RefCell<String>,
+    total: Cell<u64>,
+    pos: Cell<u64>,
+    /// The tenths already reported.
+    told: Cell<u64>,
+    started: Cell<Instant>,
+}
+
+impl PlainProgress {
+    /// The line to print on reaching `pos`, when it crosses a tenth of the phase.
+    fn reached(&self, pos: u64) -> Option<String> {
+        self.pos.set(pos);
+        let total = self.total.get();
+        if total == 0 {
+            return None;
+        }
+        let tenth = (pos.min(total) * 10) / total;
+        if tenth <= self.told.get() {
+            return None;
+        }
+        self.told.set(tenth);
+        Some(format!(
+            "{}: {pos}/{total} after {:.0} s",
+            self.name.borrow(),
+            self.started.get().elapsed().as_secs_f64()
+        ))
+    }
 }
 
 impl PhaseBars {
     pub fn new(json: bool) -> Self {
+        Self::with_plain_lines(json, !std::io::stderr().is_terminal())
+    }
+
+    fn with_plain_lines(json: bool, plain: bool) -> Self {
         Self {
             bar: RefCell::new(None),
             json,
+            plain: plain.then(|| PlainProgress {
+                name: RefCell::new(String::new()),
+                total: Cell::new(0),
+                pos: Cell::new(0),
+                told: Cell::new(0),
+                started: Cell::new(Instant::now()),
+            }),
+        }
+    }
+
+    fn tell(&self, pos: u64) {
+        if let Some(line) = self.plain.as_ref().and_then(|p| p.reached(pos)) {
+            eprintln!("{line}");
         }
     }
 
@@ -33,11 +86,21 @@ impl PhaseBars {
         );
         b.set_message(name.to_string());
         *self.bar.borrow_mut() = Some(b);
+        if let Some(p) = &self.plain {
+            *p.name.borrow_mut() = name.to_string();
+            p.total.set(total);
+            p.pos.set(0);
+            p.told.set(0);
+            p.started.set(Instant::now());
+        }
     }
 
     pub fn advance(&self, n: u64) {
         if let Some(b) = self.bar.borrow().as_ref() {
             b.inc(n);
+        }
+        if let Some(p) = &self.plain {
+            self.tell(p.pos.get() + n);
         }
     }
 
@@ -45,6 +108,7 @@ impl PhaseBars {
         if let Some(b) = self.bar.borrow().as_ref() {
             b.set_position(n);
         }
+        self.tell(n);
     }
 
     /// Ends the current bar, leaving it on screen or clearing it.
@@ -106,5 +170,32 @@ impl crate::calibrate::CalibrationProgress for PhaseBars {
     }
     fn note(&self, msg: &str) {
         PhaseBars::note(self, msg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_terminal_a_phase_reports_each_tenth_once() {
+        let bars = PhaseBars::with_plain_lines(false, true);
+        bars.phase("recall (turns)", 20);
+        let p = bars.plain.as_ref().unwrap();
+        assert_eq!(p.reached(1), None, "a twentieth is not yet a tenth");
+        let line = p.reached(2).unwrap();
+        assert!(line.starts_with("recall (turns): 2/20 after "), "{line}");
+        assert_eq!(p.reached(3), None);
+        assert!(p.reached(11).unwrap().starts_with("recall (turns): 11/20"));
+        assert!(p.reached(20).is_some());
+        assert_eq!(p.reached(20), None, "the end is said once");
+        // A new phase starts counting again.
+        bars.phase("capture", 4);
+        assert!(bars.plain.as_ref().unwrap().reached(1).is_some());
+    }
+
+    #[test]
+    fn with_a_terminal_the_bar_alone_shows_progress() {
+        assert!(PhaseBars::with_plain_lines(false, false).plain.is_none());
     }
 }
