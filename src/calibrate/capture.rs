@@ -96,7 +96,7 @@ fn source_rows<'a>(
 }
 
 /// Key and value statistics of one direction.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct DirectionStats {
     pub direction: Direction,
     pub keys: PairStats,

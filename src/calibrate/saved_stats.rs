@@ -117,12 +117,7 @@ pub struct SavedStats {
 
 /// Where the statistics of `source → target` live under `mapper_dir`.
 pub fn stats_dir_in(mapper_dir: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
-    let artifact = artifact::artifact_path_in(mapper_dir, source, target);
-    let name = artifact
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    mapper_dir.join("stats").join(name)
+    artifact::beside_artifact(mapper_dir, "stats", source, target)
 }
 
 fn bad(path: &Path, reason: String) -> CalibrateError {

@@ -56,17 +56,11 @@ pub struct Learner {
     /// The accepted updates alone, for keeping.
     learned: DirectionStats,
     calibration: Vec<Slice>,
+    /// The mapper in use's cosine on `calibration`, once scored: it changes only when an
+    /// update is taken, so it is not scored again for every step's "before".
+    calibration_cosine: Option<f64>,
     anchor: usize,
     mapper: CacheMapper,
-}
-
-fn copy(d: &DirectionStats) -> DirectionStats {
-    DirectionStats {
-        direction: d.direction,
-        keys: d.keys.clone(),
-        values: d.values.clone(),
-        token_layers: d.token_layers,
-    }
 }
 
 fn empty_like(d: &DirectionStats) -> Result<DirectionStats, LearnError> {
@@ -110,6 +104,7 @@ impl Learner {
             },
             learned,
             calibration,
+            calibration_cosine: None,
             anchor,
             mapper,
         };
@@ -145,26 +140,21 @@ impl Learner {
         )
     }
 
-    fn scores(
+    /// `mapper`'s mean cosine on the calibration text; `None` without any.
+    fn calibration_score(
         &self,
         mapper: &CacheMapper,
         src: &Model,
         tgt: &Model,
-        conversation: &Stretch<'_>,
-    ) -> Result<HeldOutScores, LearnError> {
-        let calibration = if self.calibration.is_empty() {
-            None
-        } else {
-            let mut sum = 0.0;
-            for s in &self.calibration {
-                sum += s.cosine(mapper, src, tgt)?;
-            }
-            Some(sum / self.calibration.len() as f64)
-        };
-        Ok(HeldOutScores {
-            conversation: conversation.cosine(mapper, src, tgt)?,
-            calibration,
-        })
+    ) -> Result<Option<f64>, LearnError> {
+        if self.calibration.is_empty() {
+            return Ok(None);
+        }
+        let mut sum = 0.0;
+        for s in &self.calibration {
+            sum += s.cosine(mapper, src, tgt)?;
+        }
+        Ok(Some(sum / self.calibration.len() as f64))
     }
 
     /// Fit an update on the pair's new positions but their newest quarter, judge it on
@@ -217,7 +207,15 @@ impl Learner {
             probes: &probes,
             mapped: (held_from, n),
         };
-        let before = self.scores(&self.mapper, src, tgt, &stretch)?;
+        let calibration = match self.calibration_cosine {
+            Some(c) => Some(c),
+            None => self.calibration_score(&self.mapper, src, tgt)?,
+        };
+        self.calibration_cosine = calibration;
+        let before = HeldOutScores {
+            conversation: stretch.cosine(&self.mapper, src, tgt)?,
+            calibration,
+        };
 
         let fs = WindowFeatures::of(pair.src, src.decoder.rope(), start, held_from, 1)?;
         let ft = WindowFeatures::of(pair.tgt, tgt.decoder.rope(), start, held_from, 1)?;
@@ -225,15 +223,19 @@ impl Learner {
             Direction::Forward => (&fs, &ft),
             Direction::Backward => (&ft, &fs),
         };
-        let mut candidate = copy(&self.total);
+        let mut candidate = self.total.clone();
         candidate.add(first, second)?;
         let mapper = self.solve(src, tgt, &candidate)?;
-        let after = self.scores(&mapper, src, tgt, &stretch)?;
+        let after = HeldOutScores {
+            conversation: stretch.cosine(&mapper, src, tgt)?,
+            calibration: self.calibration_score(&mapper, src, tgt)?,
+        };
         let accepted = after.combined() >= before.combined();
         if accepted {
             self.total = candidate;
             self.learned.add(first, second)?;
             self.mapper = mapper;
+            self.calibration_cosine = after.calibration;
         }
         let learned_to = if accepted { held_from } else { pair.from };
         tracing::info!(

@@ -83,12 +83,7 @@ impl LearnedMeta {
 
 /// Where what `source → target` learned lives under `mapper_dir`.
 pub fn learned_dir_in(mapper_dir: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
-    let artifact = artifact::artifact_path_in(mapper_dir, source, target);
-    let name = artifact
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    mapper_dir.join("learned").join(name)
+    artifact::beside_artifact(mapper_dir, "learned", source, target)
 }
 
 fn bad(path: &Path, reason: impl Into<String>) -> LearnError {

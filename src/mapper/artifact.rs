@@ -234,6 +234,17 @@ pub fn artifact_path(root: &Path, source: &ModelRef, target: &ModelRef) -> PathB
     artifact_path_in(&mappers_dir(root), source, target)
 }
 
+/// Where something kept beside the artifact for `source → target` lives: `dir/kind/` and
+/// the artifact's file name without its extension (saved statistics, what it learned).
+pub fn beside_artifact(dir: &Path, kind: &str, source: &ModelRef, target: &ModelRef) -> PathBuf {
+    let artifact = artifact_path_in(dir, source, target);
+    let name = artifact
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.join(kind).join(name)
+}
+
 /// The same file name inside another directory (mappers fitted on a special corpus kept
 /// apart from the defaults).
 pub fn artifact_path_in(dir: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
