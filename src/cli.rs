@@ -172,6 +172,17 @@ pub struct WorkbenchArgs {
     /// instead of receiving them mapped: a longer handoff for the facts said last.
     #[arg(long, default_value_t = 0)]
     pub tail: usize,
+    /// Do not learn from the conversation: the mappers stay as calibrated (what they
+    /// learned in earlier sessions is not used either).
+    #[arg(long)]
+    pub no_learn: bool,
+    /// Learn from the conversation but keep nothing for the next session.
+    #[arg(long)]
+    pub no_keep_learned: bool,
+    /// Repair in the background: while idle after a switch, the active model re-prefills
+    /// the conversation into its own cache, replacing mapped positions (Ctrl-P toggles).
+    #[arg(long)]
+    pub repair: bool,
 }
 
 impl WorkbenchArgs {
@@ -223,6 +234,17 @@ pub struct RunArgs {
     /// `tail`).
     #[arg(long)]
     pub tail: Option<usize>,
+    /// Do not learn from the conversation: the mappers stay as calibrated (what they
+    /// learned in earlier sessions is not used either).
+    #[arg(long)]
+    pub no_learn: bool,
+    /// Learn from the conversation but keep nothing for the next session.
+    #[arg(long)]
+    pub no_keep_learned: bool,
+    /// Repair in the background: while idle after a switch, the active model re-prefills
+    /// the conversation into its own cache, replacing mapped positions (Ctrl-P toggles).
+    #[arg(long)]
+    pub repair: bool,
 }
 
 #[derive(Debug, Args)]
@@ -298,7 +320,7 @@ pub struct EvalArgs {
     pub skip_conversations: usize,
     /// The recall suite's mapper learns from each conversation once its questions are
     /// answered, so later conversations are answered with what it learned (it needs the
-    /// calibration's statistics: `baton calibrate --save-stats`). Starts from the
+    /// calibration's statistics, which `baton calibrate` keeps). Starts from the
     /// calibration and keeps nothing.
     #[arg(long)]
     pub learn: bool,
@@ -442,12 +464,16 @@ pub struct CalibrateArgs {
     /// on a special corpus, kept apart from the default one).
     #[arg(long)]
     pub mapper_dir: Option<std::path::PathBuf>,
-    /// Keep the fit's statistics beside the artifacts (in stats/, about 0.6 GB for
-    /// 0.5B→1.5B and 1.2 GB for 1.5B→0.5B), so that a later calibration can add windows
-    /// to them with --merge-stats instead of capturing again.
+    /// Do not keep the fit's statistics beside the artifacts. They are kept by default
+    /// (in stats/, about 0.6 GB for 0.5B→1.5B and 1.2 GB for 1.5B→0.5B): the mappers
+    /// learn from conversations by adding to them, and a later calibration can add
+    /// windows to them with --merge-stats instead of capturing again.
     #[arg(long)]
+    pub no_save_stats: bool,
+    /// Kept so that older command lines still run: statistics are saved by default.
+    #[arg(long, hide = true, conflicts_with = "no_save_stats")]
     pub save_stats: bool,
-    /// Add the statistics saved by an earlier `--save-stats` in these mapper directories
+    /// Add the statistics saved by an earlier calibration in these mapper directories
     /// (none named: the one being written) to this run's windows, and fit from the sum.
     /// With --sequences 0 nothing new is read: k and λ are chosen again from the saved
     /// statistics in minutes.
@@ -634,6 +660,10 @@ impl RunArgs {
         if let Some(t) = self.tail {
             s.tail = t;
         }
+        if self.no_learn {
+            s.learn = false;
+        }
+        s.repair |= self.repair;
     }
 }
 

@@ -80,6 +80,9 @@ fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> 
     cfg.settings.premap = a.premap;
     cfg.settings.reference = !a.no_reference;
     cfg.settings.tail = a.tail;
+    cfg.settings.learn = !a.no_learn;
+    cfg.settings.repair = a.repair;
+    cfg.learning.keep = !a.no_keep_learned;
     let steps = match demo {
         true => {
             let s = Script::demo()?;
@@ -294,7 +297,7 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
     for s in &saved {
         eprintln!("{} -> {}", s.meta.summary_line(), s.path.display());
     }
-    if a.save_stats {
+    if !a.no_save_stats {
         for st in &done.stats {
             let at = saved_stats::stats_dir_in(&dir, &st.meta.source, &st.meta.target);
             saved_stats::save(st, &at)?;
@@ -492,8 +495,11 @@ fn run_cmd(a: RunArgs, dev: &Device) -> Result<()> {
     use baton::engine::{replay, script, EngineConfig};
     let script = script::Script::load(&a.script)?;
     let mut cfg = EngineConfig::new([a.pair.source.clone(), a.pair.target.clone()], dev.clone());
+    // Learning is on unless the script or the command line turns it off.
+    cfg.settings.learn = true;
     script.settings.apply(&mut cfg.settings);
     a.apply(&mut cfg.settings);
+    cfg.learning.keep = !a.no_keep_learned;
     cfg.mapper_dir = a.pair.mapper_dir.clone();
     let record = a
         .record
@@ -515,6 +521,8 @@ fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
     }
     let mut cfg = replay::replay_config(&recorded, &a.session, dev.clone())?;
     cfg.mapper_dir = a.mapper_dir.clone();
+    // A replay learns as the recording did, but keeps nothing: it is a measurement.
+    cfg.learning.keep = false;
     let record = a
         .record
         .clone()

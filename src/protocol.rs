@@ -20,6 +20,9 @@ pub enum Command {
     Cancel,
     /// Turn the re-prefilled reference path on or off (it costs a second generation).
     SetReference { enabled: bool },
+    /// Turn background repair on or off: while idle, the active model re-prefills the
+    /// conversation into its own cache, replacing mapped positions chunk by chunk.
+    SetRepair { enabled: bool },
     /// Mark the current turn with a note, to find it again in the session file.
     Bookmark { note: String },
     /// Stop the engine; it answers with [`Event::ShutDown`].
@@ -311,6 +314,65 @@ pub enum Event {
         #[serde(with = "float")]
         end_to_end_ms: f64,
     },
+    /// The mapper `from -> to` learned (or declined to learn) from the conversation
+    /// handed over at switch `index`: both models' own caches of its first positions,
+    /// from that switch's measurement, added to its statistics and solved again. The
+    /// update is taken (`accepted`) only if the held-out cosine does not drop; it is
+    /// the mean of two halves weighted alike, the conversation's newest `held_out`
+    /// positions (kept out of the fit) and a fixed calibration text, each given before
+    /// and after. `learned_tokens` counts every position the mapper has learned from,
+    /// earlier sessions' included; `kept` says it was saved for the next session.
+    /// (Session format 1.2 on.)
+    MapperLearned {
+        index: u32,
+        turn: u32,
+        from: String,
+        to: String,
+        tokens: usize,
+        held_out: usize,
+        #[serde(with = "float")]
+        before: f64,
+        #[serde(with = "float")]
+        after: f64,
+        #[serde(with = "float")]
+        conversation_before: f64,
+        #[serde(with = "float")]
+        conversation_after: f64,
+        #[serde(default, with = "float::option")]
+        calibration_before: Option<f64>,
+        #[serde(default, with = "float::option")]
+        calibration_after: Option<f64>,
+        accepted: bool,
+        learned_tokens: u64,
+        #[serde(with = "float")]
+        seconds: f64,
+        kept: bool,
+    },
+    /// How far the background repair of `model`'s cache got: its first `repaired`
+    /// positions of `total` are its own prefill, the rest as they were (mapped, or
+    /// computed over mapped positions). Not recorded; [`Event::CacheRepaired`] sums it up.
+    RepairProgress {
+        model: String,
+        repaired: usize,
+        total: usize,
+    },
+    /// The repair of `model`'s cache after switch `index` ended: `complete` when every
+    /// position is its own prefill (the cache is then the model's own), else cut short
+    /// by the next switch or by turning repair off. `after_switch_ms` runs from the
+    /// handoff to the end, `compute_ms` sums the prefill work alone (the rest is the
+    /// engine serving turns, measuring, or waiting). (Session format 1.2 on.)
+    CacheRepaired {
+        index: u32,
+        turn: u32,
+        model: String,
+        repaired: usize,
+        total: usize,
+        complete: bool,
+        #[serde(with = "float")]
+        after_switch_ms: f64,
+        #[serde(with = "float")]
+        compute_ms: f64,
+    },
     /// Something the user should know that is not an error (a queued switch, a pre-map).
     Notice {
         message: String,
@@ -345,6 +407,9 @@ impl Event {
         "switch_measured",
         "turn_comparison",
         "switch_follow_up",
+        "mapper_learned",
+        "repair_progress",
+        "cache_repaired",
         "notice",
         "bookmark",
         "error",
@@ -355,7 +420,10 @@ impl Event {
     /// Whether a session file keeps this event. Streamed tokens are summed up by
     /// `Generation` and loading progress by `Ready`; both would only bloat the file.
     pub fn is_recorded(&self) -> bool {
-        !matches!(self, Event::Token { .. } | Event::Loading { .. })
+        !matches!(
+            self,
+            Event::Token { .. } | Event::Loading { .. } | Event::RepairProgress { .. }
+        )
     }
 
     /// The turn the event belongs to, for those that belong to one.
@@ -369,10 +437,13 @@ impl Event {
             | Event::SwitchMeasured { turn, .. }
             | Event::TurnComparison { turn, .. }
             | Event::SwitchFollowUp { turn, .. }
+            | Event::MapperLearned { turn, .. }
+            | Event::CacheRepaired { turn, .. }
             | Event::Bookmark { turn, .. }
             | Event::Done { turn } => Some(*turn),
             Event::Loading { .. }
             | Event::Ready { .. }
+            | Event::RepairProgress { .. }
             | Event::Notice { .. }
             | Event::Error { .. }
             | Event::ShutDown => None,
@@ -555,6 +626,39 @@ mod tests {
                 first_token_ms: 120.0,
                 end_to_end_ms: 310.5,
             },
+            Event::MapperLearned {
+                index: 0,
+                turn: 2,
+                from: "a".into(),
+                to: "b".into(),
+                tokens: 120,
+                held_out: 40,
+                before: 0.7,
+                after: 0.75,
+                conversation_before: 0.6,
+                conversation_after: 0.7,
+                calibration_before: Some(0.8),
+                calibration_after: None,
+                accepted: true,
+                learned_tokens: 500,
+                seconds: 2.5,
+                kept: true,
+            },
+            Event::RepairProgress {
+                model: "b".into(),
+                repaired: 256,
+                total: 900,
+            },
+            Event::CacheRepaired {
+                index: 0,
+                turn: 3,
+                model: "b".into(),
+                repaired: 900,
+                total: 900,
+                complete: true,
+                after_switch_ms: 9000.0,
+                compute_ms: 6500.0,
+            },
             Event::Notice {
                 message: "switch queued".into(),
             },
@@ -618,17 +722,18 @@ mod tests {
     }
 
     #[test]
-    fn only_tokens_and_loading_progress_are_left_out_of_the_file() {
+    fn only_tokens_and_loading_and_repair_progress_are_left_out_of_the_file() {
         let left_out: Vec<&str> = one_of_each()
             .iter()
             .filter(|e| !e.is_recorded())
             .map(|e| match e {
                 Event::Token { .. } => "token",
                 Event::Loading { .. } => "loading",
+                Event::RepairProgress { .. } => "repair_progress",
                 _ => "other",
             })
             .collect();
-        assert_eq!(left_out, ["loading", "token"]);
+        assert_eq!(left_out, ["loading", "token", "repair_progress"]);
     }
 
     #[test]

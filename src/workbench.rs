@@ -102,6 +102,7 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
 
     let reference = opts.engine.settings.reference;
     let tail = opts.engine.settings.tail;
+    let repair = opts.engine.settings.repair;
     let handle = engine::spawn(opts.engine);
     let mut app = App::new(AppInfo {
         record_path,
@@ -109,6 +110,7 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
         quick_mapper_note: opts.loading_note,
         reference,
         tail,
+        repair,
     });
     let (w, h) = crossterm::terminal::size()?;
     let _ = app.update(Msg::Resize(w, h));

@@ -47,7 +47,7 @@ fn opts() -> CalibrateOptions {
     }
 }
 
-/// Calibrates a -> b into `dir`, keeping its statistics, as `baton calibrate --save-stats`.
+/// Calibrates a -> b into `dir`, keeping its statistics, as `baton calibrate` does.
 fn calibrate_into(a: &Model, b: &Model, docs: &[Document], dir: &Path) {
     let o = opts();
     let name = CorpusName {
@@ -265,5 +265,5 @@ fn a_mapper_without_saved_statistics_is_refused_with_the_flag_that_keeps_them() 
     let e = learn::open(&a, &b, &art, mapper, dir.path(), true, Vec::new(), ANCHOR)
         .err()
         .unwrap();
-    assert!(e.to_string().contains("--save-stats"), "{e}");
+    assert!(e.to_string().contains("--no-save-stats"), "{e}");
 }

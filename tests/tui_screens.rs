@@ -6,7 +6,7 @@ use baton::protocol::{
     CacheOrigin, Command, Event, GenerationTimings, MapperInfo, ModelInfo, PathKind, StopKind,
     SwitchMetrics, SwitchTimings,
 };
-use baton::tui::{panels, render, App, AppInfo, Key, KeyCode, Msg};
+use baton::tui::{panels, render, App, AppInfo, Effect, Key, KeyCode, Msg};
 use ratatui::backend::TestBackend;
 use ratatui::layout::Rect;
 use ratatui::style::Color;
@@ -485,6 +485,41 @@ fn the_status_line_names_a_tail_when_one_is_set() {
     };
     assert!(status(32).contains("tail 32"), "{}", status(32));
     assert!(!status(0).contains("tail"), "{}", status(0));
+}
+
+#[test]
+fn the_status_line_shows_how_far_the_repair_got() {
+    let status = |repair: bool, progress: Option<(usize, usize)>| {
+        let mut app = App::new(AppInfo {
+            repair,
+            ..AppInfo::default()
+        });
+        app.update(Msg::Resize(140, 30));
+        for e in run() {
+            app.update(Msg::Engine(e));
+        }
+        if let Some((repaired, total)) = progress {
+            app.update(Msg::Engine(Event::RepairProgress {
+                model: "Qwen2.5-1.5B-Instruct".into(),
+                repaired,
+                total,
+            }));
+        }
+        let shown = draw(140, 1, |f: &mut Frame| {
+            let r = f.area();
+            panels::status::render_status(f, r, &app)
+        });
+        format!("{:?}", shown.backend())
+    };
+    let partway = status(true, Some((512, 900)));
+    assert!(partway.contains("repaired 512 / 900"), "{partway}");
+    assert!(status(true, None).contains("repair on"));
+    assert!(status(true, Some((900, 900))).contains("repaired 900 / 900"));
+    assert!(!status(false, None).contains("repair"));
+    // Ctrl-P turns it on and tells the engine.
+    let mut app = app_after_run(100, 30);
+    let fx = app.update(Msg::Key(Key::ctrl('p')));
+    assert_eq!(fx, vec![Effect::Send(Command::SetRepair { enabled: true })]);
 }
 
 #[test]

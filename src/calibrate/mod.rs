@@ -158,7 +158,7 @@ pub struct Run<'a> {
 }
 
 /// The fitted maps and the statistics they were fitted from (this run's windows plus
-/// whatever saved statistics were merged in), for `--save-stats`.
+/// whatever saved statistics were merged in), to keep beside the artifacts.
 pub struct Calibrated {
     pub fitted: Vec<Fitted>,
     pub stats: Vec<SavedStats>,

@@ -196,8 +196,8 @@ pub fn load(
         bad(
             dir,
             format!(
-                "no saved statistics for {} -> {} here; calibrate with --save-stats to keep \
-                 them",
+                "no saved statistics for {} -> {} here; calibrate with `baton calibrate` \
+                 (without --no-save-stats) to keep them",
                 source.name, target.name
             ),
         )
@@ -251,7 +251,7 @@ pub fn load(
             dir,
             format!(
                 "meta.json says {} observations, the files hold {} (keys) and {} (values): \
-                 the directory is mixed from two saves; calibrate again with --save-stats",
+                 the directory is mixed from two saves; calibrate again with `baton calibrate`",
                 meta.observations,
                 keys.count(),
                 values.count()
@@ -433,7 +433,7 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("--save-stats"), "{e}");
+        assert!(e.contains("--no-save-stats"), "{e}");
         save(&saved(5, 0.0, 0, source(0, 1)), &at).unwrap();
         let e = load(
             &at,

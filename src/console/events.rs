@@ -132,6 +132,23 @@ impl EventPrinter {
                     _ => String::new(),
                 }
             )),
+            Event::CacheRepaired {
+                index,
+                model,
+                repaired,
+                total,
+                complete,
+                after_switch_ms,
+                compute_ms,
+                ..
+            } => err(format!(
+                "[switch {index}] repair of {model}'s cache {}: {repaired} / {total} positions, {:.1} s after the switch, {:.1} s of prefill",
+                if *complete { "complete" } else { "cut short" },
+                after_switch_ms / 1e3,
+                compute_ms / 1e3
+            )),
+            Event::MapperLearned { index, .. } => crate::learn::summary::line(e)
+                .and_then(|l| err(format!("[switch {index}] learned: {l}"))),
             Event::TurnComparison {
                 turn,
                 identical,

@@ -31,6 +31,16 @@ pub struct Settings {
     /// facts said last reach the target as it would have read them.
     #[serde(default)]
     pub tail: usize,
+    /// Learn from the conversation at every measured switch (reference path on): both
+    /// models' own caches are added to the mappers' statistics and solved again in the
+    /// background; an update is taken only if its held-out cosine does not drop.
+    #[serde(default)]
+    pub learn: bool,
+    /// Repair in the background: while idle after a switch, the active model re-prefills
+    /// the conversation into its own cache, replacing mapped positions chunk by chunk.
+    /// Off by default, so that drift is studied on the mapped cache as it is.
+    #[serde(default)]
+    pub repair: bool,
 }
 
 impl Default for Settings {
@@ -45,6 +55,8 @@ impl Default for Settings {
             probes: 32,
             anchor: crate::mapper::apply::DEFAULT_ANCHOR,
             tail: 0,
+            learn: false,
+            repair: false,
         }
     }
 }
@@ -62,6 +74,9 @@ pub struct EngineConfig {
     pub settings: Settings,
     /// Record the session to this file.
     pub record: Option<PathBuf>,
+    /// Where learning keeps what it learns and what it starts from (with
+    /// `settings.learn`).
+    pub learning: super::learning::LearnSetup,
 }
 
 impl EngineConfig {
@@ -73,6 +88,7 @@ impl EngineConfig {
             calibrate_missing: None,
             settings: Settings::default(),
             record: None,
+            learning: Default::default(),
         }
     }
 }

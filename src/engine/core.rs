@@ -25,10 +25,13 @@ use crate::protocol::{CacheOrigin, Command, Event, ModelInfo};
 use crate::session::SessionWriter;
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::Arc;
 use std::time::Instant;
 
 pub struct Slot {
-    pub(super) model: Model,
+    /// Shared with the learning thread, which reads the models' shapes and RoPE and runs
+    /// the target's attention to judge an update.
+    pub(super) model: Arc<Model>,
     pub(super) primary: KvCache,
     pub(super) origin: CacheOrigin,
     pub(super) truth: KvCache,
@@ -46,7 +49,7 @@ impl Slot {
             primary: model.decoder.new_cache(),
             truth: model.decoder.new_cache(),
             origin: CacheOrigin::True,
-            model,
+            model: Arc::new(model),
             grams,
             info,
             anchor_kv: None,
@@ -198,7 +201,20 @@ pub struct Engine {
     pub(super) inbox: VecDeque<Envelope>,
     pub(super) shutdown: bool,
     pub(super) out: Outbox,
+    /// The learning thread, with learning on.
+    pub(super) learning: Option<super::learning::Worker>,
+    /// Per source slot: whether that direction can learn (it has saved statistics).
+    pub(super) can_learn: [bool; 2],
+    /// Per source slot: how far this conversation has been learned that way.
+    pub(super) learned_to: [usize; 2],
+    /// Where the conversation is recorded, named with what is learned from it.
+    pub(super) session_label: String,
+    /// The active model's cache being repaired since the last switch.
+    pub(super) repair: Option<super::repair::Repair>,
 }
+
+/// How often an idle engine looks for the learning thread's reply.
+const LEARNING_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 pub(super) fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
@@ -244,6 +260,11 @@ impl Engine {
             inbox: VecDeque::new(),
             shutdown: false,
             out,
+            learning: None,
+            can_learn: [false; 2],
+            learned_to: [0; 2],
+            session_label: "an unrecorded session".into(),
+            repair: None,
         }
     }
 
@@ -251,12 +272,21 @@ impl Engine {
     /// measurement runs whenever no command is waiting.
     pub fn run(mut self, commands: Receiver<Envelope>) {
         while !self.shutdown {
+            self.take_learned(std::time::Duration::ZERO);
             let next = match self.queued.pop_front().or_else(|| self.inbox.pop_front()) {
                 Some(e) => Some(e),
-                None if self.measurement.is_some() => match commands.try_recv() {
+                None if self.measurement.is_some() || self.repair_wanted() => {
+                    match commands.try_recv() {
+                        Ok(e) => Some(e),
+                        Err(TryRecvError::Empty) => None,
+                        Err(TryRecvError::Disconnected) => break,
+                    }
+                }
+                // Learning replies are looked for between short waits for a command.
+                None if self.learning_busy() => match commands.recv_timeout(LEARNING_POLL) {
                     Ok(e) => Some(e),
-                    Err(TryRecvError::Empty) => None,
-                    Err(TryRecvError::Disconnected) => break,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                 },
                 None => match commands.recv() {
                     Ok(e) => Some(e),
@@ -265,7 +295,8 @@ impl Engine {
             };
             match next {
                 Some(e) => self.handle(e, &commands),
-                None => self.measure(&commands, true),
+                None if self.measurement.is_some() => self.measure(&commands, true),
+                None => self.repair_pending(&commands),
             }
         }
         self.out.emit(Event::ShutDown);
@@ -285,6 +316,12 @@ impl Engine {
                 if self.measurement.is_some() {
                     self.measure(commands, false);
                 }
+                if !self.shutdown && self.learning_with(self.active) {
+                    self.out.emit(Event::Notice {
+                        message: "the switch waits for the mapper to finish learning".into(),
+                    });
+                    self.finish_learning(self.active, commands);
+                }
                 if self.shutdown {
                     Ok(())
                 } else {
@@ -301,6 +338,13 @@ impl Engine {
                 self.settings.reference = enabled;
                 self.out.emit(Event::Notice {
                     message: format!("reference path {}", if enabled { "on" } else { "off" }),
+                });
+                Ok(())
+            }
+            Command::SetRepair { enabled } => {
+                self.settings.repair = enabled;
+                self.out.emit(Event::Notice {
+                    message: format!("cache repair {}", if enabled { "on" } else { "off" }),
                 });
                 Ok(())
             }
@@ -350,6 +394,21 @@ impl Engine {
         self.active
     }
 
+    /// The cache slot `slot` (0 or 1) answers from.
+    pub fn cache(&self, slot: usize) -> &KvCache {
+        &self.slots[slot & 1].primary
+    }
+
+    /// The conversation's token ids so far.
+    pub fn history(&self) -> &[u32] {
+        &self.conv.history
+    }
+
+    /// The mapper in use from slot `source` into the other (after what it learned).
+    pub fn mapper(&self, source: usize) -> &crate::mapper::CacheMapper {
+        &self.mappers[source & 1].mapper
+    }
+
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
@@ -365,9 +424,14 @@ impl Engine {
 
     /// Hand the conversation over, then leave its measurement pending.
     fn switch(&mut self) -> Result<(), super::EngineError> {
+        // The active model is handed away from: its repair stops here.
+        self.end_repair(false);
         let Some(h) = self.handoff()? else {
             return Ok(());
         };
+        if !h.reprefilled {
+            self.repair = Some(super::repair::Repair::new(h.target, h.index, h.turn));
+        }
         let probes = probe_positions(h.context_tokens, self.settings.probes);
         let target = &mut self.slots[h.target];
         // A cache the target computed all by itself is its truth so far: keep it, so the
@@ -377,7 +441,14 @@ impl Engine {
             target.truth = target.primary.try_clone_prefix(h.own_prefix)?;
         }
         let seen = target.truth.len().min(h.context_tokens);
-        self.measurement = Some(Measurement::new(h, seen, probes, self.settings.reference));
+        let learn = self.settings.reference && self.will_learn();
+        self.measurement = Some(Measurement::new(
+            h,
+            seen,
+            probes,
+            self.settings.reference,
+            learn,
+        ));
         Ok(())
     }
 }

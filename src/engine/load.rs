@@ -2,7 +2,7 @@
 //! when asked and missing), progress reported as `Loading` events.
 
 use super::EngineError;
-use crate::calibrate::{self, CalibrateOptions, CalibrationProgress, Direction};
+use crate::calibrate::{self, saved_stats, CalibrateOptions, CalibrationProgress, Direction};
 use crate::data::corpus;
 use crate::fetch::{self, FetchProgress};
 use crate::mapper::artifact::{self, ModelRef};
@@ -124,17 +124,25 @@ pub fn calibrate_missing(
     progress.stage("reading the calibration corpus", 0);
     let files = corpus::default_files()?;
     let docs = corpus::read_documents(&files)?;
-    let fitted = calibrate::calibrate(
-        &models[0],
-        &models[1],
-        &docs,
-        &directions,
+    let name = calibrate::CorpusName {
+        files: corpus::describe(&files),
+        fingerprint: corpus::fingerprint(&docs),
+    };
+    let run = calibrate::Run {
+        docs: &docs,
+        corpus: &name,
+        directions: &directions,
         opts,
-        progress,
-        cancel,
-    )?;
+    };
+    let done =
+        calibrate::calibrate_with(&models[0], &models[1], &run, Vec::new(), progress, cancel)?;
     let corpus = calibrate::corpus_info(&files, &docs, opts);
-    calibrate::save_fitted(&fitted, [&models[0], &models[1]], &corpus, dir)?;
+    calibrate::save_fitted(&done.fitted, [&models[0], &models[1]], &corpus, dir)?;
+    // Kept as `baton calibrate` keeps them: learning from conversations adds to them.
+    for st in &done.stats {
+        let at = saved_stats::stats_dir_in(dir, &st.meta.source, &st.meta.target);
+        saved_stats::save(st, &at)?;
+    }
     Ok(())
 }
 

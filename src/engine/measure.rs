@@ -44,6 +44,10 @@ pub struct Measurement {
     fresh: Option<(KvCache, Vec<Tensor>)>,
     suffix_done: bool,
     metrics: Option<SwitchMetrics>,
+    /// Learn from the conversation once measured: the source's own prefill of the same
+    /// ids, with its queries at the probes, is needed as well.
+    learn: bool,
+    source_own: Option<(KvCache, Vec<Tensor>)>,
     /// Turns that went ahead of it.
     pub(super) yielded_to: Vec<u32>,
 }
@@ -53,6 +57,7 @@ enum Step {
     ReprefillFull,
     ReprefillSuffix,
     Layer(usize),
+    SourcePrefill,
     Done,
 }
 
@@ -65,7 +70,13 @@ enum Poll {
 }
 
 impl Measurement {
-    pub(super) fn new(h: Handoff, seen: usize, probes: Vec<usize>, reference: bool) -> Self {
+    pub(super) fn new(
+        h: Handoff,
+        seen: usize,
+        probes: Vec<usize>,
+        reference: bool,
+        learn: bool,
+    ) -> Self {
         Self {
             index: h.index,
             turn: h.turn,
@@ -82,6 +93,8 @@ impl Measurement {
             fresh: None,
             suffix_done: false,
             metrics: None,
+            learn: learn && reference,
+            source_own: None,
             yielded_to: Vec::new(),
         }
     }
@@ -105,6 +118,8 @@ impl Measurement {
             .map_or(0, |m| m.attention_cosine.len());
         if layers < n_layer {
             Step::Layer(layers)
+        } else if self.learn && self.source_own.is_none() {
+            Step::SourcePrefill
         } else {
             Step::Done
         }
@@ -176,9 +191,9 @@ impl Engine {
                         self.shutdown = true;
                         return Poll::Stop;
                     }
-                    Command::Bookmark { .. } | Command::SetReference { .. } => {
-                        self.handle(e, commands)
-                    }
+                    Command::Bookmark { .. }
+                    | Command::SetReference { .. }
+                    | Command::SetRepair { .. } => self.handle(e, commands),
                     Command::Submit { .. } | Command::Switch => self.queued.push_back(e),
                 },
                 Err(TryRecvError::Empty) => break,
@@ -316,6 +331,19 @@ impl Engine {
                     metrics,
                 )?;
             }
+            Step::SourcePrefill => {
+                let mut own = src.model.decoder.new_cache();
+                let out = src.model.decoder.forward_until(
+                    history,
+                    &mut own,
+                    &ForwardOptions {
+                        logits: Logits::None,
+                        probe_positions: job.probes.clone(),
+                    },
+                    stop,
+                )?;
+                job.source_own = Some((own, out.queries));
+            }
             Step::Done => return Ok(true),
         }
         Ok(matches!(
@@ -330,14 +358,11 @@ impl Engine {
         if let Some(cosine) = metrics.as_ref().and_then(|m| m.cosine_mean()) {
             self.measured_cosine[job.source] = Some(cosine);
         }
-        // The re-prefill is the target's own cache of the first `n` ids: where the truth
-        // holds less, it saves the next reference path that work.
-        if let Some((fresh, _)) = job.fresh.take() {
-            let truth = &mut self.slots[job.target].truth;
-            if truth.len() < fresh.len() {
-                *truth = fresh;
-            }
-        }
+        let learn = job.learn && metrics.is_some();
+        let fresh = job.fresh.take();
+        let own = job.source_own.take();
+        let (index, turn, source, target, n) = (job.index, job.turn, job.source, job.target, job.n);
+        let probes = std::mem::take(&mut job.probes);
         self.out.emit(Event::SwitchMeasured {
             index: job.index,
             turn: job.turn,
@@ -346,5 +371,30 @@ impl Engine {
             yielded_to: job.yielded_to,
             stopped,
         });
+        match (fresh, own) {
+            (Some(fresh), Some(own)) if learn => {
+                let pair = super::learning::OwnCaches {
+                    index,
+                    turn,
+                    source,
+                    n,
+                    probes,
+                    target_own: fresh,
+                    source_own: own,
+                };
+                if let Err(e) = self.learn_from(pair) {
+                    self.report(&e);
+                }
+            }
+            // The re-prefill is the target's own cache of the first `n` ids: where the
+            // truth holds less, it saves the next reference path that work.
+            (Some((fresh, _)), _) => {
+                let truth = &mut self.slots[target].truth;
+                if truth.len() < fresh.len() {
+                    *truth = fresh;
+                }
+            }
+            _ => {}
+        }
     }
 }

@@ -7,8 +7,10 @@ pub mod compare;
 pub mod config;
 pub mod conversation;
 mod core;
+pub mod learning;
 pub mod load;
 mod measure;
+mod repair;
 pub mod replay;
 pub mod script;
 pub mod switch;
@@ -16,6 +18,8 @@ mod turn;
 
 pub use config::{EngineConfig, Settings};
 pub use core::{Engine, Envelope, Outbox, Slot};
+pub use learning::LearnSetup;
+pub use repair::REPAIR_CHUNK;
 
 use crate::protocol::{Command, Event, ModelInfo};
 use crate::session::{SessionHeader, SessionWriter};
@@ -222,5 +226,13 @@ pub fn build(
             });
         }
     }
-    Ok(Engine::new(slots, mappers, config.settings, device, out))
+    let learn = config.settings.learn;
+    let mut engine = Engine::new(slots, mappers, config.settings, device, out);
+    if let Some(name) = config.record.as_ref().and_then(|p| p.file_name()) {
+        engine.session_label = format!("session {}", name.to_string_lossy());
+    }
+    if learn {
+        engine.start_learning(load::mapper_dir(&config.mapper_dir), config.learning);
+    }
+    Ok(engine)
 }

@@ -48,6 +48,10 @@ pub struct ScriptSettings {
     pub max_tokens: Option<usize>,
     pub system: Option<String>,
     pub tail: Option<usize>,
+    /// Learn from the conversation at each measured switch.
+    pub learn: Option<bool>,
+    /// Repair the active model's cache in the background after a switch.
+    pub repair: Option<bool>,
 }
 
 impl ScriptSettings {
@@ -69,6 +73,12 @@ impl ScriptSettings {
         }
         if let Some(v) = self.tail {
             s.tail = v;
+        }
+        if let Some(v) = self.learn {
+            s.learn = v;
+        }
+        if let Some(v) = self.repair {
+            s.repair = v;
         }
     }
 }
@@ -93,6 +103,8 @@ struct RawScript {
     max_tokens: Option<usize>,
     system: Option<String>,
     tail: Option<usize>,
+    learn: Option<bool>,
+    repair: Option<bool>,
     #[serde(default)]
     step: Vec<RawStep>,
 }
@@ -162,6 +174,8 @@ impl Script {
                 max_tokens: raw.max_tokens,
                 system: raw.system,
                 tail: raw.tail,
+                learn: raw.learn,
+                repair: raw.repair,
             },
             steps,
         })
@@ -190,6 +204,9 @@ fn completes(cmd: &Command, e: &Event) -> bool {
         (Command::Bookmark { .. }, Event::Bookmark { .. }) => true,
         (Command::SetReference { .. }, Event::Notice { message }) => {
             message.starts_with("reference path")
+        }
+        (Command::SetRepair { .. }, Event::Notice { message }) => {
+            message.starts_with("cache repair")
         }
         (_, Event::Error { .. }) => true,
         _ => false,
@@ -276,6 +293,11 @@ pub fn session_commands(events: &[Event]) -> Vec<Command> {
             }
             Event::Notice { message } if message.starts_with("reference path") => {
                 out.push(Command::SetReference {
+                    enabled: message.ends_with("on"),
+                })
+            }
+            Event::Notice { message } if message.starts_with("cache repair") => {
+                out.push(Command::SetRepair {
                     enabled: message.ends_with("on"),
                 })
             }

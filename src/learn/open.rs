@@ -77,7 +77,8 @@ pub fn open(
     if saved_stats::read_meta(&stats_dir)?.is_none() {
         return Err(LearnError::Unsupported(format!(
             "learning adds to the calibration's statistics, and {} has none for {} -> {}: \
-             calibrate with `baton calibrate --save-stats`, or turn learning off",
+             calibrate with `baton calibrate` (without --no-save-stats), or turn learning \
+             off with --no-learn",
             mapper_dir.display(),
             sr.name,
             tr.name

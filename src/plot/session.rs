@@ -12,6 +12,7 @@ use std::path::Path;
 const COSINE_MEAN: RGBColor = RGBColor(31, 119, 180);
 const COSINE_MIN: RGBColor = RGBColor(214, 39, 40);
 const AGREEMENT: RGBColor = RGBColor(44, 160, 44);
+const LEARNED: RGBColor = RGBColor(148, 103, 189);
 const MAP: RGBColor = RGBColor(31, 119, 180);
 const REPREFILL: RGBColor = RGBColor(255, 127, 14);
 
@@ -52,6 +53,8 @@ struct Series {
     cosine_mean: Vec<(i64, f64)>,
     cosine_min: Vec<(i64, f64)>,
     agreement: Vec<(i64, f64)>,
+    /// The held-out cosine after each update the mappers took: the learning curve.
+    learned: Vec<(i64, f64)>,
     map_ms: Vec<(i64, f64)>,
     reprefill_ms: Vec<(i64, f64)>,
 }
@@ -76,6 +79,12 @@ impl Series {
                 .iter()
                 .filter_map(|t| finite((i64::from(t.turn), t.agreement)))
                 .collect(),
+            learned: report
+                .learning
+                .iter()
+                .filter(|l| l.accepted)
+                .filter_map(|l| finite((i64::from(l.turn), l.after)))
+                .collect(),
             // The latency axis is logarithmic: a zero time has no place on it.
             map_ms: per_switch(&|s| s.map_full_ms.filter(|ms| *ms > 0.0)),
             reprefill_ms: per_switch(&|s| s.reprefill_full_ms.filter(|ms| *ms > 0.0)),
@@ -96,7 +105,13 @@ impl Series {
     }
 
     fn fidelity(&self) -> impl Iterator<Item = &Vec<(i64, f64)>> {
-        [&self.cosine_mean, &self.cosine_min, &self.agreement].into_iter()
+        [
+            &self.cosine_mean,
+            &self.cosine_min,
+            &self.agreement,
+            &self.learned,
+        ]
+        .into_iter()
     }
 
     fn latency(&self) -> impl Iterator<Item = &Vec<(i64, f64)>> {
@@ -141,6 +156,7 @@ fn draw<DB: DrawingBackend>(
         ("attention cosine mean", &s.cosine_mean, COSINE_MEAN),
         ("attention cosine min", &s.cosine_min, COSINE_MIN),
         ("token agreement", &s.agreement, AGREEMENT),
+        ("held-out cosine after learning", &s.learned, LEARNED),
     ];
     for (label, points, color) in fidelity {
         line(&mut chart, label, points, color)?;

@@ -17,7 +17,8 @@ pub const VERSION: u32 = 1;
 ///   `switch_measured` event with the same index brings the rest, often after the next
 ///   turn; `switch_follow_up`'s `end_to_end_ms` runs from the message reaching the
 ///   engine to the target's first token.
-pub const MINOR: u32 = 1;
+/// - 2: `mapper_learned` events say what a mapper learned from the conversation.
+pub const MINOR: u32 = 2;
 
 /// Line 1 of a session file: which build, models, mappers and settings produced it, so a
 /// report or a replay can tell whether it is looking at comparable runs.

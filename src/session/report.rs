@@ -26,6 +26,44 @@ pub struct Report {
     pub summary: Summary,
     pub bookmarks: Vec<BookmarkRow>,
     pub errors: Vec<ErrorRow>,
+    /// What the mappers learned from the conversation, one row per learning step.
+    #[serde(default)]
+    pub learning: Vec<LearningRow>,
+    /// How each background repair of a cache ended (see `Event::CacheRepaired`).
+    #[serde(default)]
+    pub repairs: Vec<RepairRow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RepairRow {
+    /// The switch whose handed-over cache was repaired, and its turn.
+    pub index: u32,
+    pub turn: u32,
+    pub model: String,
+    pub repaired: usize,
+    pub total: usize,
+    pub complete: bool,
+    pub after_switch_ms: f64,
+    pub compute_ms: f64,
+}
+
+/// One learning step (see `Event::MapperLearned`): the held-out cosine before and after
+/// is the mean of the conversation's newest positions and the fixed calibration text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LearningRow {
+    /// The switch whose conversation was learned from, and its turn.
+    pub index: u32,
+    pub turn: u32,
+    pub from: String,
+    pub to: String,
+    pub tokens: usize,
+    pub held_out: usize,
+    pub before: Option<f64>,
+    pub after: Option<f64>,
+    pub accepted: bool,
+    pub learned_tokens: u64,
+    pub seconds: f64,
+    pub kept: bool,
 }
 
 /// Which run the report describes, from the session header.
@@ -137,6 +175,8 @@ impl Report {
         let mut switches = Vec::new();
         let mut bookmarks = Vec::new();
         let mut errors = Vec::new();
+        let mut learning = Vec::new();
+        let mut repairs = Vec::new();
         for event in session.events() {
             if let Some(turn) = event.turn().filter(|_| opens_turn(event)) {
                 turns.entry(turn).or_insert_with(|| TurnRow::new(turn));
@@ -251,6 +291,53 @@ impl Report {
                         row.end_to_end_ms = *end_to_end_ms;
                     }
                 }
+                Event::MapperLearned {
+                    index,
+                    turn,
+                    from,
+                    to,
+                    tokens,
+                    held_out,
+                    before,
+                    after,
+                    accepted,
+                    learned_tokens,
+                    seconds,
+                    kept,
+                    ..
+                } => learning.push(LearningRow {
+                    index: *index,
+                    turn: *turn,
+                    from: from.clone(),
+                    to: to.clone(),
+                    tokens: *tokens,
+                    held_out: *held_out,
+                    before: Some(*before).filter(|v| v.is_finite()),
+                    after: Some(*after).filter(|v| v.is_finite()),
+                    accepted: *accepted,
+                    learned_tokens: *learned_tokens,
+                    seconds: *seconds,
+                    kept: *kept,
+                }),
+                Event::CacheRepaired {
+                    index,
+                    turn,
+                    model,
+                    repaired,
+                    total,
+                    complete,
+                    after_switch_ms,
+                    compute_ms,
+                } => repairs.push(RepairRow {
+                    index: *index,
+                    turn: *turn,
+                    model: model.clone(),
+                    repaired: *repaired,
+                    total: *total,
+                    complete: *complete,
+                    after_switch_ms: *after_switch_ms,
+                    compute_ms: *compute_ms,
+                }),
                 Event::Bookmark { turn, note } => bookmarks.push(BookmarkRow {
                     turn: *turn,
                     note: note.clone(),
@@ -282,6 +369,8 @@ impl Report {
             summary,
             bookmarks,
             errors,
+            learning,
+            repairs,
         }
     }
 }

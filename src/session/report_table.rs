@@ -1,6 +1,6 @@
 //! The report as plain-text tables, for a terminal or a log.
 
-use super::report::{PathRow, Report, SwitchRow, TurnRow};
+use super::report::{LearningRow, PathRow, RepairRow, Report, SwitchRow, TurnRow};
 use crate::protocol::{CacheOrigin, GateDecision, StopKind};
 use std::fmt::{self, Display, Formatter};
 
@@ -30,6 +30,20 @@ impl Display for Report {
             writeln!(f, "  (none)")?;
         } else {
             table(f, &TURN_COLUMNS, self.turns.iter().flat_map(turn_lines))?;
+        }
+        if !self.learning.is_empty() {
+            writeln!(f)?;
+            writeln!(f, "learning")?;
+            table(
+                f,
+                &LEARNING_COLUMNS,
+                self.learning.iter().map(learning_cells),
+            )?;
+        }
+        if !self.repairs.is_empty() {
+            writeln!(f)?;
+            writeln!(f, "repair")?;
+            table(f, &REPAIR_COLUMNS, self.repairs.iter().map(repair_cells))?;
         }
         if !self.bookmarks.is_empty() {
             writeln!(f)?;
@@ -121,6 +135,60 @@ fn gate(g: &GateDecision) -> String {
         CacheOrigin::True => ("own cache", "vs"),
     };
     format!("gate: {used} ({:.3} {cmp} {:.3})", g.estimate, g.threshold)
+}
+
+const LEARNING_COLUMNS: [&str; 10] = [
+    "switch",
+    "turn",
+    "from -> to",
+    "tokens",
+    "held out",
+    "cos before",
+    "cos after",
+    "taken",
+    "learned in all",
+    "seconds",
+];
+
+fn learning_cells(l: &LearningRow) -> Vec<String> {
+    vec![
+        l.index.to_string(),
+        l.turn.to_string(),
+        format!("{} -> {}", l.from, l.to),
+        l.tokens.to_string(),
+        l.held_out.to_string(),
+        num(l.before, 3),
+        num(l.after, 3),
+        match (l.accepted, l.kept) {
+            (true, true) => "yes, kept".into(),
+            (true, false) => "yes".into(),
+            (false, _) => "no".into(),
+        },
+        l.learned_tokens.to_string(),
+        num(Some(l.seconds), 1),
+    ]
+}
+
+const REPAIR_COLUMNS: [&str; 7] = [
+    "switch",
+    "turn",
+    "model",
+    "repaired",
+    "complete",
+    "s after switch",
+    "s of prefill",
+];
+
+fn repair_cells(r: &RepairRow) -> Vec<String> {
+    vec![
+        r.index.to_string(),
+        r.turn.to_string(),
+        r.model.clone(),
+        format!("{} / {}", r.repaired, r.total),
+        if r.complete { "yes" } else { "no" }.into(),
+        num(Some(r.after_switch_ms / 1e3), 1),
+        num(Some(r.compute_ms / 1e3), 1),
+    ]
 }
 
 const TURN_COLUMNS: [&str; 10] = [

@@ -85,6 +85,21 @@ impl App {
         vec![Effect::Send(Command::Switch)]
     }
 
+    pub(crate) fn toggle_repair(&mut self) -> Vec<Effect> {
+        self.set_repair(!self.repair)
+    }
+
+    pub(crate) fn set_repair(&mut self, enabled: bool) -> Vec<Effect> {
+        self.repair = enabled;
+        let what = if enabled {
+            "cache repair on: while idle, the active model re-reads the conversation into its own cache"
+        } else {
+            "cache repair off: the mapped cache stays as it is"
+        };
+        self.say(Level::Info, what);
+        vec![Effect::Send(Command::SetRepair { enabled })]
+    }
+
     pub(crate) fn toggle_reference(&mut self) -> Vec<Effect> {
         self.set_reference(!self.reference)
     }

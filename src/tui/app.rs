@@ -23,6 +23,8 @@ pub struct AppInfo {
     pub reference: bool,
     /// Newest tokens the target reads itself at a switch (0: all mapped).
     pub tail: usize,
+    /// Whether the engine starts with background repair on.
+    pub repair: bool,
 }
 
 impl Default for AppInfo {
@@ -33,6 +35,7 @@ impl Default for AppInfo {
             quick_mapper_note: None,
             reference: true,
             tail: 0,
+            repair: false,
         }
     }
 }
@@ -110,6 +113,9 @@ pub struct App {
     pub(crate) device: String,
     pub(crate) mappers: Vec<MapperInfo>,
     pub(crate) reference: bool,
+    pub(crate) repair: bool,
+    /// The active model's cache repaired so far, of its length, since the last switch.
+    pub(crate) repaired: Option<(usize, usize)>,
     pub(crate) input: LineInput,
     /// The bookmark note being typed; the message keeps its own buffer meanwhile.
     pub(crate) bookmark: Option<LineInput>,
@@ -145,6 +151,8 @@ impl App {
     pub fn new(info: AppInfo) -> Self {
         Self {
             reference: info.reference,
+            repair: info.repair,
+            repaired: None,
             info,
             size: (view::MIN_WIDTH, view::MIN_HEIGHT),
             ready: false,

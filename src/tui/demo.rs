@@ -35,6 +35,9 @@ fn completes(cmd: &Command, e: &Event) -> bool {
         (Command::SetReference { .. }, Event::Notice { message }) => {
             message.starts_with("reference path")
         }
+        (Command::SetRepair { .. }, Event::Notice { message }) => {
+            message.starts_with("cache repair")
+        }
         (Command::Cancel, Event::Notice { .. }) => true,
         (_, Event::Error { .. }) => true,
         _ => false,
@@ -107,6 +110,7 @@ impl App {
             Command::Submit { text } => self.start_turn(text),
             Command::Switch => self.send_switch(),
             Command::SetReference { enabled } => self.set_reference(enabled),
+            Command::SetRepair { enabled } => self.set_repair(enabled),
             Command::Cancel | Command::Bookmark { .. } => vec![Effect::Send(cmd)],
             Command::Shutdown => {
                 self.demo = None;

@@ -119,6 +119,7 @@ impl App {
                 gate,
                 measurement_follows,
             } => {
+                self.repaired = None;
                 self.switches_pending = self.switches_pending.saturating_sub(1);
                 self.set_active_by_name(to);
                 self.context_tokens = *context_tokens;
@@ -205,6 +206,35 @@ impl App {
                         first_token_ms: *first_token_ms,
                         end_to_end_ms: *end_to_end_ms,
                     });
+                }
+            }
+            Event::RepairProgress {
+                repaired, total, ..
+            } => self.repaired = Some((*repaired, *total)),
+            Event::CacheRepaired {
+                model,
+                repaired,
+                total,
+                complete,
+                after_switch_ms,
+                compute_ms,
+                ..
+            } => {
+                self.repaired = Some((*repaired, *total));
+                if *complete {
+                    self.say(
+                        Level::Info,
+                        format!(
+                            "{model}'s cache is its own again: {total} positions repaired {:.1} s after the switch ({:.1} s of prefill)",
+                            after_switch_ms / 1e3,
+                            compute_ms / 1e3
+                        ),
+                    );
+                }
+            }
+            Event::MapperLearned { .. } => {
+                if let Some(line) = crate::learn::summary::line(e) {
+                    self.say(Level::Info, line);
                 }
             }
             Event::Notice { message } => {

@@ -136,6 +136,7 @@ impl App {
         if key.ctrl {
             return match key.code {
                 KeyCode::Char('r') => self.toggle_reference(),
+                KeyCode::Char('p') => self.toggle_repair(),
                 KeyCode::Char('b') => self.start_bookmark(),
                 KeyCode::Char('l') => {
                     self.layer_view = self.layer_view.next();

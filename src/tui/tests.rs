@@ -687,3 +687,36 @@ fn a_follow_up_completes_its_switch() {
     assert_eq!(f.top1_agreement, Some(0.9));
     assert!(matches!(app.transcript.last(), Some(Entry::Switch(0))));
 }
+
+#[test]
+fn what_a_mapper_learned_is_said_on_the_status_line() {
+    let mut app = ready_app();
+    event(&mut app, switch_event(8));
+    event(
+        &mut app,
+        Event::MapperLearned {
+            index: 0,
+            turn: 2,
+            from: "small".into(),
+            to: "large".into(),
+            tokens: 1840,
+            held_out: 600,
+            before: 0.71,
+            after: 0.78,
+            conversation_before: 0.6,
+            conversation_after: 0.7,
+            calibration_before: Some(0.82),
+            calibration_after: Some(0.86),
+            accepted: true,
+            learned_tokens: 1840,
+            seconds: 12.0,
+            kept: true,
+        },
+    );
+    let status = app.status_text().unwrap_or_default();
+    assert!(
+        status.contains("adapted on 1,840 of this conversation's tokens")
+            && status.contains("0.71 → 0.78"),
+        "{status}"
+    );
+}

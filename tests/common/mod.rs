@@ -2,6 +2,7 @@
 //! (the same cache CI fills), so these tests run for real wherever the suite runs.
 #![allow(dead_code)]
 
+pub mod engine_rig;
 pub mod fuzz;
 pub mod synthetic;
 

@@ -8,7 +8,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Clear, Paragraph, Wrap};
 use ratatui::Frame;
 
-const KEYS: [(&str, &str); 11] = [
+const KEYS: [(&str, &str); 12] = [
     ("Enter", "send the message (not while a turn runs)"),
     (
         "Tab",
@@ -21,6 +21,10 @@ const KEYS: [(&str, &str); 11] = [
     (
         "Ctrl-R",
         "reference path on/off: the re-prefilled answer to compare with",
+    ),
+    (
+        "Ctrl-P",
+        "cache repair on/off: re-prefill the mapped cache while idle",
     ),
     ("Ctrl-B", "bookmark the current turn with a note"),
     (

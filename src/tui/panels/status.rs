@@ -130,6 +130,27 @@ fn status_line(app: &App, fit: Fit) -> Line<'static> {
         ("reference off", Style::new().fg(WARN))
     };
     spans.push(Span::styled(reference, style));
+    match (app.repair, app.repaired) {
+        (true, Some((done, total))) if done < total => {
+            spans.push(sep());
+            spans.push(Span::styled(
+                format!("repaired {done} / {total}"),
+                Style::new().fg(WARN),
+            ));
+        }
+        (true, Some((_, total))) => {
+            spans.push(sep());
+            spans.push(Span::styled(
+                format!("repaired {total} / {total}"),
+                Style::new().fg(MAP),
+            ));
+        }
+        (true, None) => {
+            spans.push(sep());
+            spans.push(Span::styled("repair on", DIM));
+        }
+        (false, _) => {}
+    }
     if app.info.tail > 0 {
         // The handoff time includes the target reading these itself.
         spans.push(sep());

@@ -1,0 +1,238 @@
+//! The engine learning from its conversation, on two tiny chat models generated here with
+//! mappers calibrated between them (statistics kept, as `baton calibrate` does): a
+//! measured switch teaches both directions in the background, the next direction first;
+//! an update is taken exactly when the held-out cosine does not drop and then becomes
+//! the mapper in use, is recorded in the session file and read by the report, and is
+//! kept for the next engine to start from. Without saved statistics the engine says it
+//! does not learn and carries on.
+
+mod common;
+
+use baton::mapper::artifact::ModelRef;
+use baton::mapper::CacheMapper;
+use baton::model::{ForwardOptions, Logits, Model};
+use baton::protocol::Event;
+use baton::session::{read_session, Report};
+use common::engine_rig::{models, rig, write_pair};
+use std::path::{Path, PathBuf};
+
+fn learned(events: &[Event]) -> Vec<&Event> {
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::MapperLearned { .. }))
+        .collect()
+}
+
+/// `mapper`'s map of a's own cache of some text into b's layout, as numbers.
+fn mapped_by(mapper: &CacheMapper, a: &Model, b: &Model) -> Vec<f32> {
+    let ids: Vec<u32> = (0..40).map(|i| (i * 7 % 120) as u32 + 3).collect();
+    let mut kv = a.decoder.new_cache();
+    a.decoder
+        .forward(
+            &ids,
+            &mut kv,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: vec![],
+            },
+        )
+        .unwrap();
+    let out = mapper
+        .map_cache(&kv, &ids, a.decoder.rope(), b.decoder.rope())
+        .unwrap();
+    out.export().unwrap()[1]
+        .k
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+fn learned_dir(dir: &Path, source: &Model, target: &Model) -> PathBuf {
+    baton::learn::store::learned_dir_in(
+        &dir.join("mappers"),
+        &ModelRef::new(&source.identity, source.config()),
+        &ModelRef::new(&target.identity, target.config()),
+    )
+}
+
+#[test]
+fn a_measured_switch_teaches_both_directions_and_what_is_taken_is_used_recorded_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), true);
+    let session = dir.path().join("s.jsonl");
+    let mut r = rig(dir.path(), true, Some(session.clone()));
+    let opening = r.settle();
+    assert!(
+        !opening.iter().any(|e| matches!(e, Event::Notice { message }
+            if message.contains("learn"))),
+        "nothing learned yet, and both directions can learn: {opening:?}"
+    );
+    let (a, b) = models(dir.path());
+    let before = [
+        mapped_by(r.engine.mapper(0), &a, &b),
+        mapped_by(r.engine.mapper(1), &b, &a),
+    ];
+
+    let events = r.talk_and_switch(3);
+    let steps = learned(&events);
+    assert_eq!(steps.len(), 2, "{events:?}");
+    let mut taken = 0;
+    for (i, step) in steps.iter().enumerate() {
+        let Event::MapperLearned {
+            index,
+            from,
+            to,
+            tokens,
+            held_out,
+            before: b0,
+            after: a0,
+            accepted,
+            learned_tokens,
+            kept,
+            calibration_before,
+            ..
+        } = step
+        else {
+            unreachable!()
+        };
+        assert_eq!(*index, 0);
+        // The next switch goes b -> a: that direction learns first.
+        let (s, t) = if i == 0 { ("b", "a") } else { ("a", "b") };
+        assert_eq!((from.as_str(), to.as_str()), (s, t));
+        assert!(*tokens >= baton::learn::MIN_NEW_POSITIONS && *held_out > 0);
+        assert!(
+            calibration_before.is_some(),
+            "judged on the calibration text too"
+        );
+        assert_eq!(
+            *accepted,
+            a0 >= b0,
+            "taken exactly when it does not score lower"
+        );
+        let source = usize::from(i == 0);
+        let (src, tgt) = if source == 0 { (&a, &b) } else { (&b, &a) };
+        let now = mapped_by(r.engine.mapper(source), src, tgt);
+        let meta = baton::learn::store::read_meta(&learned_dir(dir.path(), src, tgt)).unwrap();
+        if *accepted {
+            taken += 1;
+            assert_eq!(*learned_tokens, *tokens as u64);
+            assert!(*kept);
+            assert_ne!(now, before[source], "the update is the mapper in use");
+            assert_eq!(meta.map(|m| m.tokens), Some(*learned_tokens));
+        } else {
+            assert_eq!(*learned_tokens, 0);
+            assert_eq!(now, before[source], "a refused update changes nothing");
+            assert!(meta.is_none());
+        }
+    }
+    assert!(
+        taken > 0,
+        "in-domain chat text should help at least one way: {steps:?}"
+    );
+
+    // The session file keeps both steps and the report reads them.
+    drop(r);
+    let report = Report::from_session(&read_session(&session).unwrap());
+    assert_eq!(report.learning.len(), 2);
+    assert_eq!(report.learning.iter().filter(|l| l.accepted).count(), taken);
+    assert!(report.to_string().contains("learning"));
+
+    // The next engine starts from what was kept, and says so.
+    let mut again = rig(dir.path(), true, None);
+    let said = again.settle();
+    let starts: Vec<&String> = said
+        .iter()
+        .filter_map(|e| match e {
+            Event::Notice { message } if message.contains("what it learned before") => {
+                Some(message)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts.len(), taken, "{said:?}");
+}
+
+#[test]
+fn learning_without_keeping_writes_nothing_and_a_later_switch_fits_only_what_is_new() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), true);
+    let mut r = rig(dir.path(), false, None);
+    r.settle();
+    let anchor = r.engine.settings().anchor;
+    let first = r.talk_and_switch(3);
+    let a_first = step_of(&first, "a");
+    assert!(matches!(a_first, Event::MapperLearned { kept: false, .. }));
+    let (a, b) = models(dir.path());
+    assert!(!learned_dir(dir.path(), &a, &b).exists());
+    assert!(!learned_dir(dir.path(), &b, &a).exists());
+    let (t1, h1, took) = sizes(a_first);
+    assert_eq!(
+        anchor + t1 + h1,
+        context_of(&first),
+        "every position after the anchor"
+    );
+
+    // Back the other way, one exchange later: a -> b fits what it has not learned yet,
+    // its held-out positions included; a refused step leaves everything new.
+    let second = r.talk_and_switch(4);
+    let (t2, h2, _) = sizes(step_of(&second, "a"));
+    let learned_before = if took { t1 } else { 0 };
+    assert_eq!(anchor + learned_before + t2 + h2, context_of(&second));
+}
+
+fn step_of<'a>(events: &'a [Event], from: &str) -> &'a Event {
+    events
+        .iter()
+        .find(|e| matches!(e, Event::MapperLearned { from: f, .. } if f == from))
+        .unwrap_or_else(|| panic!("no learning step from {from}: {events:?}"))
+}
+
+/// Positions fitted on, held out, and whether the update was taken.
+fn sizes(e: &Event) -> (usize, usize, bool) {
+    match e {
+        Event::MapperLearned {
+            tokens,
+            held_out,
+            accepted,
+            ..
+        } => (*tokens, *held_out, *accepted),
+        _ => unreachable!(),
+    }
+}
+
+fn context_of(events: &[Event]) -> usize {
+    events
+        .iter()
+        .find_map(|e| match e {
+            Event::Switch { context_tokens, .. } => Some(*context_tokens),
+            _ => None,
+        })
+        .expect("a switch")
+}
+
+#[test]
+fn a_pair_without_saved_statistics_says_it_does_not_learn_and_switches_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let mut r = rig(dir.path(), true, None);
+    let said = r.settle();
+    let refusals: Vec<&String> = said
+        .iter()
+        .filter_map(|e| match e {
+            Event::Notice { message } if message.contains("does not learn") => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refusals.len(), 2, "{said:?}");
+    assert!(refusals[0].contains("--no-save-stats") && refusals[0].contains("--no-learn"));
+    let events = r.talk_and_switch(3);
+    assert!(learned(&events).is_empty(), "{events:?}");
+    assert!(events.iter().any(|e| matches!(
+        e,
+        Event::SwitchMeasured {
+            metrics: Some(_),
+            ..
+        }
+    )));
+}

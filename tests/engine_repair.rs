@@ -1,0 +1,207 @@
+//! Background repair on two tiny chat models generated here: after a switch the active
+//! model re-prefills the conversation into its own cache chunk by chunk while idle, the
+//! repaired cache is its own prefill bit for bit (against a prefill in the same chunks;
+//! within float rounding of a one-shot prefill), a message goes before it, and it runs
+//! only when turned on.
+
+mod common;
+
+use baton::engine::REPAIR_CHUNK;
+use baton::model::{ForwardOptions, KvCache, Logits, Model};
+use baton::protocol::{CacheOrigin, Command, Event, PathKind};
+use common::engine_rig::{models, rig_with, tiny, write_pair, Rig};
+use std::time::Duration;
+
+fn no_logits() -> ForwardOptions {
+    ForwardOptions {
+        logits: Logits::None,
+        probe_positions: vec![],
+    }
+}
+
+/// `model`'s own cache of `ids`, read `chunk` ids at a time.
+fn own_prefill(model: &Model, ids: &[u32], chunk: usize) -> KvCache {
+    let mut kv = model.decoder.new_cache();
+    for piece in ids.chunks(chunk) {
+        model.decoder.forward(piece, &mut kv, &no_logits()).unwrap();
+    }
+    kv
+}
+
+fn numbers(kv: &KvCache) -> Vec<Vec<f32>> {
+    kv.export()
+        .unwrap()
+        .iter()
+        .flat_map(|l| [&l.k, &l.v])
+        .map(|t| t.flatten_all().unwrap().to_vec1().unwrap())
+        .collect()
+}
+
+fn repairing(dir: &std::path::Path, on: bool) -> Rig {
+    rig_with(dir, |c| {
+        c.settings.repair = on;
+        // Without the reference path there is no truth to start from: all is read again.
+        c.settings.reference = false;
+    })
+}
+
+/// A long message, a switch to b and its measurement, and a message b answers.
+fn switch_and_answer(r: &mut Rig) {
+    let _ = r.handle(Command::Submit {
+        text: tiny().chat_text(200, 3),
+    });
+    let _ = r.handle(Command::Switch);
+    r.engine.measure_pending(&r.rx);
+    let events = r.handle(Command::Submit {
+        text: tiny().chat_text(20, 4),
+    });
+    assert!(events.iter().any(|e| matches!(
+        e,
+        Event::TurnStarted {
+            cache: CacheOrigin::Mapped,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn a_repaired_cache_is_the_models_own_prefill_and_answers_as_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let mut r = repairing(dir.path(), true);
+    switch_and_answer(&mut r);
+    let total = r.engine.cache(1).len();
+    assert!(total > 2 * REPAIR_CHUNK, "several chunks: {total}");
+
+    r.engine.repair_pending(&r.rx);
+    let events = r.drain();
+    let progress: Vec<(usize, usize)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::RepairProgress {
+                repaired, total, ..
+            } => Some((*repaired, *total)),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<(usize, usize)> = (1..=total.div_ceil(REPAIR_CHUNK))
+        .map(|i| ((i * REPAIR_CHUNK).min(total), total))
+        .collect();
+    assert_eq!(progress, expected, "a chunk at a time, to the end");
+    let Some(Event::CacheRepaired {
+        index: 0,
+        model,
+        repaired,
+        complete: true,
+        after_switch_ms,
+        compute_ms,
+        ..
+    }) = events.last()
+    else {
+        panic!("{events:?}");
+    };
+    assert_eq!((model.as_str(), *repaired), ("b", total));
+    assert!(*compute_ms > 0.0 && after_switch_ms >= compute_ms);
+
+    let (_, b) = models(dir.path());
+    let ids = &r.engine.history()[..total];
+    let repaired = numbers(r.engine.cache(1));
+    assert_eq!(
+        repaired,
+        numbers(&own_prefill(&b, ids, REPAIR_CHUNK)),
+        "bit for bit the prefill it ran"
+    );
+    let whole = numbers(&own_prefill(&b, ids, ids.len()));
+    let worst = repaired
+        .iter()
+        .flatten()
+        .zip(whole.iter().flatten())
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0.0f32, f32::max);
+    // One prefill against another cut in chunks: the same sums in another order.
+    assert!(worst < 1e-4, "{worst}");
+
+    // The cache is the model's own now: the next answer says so.
+    let events = r.handle(Command::Submit {
+        text: tiny().chat_text(10, 5),
+    });
+    assert!(events.iter().any(|e| matches!(
+        e,
+        Event::TurnStarted {
+            path: PathKind::Mapped,
+            cache: CacheOrigin::True,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn a_message_goes_before_the_repair_which_then_covers_it_too() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let mut r = repairing(dir.path(), true);
+    let _ = r.handle(Command::Submit {
+        text: tiny().chat_text(200, 3),
+    });
+    let _ = r.handle(Command::Switch);
+    r.queue(Command::Submit {
+        text: tiny().chat_text(20, 4),
+    });
+    let handle = r.start();
+    let mut seen = Vec::new();
+    loop {
+        let e = handle
+            .events
+            .recv_timeout(Duration::from_secs(60))
+            .expect("an event within a minute");
+        if let Event::Error { message, .. } = &e {
+            panic!("{message}");
+        }
+        let done = matches!(e, Event::CacheRepaired { .. });
+        seen.push(e);
+        if done {
+            break;
+        }
+    }
+    let at = |f: &dyn Fn(&Event) -> bool| seen.iter().position(f).unwrap();
+    let answered = at(&|e| matches!(e, Event::Done { turn: 2 }));
+    let first_chunk = at(&|e| matches!(e, Event::RepairProgress { .. }));
+    assert!(answered < first_chunk, "the message first: {seen:?}");
+    let Some(Event::CacheRepaired {
+        repaired,
+        total,
+        complete: true,
+        ..
+    }) = seen.last()
+    else {
+        unreachable!()
+    };
+    assert_eq!(repaired, total);
+    handle.shutdown();
+}
+
+#[test]
+fn repair_runs_only_when_turned_on() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let mut r = repairing(dir.path(), false);
+    switch_and_answer(&mut r);
+    r.engine.repair_pending(&r.rx);
+    let events = r.drain();
+    assert!(
+        !events.iter().any(|e| matches!(
+            e,
+            Event::RepairProgress { .. } | Event::CacheRepaired { .. }
+        )),
+        "off by default: {events:?}"
+    );
+    let events = r.handle(Command::SetRepair { enabled: true });
+    assert!(
+        matches!(events.as_slice(), [Event::Notice { message }] if message == "cache repair on")
+    );
+    r.engine.repair_pending(&r.rx);
+    assert!(r
+        .drain()
+        .iter()
+        .any(|e| matches!(e, Event::CacheRepaired { complete: true, .. })));
+}
