@@ -25,6 +25,10 @@ pub enum Command {
     SetRepair { enabled: bool },
     /// Mark the current turn with a note, to find it again in the session file.
     Bookmark { note: String },
+    /// Finish what runs in the background (the last switch's measurement, learning from
+    /// it, a repair that is on) and say so with a notice starting "background work
+    /// done": a headless run sends it last, so that its session holds all of it.
+    Finish,
     /// Stop the engine; it answers with [`Event::ShutDown`].
     Shutdown,
 }
@@ -709,6 +713,7 @@ mod tests {
             Command::Cancel,
             Command::SetReference { enabled: true },
             Command::Bookmark { note: "n".into() },
+            Command::Finish,
             Command::Shutdown,
         ];
         for c in commands {

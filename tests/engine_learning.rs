@@ -236,3 +236,40 @@ fn a_pair_without_saved_statistics_says_it_does_not_learn_and_switches_as_before
         }
     )));
 }
+
+#[test]
+fn finish_waits_for_the_measurement_and_the_learning_a_switch_started() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), true);
+    let r = rig(dir.path(), false, None);
+    r.queue(baton::protocol::Command::Submit {
+        text: common::engine_rig::tiny().chat_text(160, 3),
+    });
+    r.queue(baton::protocol::Command::Switch);
+    r.queue(baton::protocol::Command::Finish);
+    let handle = r.start();
+    let mut seen = Vec::new();
+    loop {
+        let e = handle
+            .events
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("an event within a minute");
+        if let Event::Error { message, .. } = &e {
+            panic!("{message}");
+        }
+        let done = matches!(&e, Event::Notice { message } if message == "background work done");
+        seen.push(e);
+        if done {
+            break;
+        }
+    }
+    assert!(seen.iter().any(|e| matches!(
+        e,
+        Event::SwitchMeasured {
+            metrics: Some(_),
+            ..
+        }
+    )));
+    assert_eq!(learned(&seen).len(), 2, "{seen:?}");
+    handle.shutdown();
+}

@@ -355,6 +355,10 @@ impl Engine {
                 });
                 Ok(())
             }
+            Command::Finish => {
+                self.finish_background(commands);
+                Ok(())
+            }
             Command::Shutdown => {
                 self.shutdown = true;
                 Ok(())
@@ -420,6 +424,23 @@ impl Engine {
     /// Whether a Shutdown was received (or every sender is gone).
     pub fn is_shut_down(&self) -> bool {
         self.shutdown
+    }
+
+    /// Run the pending measurement, wait for learning, and repair (when on) to the end,
+    /// unless a command comes first; then say so.
+    fn finish_background(&mut self, commands: &Receiver<Envelope>) {
+        if self.measurement.is_some() {
+            self.measure(commands, false);
+        }
+        for source in 0..2 {
+            self.finish_learning(source, commands);
+        }
+        if !self.shutdown {
+            self.repair_pending(commands);
+        }
+        self.out.emit(Event::Notice {
+            message: "background work done".into(),
+        });
     }
 
     /// Hand the conversation over, then leave its measurement pending.

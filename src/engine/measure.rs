@@ -194,7 +194,9 @@ impl Engine {
                     Command::Bookmark { .. }
                     | Command::SetReference { .. }
                     | Command::SetRepair { .. } => self.handle(e, commands),
-                    Command::Submit { .. } | Command::Switch => self.queued.push_back(e),
+                    Command::Submit { .. } | Command::Switch | Command::Finish => {
+                        self.queued.push_back(e)
+                    }
                 },
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {

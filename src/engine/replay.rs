@@ -68,6 +68,14 @@ pub fn run_headless(
     script::wait_ready(&handle.events, on_event)?;
     tracing::info!(steps = steps.len(), "running headless steps");
     script::run_steps(steps, &|c| handle.send(c), &handle.events, on_event)?;
+    // What the last switch started (its measurement, learning, a repair) belongs in the
+    // session too.
+    script::run_steps(
+        &[Command::Finish],
+        &|c| handle.send(c),
+        &handle.events,
+        on_event,
+    )?;
     handle.shutdown();
     Ok(())
 }

@@ -208,6 +208,7 @@ fn completes(cmd: &Command, e: &Event) -> bool {
         (Command::SetRepair { .. }, Event::Notice { message }) => {
             message.starts_with("cache repair")
         }
+        (Command::Finish, Event::Notice { message }) => message.starts_with("background work"),
         (_, Event::Error { .. }) => true,
         _ => false,
     }

@@ -38,6 +38,7 @@ fn completes(cmd: &Command, e: &Event) -> bool {
         (Command::SetRepair { .. }, Event::Notice { message }) => {
             message.starts_with("cache repair")
         }
+        (Command::Finish, Event::Notice { message }) => message.starts_with("background work"),
         (Command::Cancel, Event::Notice { .. }) => true,
         (_, Event::Error { .. }) => true,
         _ => false,
@@ -111,7 +112,9 @@ impl App {
             Command::Switch => self.send_switch(),
             Command::SetReference { enabled } => self.set_reference(enabled),
             Command::SetRepair { enabled } => self.set_repair(enabled),
-            Command::Cancel | Command::Bookmark { .. } => vec![Effect::Send(cmd)],
+            Command::Cancel | Command::Bookmark { .. } | Command::Finish => {
+                vec![Effect::Send(cmd)]
+            }
             Command::Shutdown => {
                 self.demo = None;
                 self.quit_now()
