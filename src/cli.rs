@@ -84,6 +84,28 @@ pub enum Command {
     /// one run: source prefill, full and suffix re-prefill, full and suffix map, switch
     /// end to end; with the fitted growth per token and the mapper's FLOPs and bytes.
     Bench(BenchArgs),
+    /// Measure switches over varied text (code, prose, other languages, chat) beside the
+    /// estimates the gate can have without a re-prefill, report their correlation with
+    /// the measured attention cosine and agreement, and keep the line the gate predicts
+    /// the cosine with.
+    GateStudy(GateStudyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct GateStudyArgs {
+    #[command(flatten)]
+    pub pair: PairArgs,
+    /// Switches to measure (at least 50 for a line worth keeping).
+    #[arg(long, default_value_t = 60, value_parser = at_least_one)]
+    pub switches: usize,
+    /// Draw the estimates against the measured cosine (.svg or .png).
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
+    /// Do not keep the fitted line beside the artifact.
+    #[arg(long)]
+    pub no_save: bool,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

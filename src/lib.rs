@@ -9,6 +9,7 @@ pub mod data;
 pub mod engine;
 pub mod eval;
 pub mod fetch;
+pub mod gate;
 pub mod kernels;
 pub mod learn;
 pub mod logging;

@@ -64,6 +64,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Workbench(a)) => workbench_cmd(a, &dev, false),
         Some(Command::Demo(a)) => workbench_cmd(a, &dev, true),
         Some(Command::Bench(a)) => bench_cmd(a, &dev),
+        Some(Command::GateStudy(a)) => gate_study_cmd(a, &dev),
     }
 }
 
@@ -113,6 +114,84 @@ fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> 
         eprintln!("session recorded to {}", p.display());
     }
     Ok(result?)
+}
+
+fn gate_study_cmd(a: cli::GateStudyArgs, dev: &Device) -> Result<()> {
+    use baton::data::corpus;
+    use baton::eval::gate_study;
+    use baton::gate::fit;
+    use baton::mapper::artifact::{self, ModelRef};
+    let (src, tgt) = open_pair(&a.pair.source, &a.pair.target, dev)?;
+    let dir = baton::engine::load::mapper_dir(&a.pair.mapper_dir);
+    let (_, forward) = artifact::open_for(Some(&dir), &src, &tgt)?;
+    let (_, reverse) = artifact::open_for(Some(&dir), &tgt, &src)?;
+    let docs = corpus::read_documents(&corpus::default_files()?)?;
+    let windows = gate_study::study_windows(&tgt, &docs, a.switches)?;
+    eprintln!(
+        "{} switches over {} kinds of text",
+        windows.len(),
+        docs.len() + 1
+    );
+    let anchor = baton::mapper::apply::DEFAULT_ANCHOR;
+    let study = gate_study::study(
+        &src,
+        &tgt,
+        &forward,
+        &reverse,
+        &windows,
+        anchor,
+        &mut |i, s| {
+            eprintln!(
+            "{:>3} {:<24} {:>4} tokens  distance {}  round trip {:.3}  cosine {:.3}  agreement {:.3}",
+            i + 1,
+            s.text,
+            s.tokens,
+            s.feature_distance.map_or("-".into(), |d| format!("{d:.3}")),
+            s.round_trip,
+            s.cosine,
+            s.agreement
+        )
+        },
+    )?;
+    let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:+.3}"));
+    for c in &study.correlations {
+        eprintln!(
+            "{}: with the attention cosine Pearson {} Spearman {}; with next-token agreement Pearson {} Spearman {}",
+            c.estimator,
+            show(c.pearson_cosine),
+            show(c.spearman_cosine),
+            show(c.pearson_agreement),
+            show(c.spearman_agreement)
+        );
+    }
+    match &study.fit {
+        Some(f) => {
+            eprintln!(
+                "gate line: cosine ≈ {:.4} {:+.4} × distance (fitted on {}, checked on {}: r {:.3}, mean absolute error {:.3})",
+                f.intercept, f.slope, f.fitted_on, f.checked_on, f.held_out_r, f.held_out_mae
+            );
+            if !a.no_save {
+                let path = fit::path_in(
+                    &dir,
+                    &ModelRef::new(&src.identity, src.config()),
+                    &ModelRef::new(&tgt.identity, tgt.config()),
+                );
+                fit::save(&path, f)?;
+                eprintln!("kept in {}", path.display());
+            }
+        }
+        None => eprintln!(
+            "no gate line: the mapper has no source statistics (`baton calibrate` refits it)"
+        ),
+    }
+    if let Some(p) = &a.plot {
+        baton::plot::gate::write_gate_plot(&study, p)?;
+        eprintln!("plot written to {}", p.display());
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&study)?);
+    }
+    Ok(())
 }
 
 fn fetch_cmd(a: FetchArgs) -> Result<()> {

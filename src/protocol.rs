@@ -189,6 +189,33 @@ pub struct GateDecision {
     #[serde(with = "float")]
     pub estimate: f64,
     pub used: CacheOrigin,
+    /// Where the estimate came from (absent in sessions before format 1.2).
+    #[serde(default)]
+    pub basis: Option<EstimateBasis>,
+}
+
+/// What a gate's estimate rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EstimateBasis {
+    /// The attention cosine last measured for this direction (reference path on).
+    Measured,
+    /// Predicted from this conversation's feature distance by the gate study's line.
+    Predicted,
+    /// The mapper's calibration cosine, a constant.
+    Calibration,
+}
+
+/// What a switch can say about its fidelity before anything is re-prefilled: how far
+/// the source features handed over lie from the calibration's (mean squared
+/// standardised distance, about 1 on calibration-like text), and the attention cosine
+/// the gate study's line predicts from it, when the pair has one.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SwitchEstimate {
+    #[serde(with = "float")]
+    pub feature_distance: f64,
+    #[serde(default, with = "float::option")]
+    pub predicted_cosine: Option<f64>,
 }
 
 /// What the engine tells its callers; session files record these, one per line.
@@ -264,6 +291,9 @@ pub enum Event {
         gate: Option<GateDecision>,
         #[serde(default)]
         measurement_follows: bool,
+        /// The estimate made without a re-prefill (session format 1.2 on).
+        #[serde(default)]
+        estimate: Option<SwitchEstimate>,
     },
     /// What switch `index` costs against a re-prefill and how faithful its cache is,
     /// measured after its handoff: the whole cache mapped again and timed, the target's
@@ -604,8 +634,13 @@ mod tests {
                     threshold: 0.9,
                     estimate: 0.95,
                     used: CacheOrigin::Mapped,
+                    basis: Some(EstimateBasis::Predicted),
                 }),
                 measurement_follows: false,
+                estimate: Some(SwitchEstimate {
+                    feature_distance: 1.2,
+                    predicted_cosine: Some(0.95),
+                }),
             },
             Event::SwitchMeasured {
                 index: 0,

@@ -106,6 +106,7 @@ fn emitted() -> Vec<Event> {
             metrics: None,
             gate: None,
             measurement_follows: true,
+            estimate: None,
         },
         Event::UserMessage {
             turn: 2,

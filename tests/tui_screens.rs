@@ -164,6 +164,7 @@ fn switch(
             metrics: None,
             gate: None,
             measurement_follows: true,
+            estimate: None,
         },
         Event::SwitchMeasured {
             index,

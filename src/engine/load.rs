@@ -87,6 +87,11 @@ pub struct LoadedMapper {
     /// Whether the artifact holds the source statistics the int8 map needs (older
     /// artifacts map in f32).
     pub has_source_scales: bool,
+    /// The gate study's line from feature distance to attention cosine, when one was
+    /// kept for this pair (`baton gate-study`).
+    pub gate: Option<crate::gate::GateFit>,
+    /// Why a kept line could not be read (it is then not used).
+    pub gate_problem: Option<String>,
 }
 
 pub fn mapper_dir(configured: &Option<PathBuf>) -> PathBuf {
@@ -152,6 +157,14 @@ pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, Eng
     let path = &art.path;
     let (sha, _) = fetch::checksum::sha256_file(path, &fetch::SilentProgress)?;
     let cos = &art.meta.report.cosine;
+    let (sr, tr) = (
+        ModelRef::new(&s.identity, s.config()),
+        ModelRef::new(&t.identity, t.config()),
+    );
+    let (gate, gate_problem) = match crate::gate::fit::load(dir, &sr, &tr) {
+        Ok(g) => (g, None),
+        Err(e) => (None, Some(e.to_string())),
+    };
     Ok(LoadedMapper {
         mapper,
         info: MapperInfo {
@@ -167,5 +180,7 @@ pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, Eng
         calibration_cosine: cos.iter().sum::<f64>() / cos.len().max(1) as f64,
         sequences: art.meta.corpus.sequences,
         has_source_scales: art.source_scales.is_some(),
+        gate,
+        gate_problem,
     })
 }

@@ -206,6 +206,14 @@ pub fn build(
     out.emit(ready);
     let full = crate::calibrate::CalibrateOptions::default().sequences;
     for m in &mappers {
+        if let Some(problem) = &m.gate_problem {
+            out.emit(Event::Notice {
+                message: format!(
+                    "the gate's line for {} -> {} is not used: {problem}",
+                    m.info.source, m.info.target
+                ),
+            });
+        }
         if !m.has_source_scales
             && config.device.is_cpu()
             && crate::model::weights::fast_cpu_kernels()

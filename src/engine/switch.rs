@@ -8,7 +8,9 @@ use crate::eval::fidelity;
 use crate::mapper::CacheMapper;
 use crate::metrics::QueryGram;
 use crate::model::{KvCache, Model};
-use crate::protocol::{CacheOrigin, Event, GateDecision, SwitchMetrics, SwitchTimings};
+use crate::protocol::{
+    CacheOrigin, EstimateBasis, Event, GateDecision, SwitchEstimate, SwitchMetrics, SwitchTimings,
+};
 use candle_core::Tensor;
 use std::time::Instant;
 
@@ -47,8 +49,23 @@ impl Engine {
             });
             return Ok(None);
         }
+        // The gate needs the estimate before it decides; otherwise it is made after the
+        // handoff is timed, so that it never counts as part of the switch.
+        let mut estimate = None;
+        if self.settings.gate.is_some() {
+            estimate = self.estimate(a, n)?;
+        }
         let gate = self.settings.gate.map(|threshold| {
-            let estimate = self.measured_cosine[a].unwrap_or(self.mappers[a].calibration_cosine);
+            let predicted = estimate.and_then(|e: SwitchEstimate| e.predicted_cosine);
+            let measured = self.measured_cosine[a].filter(|_| self.settings.reference);
+            let (estimate, basis) = match (measured, predicted) {
+                (Some(m), _) => (m, EstimateBasis::Measured),
+                (None, Some(p)) => (p, EstimateBasis::Predicted),
+                (None, None) => (
+                    self.mappers[a].calibration_cosine,
+                    EstimateBasis::Calibration,
+                ),
+            };
             let used = if estimate < threshold {
                 CacheOrigin::Reprefilled
             } else {
@@ -58,6 +75,7 @@ impl Engine {
                 threshold,
                 estimate,
                 used,
+                basis: Some(basis),
             }
         });
         let reprefill = gate.is_some_and(|g| g.used == CacheOrigin::Reprefilled);
@@ -121,6 +139,9 @@ impl Engine {
             sb.origin = CacheOrigin::Mapped;
         }
         let handoff_ms = synced_ms(sb.model.decoder.device(), t_handoff);
+        if estimate.is_none() {
+            estimate = self.estimate(a, n)?;
+        }
         let timings = SwitchTimings {
             source_prefill_ms: None,
             map_full_ms: None,
@@ -144,6 +165,7 @@ impl Engine {
             metrics: None,
             gate,
             measurement_follows: true,
+            estimate,
         });
         Ok(Some(Handoff {
             index,
@@ -154,6 +176,28 @@ impl Engine {
             own_prefix,
             reprefilled: reprefill,
             timings,
+        }))
+    }
+}
+
+impl Engine {
+    /// What slot `source`'s first `n` positions say about the map before any re-prefill:
+    /// their feature distance past the anchor, and the cosine the gate's line predicts.
+    fn estimate(&self, source: usize, n: usize) -> Result<Option<SwitchEstimate>, EngineError> {
+        let m = &self.mappers[source];
+        let slot = &self.slots[source];
+        let from = self.settings.anchor.min(n);
+        let distance = crate::gate::feature_distance(
+            &m.mapper,
+            &slot.primary,
+            slot.model.decoder.rope(),
+            from,
+            n,
+        )
+        .map_err(|e| EngineError::Internal(format!("the gate's estimate: {e}")))?;
+        Ok(distance.map(|d| SwitchEstimate {
+            feature_distance: d,
+            predicted_cosine: m.gate.as_ref().map(|g| g.predict(d)),
         }))
     }
 }

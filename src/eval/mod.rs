@@ -7,6 +7,7 @@
 
 mod error;
 pub mod fidelity;
+pub mod gate_study;
 pub mod recall;
 pub mod report;
 pub mod run;

@@ -170,6 +170,12 @@ impl CacheMapper {
     }
 
     /// The precision maps actually run in.
+    /// The calibration's means and spreads of the source features, when the artifact
+    /// holds them.
+    pub fn source_scales(&self) -> Option<&SourceScales> {
+        self.scales.as_deref()
+    }
+
     pub fn precision(&self) -> MapPrecision {
         if self.packed.is_some() {
             MapPrecision::Int8

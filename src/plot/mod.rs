@@ -5,6 +5,7 @@
 //! font library.
 
 pub mod bench;
+pub mod gate;
 pub mod session;
 
 pub use bench::{render_bench_svg, write_bench_plot, BenchSeries};

@@ -114,8 +114,10 @@ pub fn events() -> Vec<Event> {
                 threshold: 0.5,
                 estimate: 0.8,
                 used: CacheOrigin::Mapped,
+                basis: None,
             }),
             measurement_follows: false,
+            estimate: None,
         },
         Event::UserMessage {
             turn: 2,
@@ -179,8 +181,10 @@ pub fn events() -> Vec<Event> {
                 threshold: 0.5,
                 estimate: 0.4,
                 used: CacheOrigin::Reprefilled,
+                basis: None,
             }),
             measurement_follows: false,
+            estimate: None,
         },
         Event::UserMessage {
             turn: 4,
@@ -231,6 +235,7 @@ pub fn measured_later(events: Vec<Event>) -> Vec<Event> {
                     metrics: None,
                     gate,
                     measurement_follows: true,
+                    estimate: None,
                 });
                 waiting = Some(Event::SwitchMeasured {
                     index,

@@ -134,6 +134,11 @@ pub struct SwitchRow {
     pub top1_agreement: Option<f64>,
     pub kl: Option<f64>,
     pub gate: Option<GateDecision>,
+    /// The estimate the switch had before any re-prefill (see `SwitchEstimate`).
+    #[serde(default)]
+    pub feature_distance: Option<f64>,
+    #[serde(default)]
+    pub predicted_cosine: Option<f64>,
 }
 
 /// The session at a glance. Means are over the rows that have the value.
@@ -236,6 +241,7 @@ impl Report {
                     metrics,
                     gate,
                     measurement_follows,
+                    estimate,
                 } => {
                     let mut row = SwitchRow {
                         index: *index,
@@ -258,6 +264,8 @@ impl Report {
                         top1_agreement: None,
                         kl: None,
                         gate: *gate,
+                        feature_distance: estimate.map(|e| e.feature_distance),
+                        predicted_cosine: estimate.and_then(|e| e.predicted_cosine),
                     };
                     row.measure(timings, metrics.as_ref());
                     switches.push(row);

@@ -84,7 +84,7 @@ impl Display for Report {
     }
 }
 
-const SWITCH_COLUMNS: [&str; 16] = [
+const SWITCH_COLUMNS: [&str; 17] = [
     "#",
     "turn",
     "from -> to",
@@ -99,6 +99,7 @@ const SWITCH_COLUMNS: [&str; 16] = [
     "end to end ms",
     "cos mean",
     "cos min",
+    "cos predicted",
     "top-1",
     "KL",
 ];
@@ -119,6 +120,7 @@ fn switch_cells(s: &SwitchRow) -> Vec<String> {
         num(Some(s.end_to_end_ms), 0),
         num(s.cosine_mean, 3),
         num(s.cosine_min, 3),
+        num(s.predicted_cosine, 3),
         num(s.top1_agreement, 3),
         num(s.kl, 3),
     ];
@@ -134,7 +136,16 @@ fn gate(g: &GateDecision) -> String {
         CacheOrigin::Reprefilled => ("re-prefilled", "<"),
         CacheOrigin::True => ("own cache", "vs"),
     };
-    format!("gate: {used} ({:.3} {cmp} {:.3})", g.estimate, g.threshold)
+    let basis = match g.basis {
+        Some(crate::protocol::EstimateBasis::Measured) => ", measured",
+        Some(crate::protocol::EstimateBasis::Predicted) => ", predicted",
+        Some(crate::protocol::EstimateBasis::Calibration) => ", calibration",
+        None => "",
+    };
+    format!(
+        "gate: {used} ({:.3} {cmp} {:.3}{basis})",
+        g.estimate, g.threshold
+    )
 }
 
 const LEARNING_COLUMNS: [&str; 10] = [

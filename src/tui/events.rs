@@ -118,6 +118,7 @@ impl App {
                 metrics,
                 gate,
                 measurement_follows,
+                estimate,
             } => {
                 self.repaired = None;
                 self.switches_pending = self.switches_pending.saturating_sub(1);
@@ -133,6 +134,7 @@ impl App {
                     timings: *timings,
                     metrics: metrics.clone(),
                     gate: *gate,
+                    estimate: *estimate,
                     follow_up: None,
                     measure: if *measurement_follows {
                         Measure::Pending

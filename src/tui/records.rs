@@ -154,6 +154,7 @@ pub(crate) struct SwitchRecord {
     pub timings: SwitchTimings,
     pub metrics: Option<SwitchMetrics>,
     pub gate: Option<GateDecision>,
+    pub estimate: Option<crate::protocol::SwitchEstimate>,
     pub follow_up: Option<FollowUp>,
     pub measure: Measure,
 }

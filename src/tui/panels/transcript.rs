@@ -152,6 +152,13 @@ fn switch_line(s: &SwitchRecord) -> String {
     if let Some(x) = t.speedup_full() {
         text.push_str(&format!(" · {} faster", fmt_factor(x)));
     }
+    let predicted = s.estimate.and_then(|e| e.predicted_cosine);
+    match (s.metrics.as_ref().and_then(|m| m.cosine_mean()), predicted) {
+        (Some(m), Some(p)) => text.push_str(&format!(" · cosine {m:.3} (predicted {p:.3})")),
+        (Some(m), None) => text.push_str(&format!(" · cosine {m:.3}")),
+        (None, Some(p)) => text.push_str(&format!(" · predicted cosine {p:.3}")),
+        (None, None) => {}
+    }
     if let Some(g) = s.gate {
         if g.used == CacheOrigin::Reprefilled {
             text.push_str(&format!(

@@ -30,6 +30,7 @@ fn handoff_event() -> Event {
             metrics: None,
             gate,
             measurement_follows: true,
+            estimate: None,
         },
         other => other,
     }

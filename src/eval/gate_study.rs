@@ -1,0 +1,214 @@
+//! The gate study: switches over varied text (each file of the calibration corpus's
+//! held-out split, and the same prose wrapped in the chat template), each measured as a
+//! switch is (attention-output cosine of the handed-over cache against the target's own,
+//! next-token agreement on the text that follows) beside the estimates the gate can have
+//! without a re-prefill ([`crate::gate`]). It reports how well each estimate follows the
+//! measured values and fits the line the gate predicts the cosine with.
+
+use super::text::{eval_text, TextEvalOptions};
+use super::EvalError;
+use crate::data::corpus::{self, Document, Split};
+use crate::gate::fit::{self, GateFit};
+use crate::gate::{feature_distance, round_trip};
+use crate::mapper::artifact::ModelRef;
+use crate::mapper::CacheMapper;
+use crate::model::{ForwardOptions, Logits, Model};
+use crate::text::ChatMessage;
+use serde::{Deserialize, Serialize};
+
+/// Prefix lengths taken in turn: conversations of several sizes.
+pub const PREFIXES: [usize; 3] = [128, 256, 512];
+/// Tokens after the prefix the next-token agreement is measured on.
+pub const CONTINUATION: usize = 32;
+
+/// One number read off a measured switch.
+type Reading = dyn Fn(&StudySwitch) -> Option<f64>;
+
+/// One measured switch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StudySwitch {
+    /// Which text it came from (a corpus file, or `chat:` and one).
+    pub text: String,
+    pub tokens: usize,
+    pub feature_distance: Option<f64>,
+    pub round_trip: f64,
+    /// Mean over target layers of the attention-output cosine at the prefix's probes.
+    pub cosine: f64,
+    /// Teacher-forced top-1 agreement of the mapped cache with the target's own on the
+    /// continuation.
+    pub agreement: f64,
+}
+
+/// How well one estimate follows the measured values, over every switch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Correlation {
+    pub estimator: String,
+    pub pearson_cosine: Option<f64>,
+    pub spearman_cosine: Option<f64>,
+    pub pearson_agreement: Option<f64>,
+    pub spearman_agreement: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateStudy {
+    pub direction: String,
+    pub switches: Vec<StudySwitch>,
+    pub correlations: Vec<Correlation>,
+    /// The line from `feature_distance` to the cosine (even switches fitted, odd ones
+    /// checked); `None` when the mapper has no source statistics.
+    pub fit: Option<GateFit>,
+}
+
+/// Token windows of every kind the study covers, `count` in all, taken in turn: each
+/// corpus file's held-out part, and prose as a chat user message.
+pub fn study_windows(
+    tgt: &Model,
+    docs: &[Document],
+    count: usize,
+) -> Result<Vec<(String, Vec<u32>)>, EvalError> {
+    let longest = PREFIXES[PREFIXES.len() - 1] + CONTINUATION;
+    let per_kind = count.div_ceil(docs.len() + 1).max(1);
+    let mut kinds: Vec<Vec<(String, Vec<u32>)>> = Vec::new();
+    for d in docs {
+        let one = std::slice::from_ref(d);
+        let w = corpus::windows(one, &tgt.tokenizer, Split::Eval, longest, per_kind)?;
+        kinds.push(w.into_iter().map(|w| (d.name.clone(), w)).collect());
+    }
+    if let (Some(template), Some(first)) = (tgt.template.as_ref(), docs.first()) {
+        let one = std::slice::from_ref(first);
+        let w = corpus::windows(one, &tgt.tokenizer, Split::Eval, longest, per_kind)?;
+        let mut chat = Vec::new();
+        for ids in w {
+            let text = tgt.tokenizer.decode(&ids)?;
+            let rendered = template
+                .render_ids(&tgt.tokenizer, &[ChatMessage::user(text)], true)
+                .map_err(|e| EvalError::Input(e.to_string()))?;
+            if rendered.len() >= longest {
+                chat.push((format!("chat:{}", first.name), rendered));
+            }
+        }
+        kinds.push(chat);
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut iters: Vec<_> = kinds.into_iter().map(Vec::into_iter).collect();
+    while out.len() < count {
+        let before = out.len();
+        for it in iters.iter_mut() {
+            if out.len() < count {
+                if let Some(w) = it.next() {
+                    out.push(w);
+                }
+            }
+        }
+        if out.len() == before {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Measure each window as a switch `src -> tgt` with `forward`, beside the estimates
+/// (`reverse` maps back for the round trip). `anchor` as the engine hands over.
+pub fn study(
+    src: &Model,
+    tgt: &Model,
+    forward: &CacheMapper,
+    reverse: &CacheMapper,
+    windows: &[(String, Vec<u32>)],
+    anchor: usize,
+    on_switch: &mut dyn FnMut(usize, &StudySwitch),
+) -> Result<GateStudy, EvalError> {
+    let mut switches = Vec::with_capacity(windows.len());
+    for (i, (text, w)) in windows.iter().enumerate() {
+        let p = PREFIXES[i % PREFIXES.len()].min(w.len().saturating_sub(CONTINUATION));
+        let prefix = &w[..p];
+        let mut cache = src.decoder.new_cache();
+        src.decoder.forward(
+            prefix,
+            &mut cache,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: vec![],
+            },
+        )?;
+        let rope = src.decoder.rope();
+        let distance = feature_distance(forward, &cache, rope, anchor.min(p), p)
+            .map_err(|e| EvalError::Input(e.to_string()))?;
+        let trip = round_trip(forward, reverse, &cache, prefix, rope, tgt.decoder.rope())
+            .map_err(|e| EvalError::Input(e.to_string()))?;
+        let opts = TextEvalOptions {
+            prefix: p,
+            continuation: CONTINUATION,
+            probes: 32,
+            anchor,
+            tail: 0,
+        };
+        let r = eval_text(src, tgt, forward, &[w[..p + CONTINUATION].to_vec()], &opts)?;
+        let s = StudySwitch {
+            text: text.clone(),
+            tokens: p,
+            feature_distance: distance,
+            round_trip: trip,
+            cosine: super::text::TextEval::mean(&r.cosine_prefix),
+            agreement: r.scores.agreement.top1,
+        };
+        on_switch(i, &s);
+        switches.push(s);
+    }
+    let pick = |f: &dyn Fn(&StudySwitch) -> Option<f64>, y: &dyn Fn(&StudySwitch) -> f64| {
+        switches
+            .iter()
+            .filter_map(|s| f(s).map(|x| (x, y(s))))
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .collect::<Vec<(f64, f64)>>()
+    };
+    let estimators: [(&str, &Reading); 2] = [
+        ("feature_distance", &|s| s.feature_distance),
+        ("round_trip", &|s| Some(s.round_trip)),
+    ];
+    let correlations = estimators
+        .iter()
+        .map(|(name, f)| {
+            let c = pick(*f, &|s| s.cosine);
+            let a = pick(*f, &|s| s.agreement);
+            Correlation {
+                estimator: name.to_string(),
+                pearson_cosine: fit::pearson(&c),
+                spearman_cosine: fit::spearman(&c),
+                pearson_agreement: fit::pearson(&a),
+                spearman_agreement: fit::spearman(&a),
+            }
+        })
+        .collect();
+    let points = pick(&|s| s.feature_distance, &|s| s.cosine);
+    let (fit_half, check_half): (Vec<_>, Vec<_>) =
+        points.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let fit_half: Vec<(f64, f64)> = fit_half.into_iter().map(|(_, p)| *p).collect();
+    let check_half: Vec<(f64, f64)> = check_half.into_iter().map(|(_, p)| *p).collect();
+    let fit = fit::line(&fit_half).map(|(a, b)| {
+        let mae = check_half
+            .iter()
+            .map(|(x, y)| ((a + b * x).clamp(-1.0, 1.0) - y).abs())
+            .sum::<f64>()
+            / check_half.len().max(1) as f64;
+        GateFit {
+            format: fit::FORMAT.into(),
+            version: fit::VERSION,
+            source: ModelRef::new(&src.identity, src.config()),
+            target: ModelRef::new(&tgt.identity, tgt.config()),
+            estimator: "feature_distance".into(),
+            intercept: a,
+            slope: b,
+            fitted_on: fit_half.len(),
+            checked_on: check_half.len(),
+            held_out_r: fit::pearson(&check_half).unwrap_or(f64::NAN),
+            held_out_mae: mae,
+        }
+    });
+    Ok(GateStudy {
+        direction: format!("{} -> {}", src.identity.name, tgt.identity.name),
+        switches,
+        correlations,
+        fit,
+    })
+}

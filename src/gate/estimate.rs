@@ -1,0 +1,140 @@
+//! The two per-switch estimates (see the module above).
+
+use super::GateError;
+use crate::mapper::features::layer_features;
+use crate::mapper::CacheMapper;
+use crate::model::rope::Rope;
+use crate::model::KvCache;
+use candle_core::Tensor;
+
+/// Positions read per estimate at most: spread evenly, enough to steady a mean.
+pub const MAX_POSITIONS: usize = 256;
+
+/// Source layers the maps read (the token block's pieces are not cache layers).
+fn layers_read(mapper: &CacheMapper) -> Vec<usize> {
+    let mut layers: Vec<usize> = mapper
+        .keys
+        .iter()
+        .chain(&mapper.values)
+        .flat_map(|m| m.sources.iter().copied())
+        .filter(|&s| s < mapper.source.n_layer)
+        .collect();
+    layers.sort_unstable();
+    layers.dedup();
+    layers
+}
+
+fn stride_for(n: usize) -> usize {
+    n.div_ceil(MAX_POSITIONS).max(1)
+}
+
+/// Mean of `((x − μ) / σ)²` over positions `start..end` of `src` and every feature the
+/// maps read, keys and values, under the calibration's means and spreads; `None` when
+/// the mapper has none (artifacts older than them) or the range is empty.
+pub fn feature_distance(
+    mapper: &CacheMapper,
+    src: &KvCache,
+    rope: &Rope,
+    start: usize,
+    end: usize,
+) -> Result<Option<f64>, GateError> {
+    let Some(scales) = mapper.source_scales() else {
+        return Ok(None);
+    };
+    if end <= start || end > src.len() {
+        return Ok(None);
+    }
+    let d = mapper.source.n_kv_head * mapper.source.head_dim;
+    let stride = stride_for(end - start);
+    let (mut sum, mut count) = (0.0f64, 0usize);
+    for s in layers_read(mapper) {
+        let f = layer_features(src, rope, s, start, end, stride)?;
+        let pairs = [
+            (&f.k, &scales.key_mean, &scales.key_std),
+            (&f.v, &scales.value_mean, &scales.value_std),
+        ];
+        for (x, mean, std) in pairs {
+            let rows: Vec<Vec<f32>> = x.to_dtype(candle_core::DType::F32)?.to_vec2()?;
+            let (Some(mean), Some(std)) =
+                (mean.get(s * d..(s + 1) * d), std.get(s * d..(s + 1) * d))
+            else {
+                return Ok(None);
+            };
+            for row in rows {
+                for ((v, m), sd) in row.iter().zip(mean).zip(std) {
+                    // A feature that never moved in calibration says nothing here.
+                    if *sd > 1e-6 {
+                        let z = f64::from((v - m) / sd);
+                        sum += z * z;
+                        count += 1;
+                    }
+                }
+            }
+        }
+    }
+    Ok((count > 0).then(|| sum / count as f64))
+}
+
+/// Mean cosine, over sampled positions and every source layer, between `src`'s own
+/// un-rotated keys and values and what mapping them to the target with `forward` and
+/// back with `reverse` gives; `tokens` are the ids `src` holds.
+pub fn round_trip(
+    forward: &CacheMapper,
+    reverse: &CacheMapper,
+    src: &KvCache,
+    tokens: &[u32],
+    src_rope: &Rope,
+    tgt_rope: &Rope,
+) -> Result<f64, GateError> {
+    let there = forward.map_cache(src, tokens, src_rope, tgt_rope)?;
+    let back = reverse.map_cache(&there, tokens, tgt_rope, src_rope)?;
+    let n = src.len();
+    let stride = stride_for(n);
+    let (mut sum, mut count) = (0.0f64, 0usize);
+    for l in 0..forward.source.n_layer {
+        let a = layer_features(src, src_rope, l, 0, n, stride)?;
+        let b = layer_features(&back, src_rope, l, 0, n, stride)?;
+        for (x, y) in [(&a.k, &b.k), (&a.v, &b.v)] {
+            let c = row_cosines(x, y)?;
+            sum += c.iter().map(|&v| f64::from(v)).sum::<f64>();
+            count += c.len();
+        }
+    }
+    Ok(sum / count.max(1) as f64)
+}
+
+/// Cosine of each row of `a` with the same row of `b` ([n, d] each).
+fn row_cosines(a: &Tensor, b: &Tensor) -> Result<Vec<f32>, GateError> {
+    let a = a.to_dtype(candle_core::DType::F32)?;
+    let b = b.to_dtype(candle_core::DType::F32)?;
+    let dot = (&a * &b)?.sum(1)?;
+    let na = a.sqr()?.sum(1)?.sqrt()?;
+    let nb = b.sqr()?.sum(1)?.sqrt()?;
+    let c = (dot / ((na * nb)? + 1e-12)?)?;
+    Ok(c.to_vec1()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn row_cosines_are_one_for_equal_rows_and_minus_one_for_opposite_ones() {
+        let a = Tensor::new(&[[1.0f32, 2.0], [3.0, -1.0]], &Device::Cpu).unwrap();
+        let b = Tensor::new(&[[2.0f32, 4.0], [-3.0, 1.0]], &Device::Cpu).unwrap();
+        let c = row_cosines(&a, &b).unwrap();
+        assert!(
+            (c[0] - 1.0).abs() < 1e-6 && (c[1] + 1.0).abs() < 1e-6,
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn the_stride_keeps_at_most_max_positions() {
+        for n in [1, 255, 256, 257, 1000, 5000] {
+            let s = stride_for(n);
+            assert!(n.div_ceil(s) <= MAX_POSITIONS, "{n} {s}");
+        }
+    }
+}

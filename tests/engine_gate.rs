@@ -1,0 +1,163 @@
+//! The gate's estimate without a re-prefill, on two tiny chat models generated here: every
+//! switch carries the feature distance of what it hands over; with a line kept for the
+//! pair the gate predicts the cosine from it and decides on that when the reference path
+//! is off; the gate study measures switches beside both estimates and fits that line.
+
+mod common;
+
+use baton::eval::gate_study;
+use baton::gate::fit::{self, GateFit};
+use baton::mapper::artifact::{self, ModelRef};
+use baton::protocol::{CacheOrigin, Command, EstimateBasis, Event};
+use common::engine_rig::{models, rig_with, tiny, write_pair};
+use std::path::Path;
+
+fn keep_line(dir: &Path, intercept: f64, slope: f64) {
+    let (a, b) = models(dir);
+    let (sr, tr) = (
+        ModelRef::new(&a.identity, a.config()),
+        ModelRef::new(&b.identity, b.config()),
+    );
+    let f = GateFit {
+        format: fit::FORMAT.into(),
+        version: fit::VERSION,
+        source: sr.clone(),
+        target: tr.clone(),
+        estimator: "feature_distance".into(),
+        intercept,
+        slope,
+        fitted_on: 30,
+        checked_on: 30,
+        held_out_r: -0.5,
+        held_out_mae: 0.05,
+    };
+    fit::save(&fit::path_in(&dir.join("mappers"), &sr, &tr), &f).unwrap();
+}
+
+/// The switch a -> b after one long message, with the reference path off.
+fn switch_once(dir: &Path, gate: Option<f64>) -> Event {
+    let mut r = rig_with(dir, |c| {
+        c.settings.reference = false;
+        c.settings.gate = gate;
+    });
+    let _ = r.handle(Command::Submit {
+        text: tiny().chat_text(120, 3),
+    });
+    r.handle(Command::Switch)
+        .into_iter()
+        .find(|e| matches!(e, Event::Switch { .. }))
+        .expect("a switch")
+}
+
+#[test]
+fn every_switch_says_how_far_its_features_lie_from_the_calibrations() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let Event::Switch {
+        estimate: Some(e),
+        gate: None,
+        ..
+    } = switch_once(dir.path(), None)
+    else {
+        panic!("an estimate on every switch");
+    };
+    // Calibration-like text sits near 1 by construction of the standardisation.
+    assert!(
+        e.feature_distance.is_finite() && e.feature_distance > 0.2 && e.feature_distance < 5.0,
+        "{e:?}"
+    );
+    assert_eq!(e.predicted_cosine, None, "no line kept for the pair yet");
+}
+
+#[test]
+fn with_a_kept_line_the_gate_decides_on_the_predicted_cosine_when_the_reference_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    // cosine = 1.5 - 0.5 × distance: with the distance near 1, about 1.0.
+    keep_line(dir.path(), 1.5, -0.5);
+    let Event::Switch {
+        estimate: Some(e),
+        gate: Some(g),
+        ..
+    } = switch_once(dir.path(), Some(0.2))
+    else {
+        panic!("a gated switch");
+    };
+    let p = e.predicted_cosine.expect("a prediction");
+    assert!((p - (1.5 - 0.5 * e.feature_distance).clamp(-1.0, 1.0)).abs() < 1e-12);
+    assert_eq!(g.basis, Some(EstimateBasis::Predicted));
+    assert_eq!(g.estimate, p);
+    assert_eq!(g.used, CacheOrigin::Mapped, "{p} clears 0.2");
+    // A threshold above the prediction re-prefills instead.
+    let Event::Switch { gate: Some(g), .. } = switch_once(dir.path(), Some(p + 0.01)) else {
+        panic!()
+    };
+    assert_eq!(g.used, CacheOrigin::Reprefilled);
+}
+
+#[test]
+fn a_line_for_other_models_is_refused_by_name_and_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    keep_line(dir.path(), 1.5, -0.5);
+    let (a, b) = models(dir.path());
+    let path = fit::path_in(
+        &dir.path().join("mappers"),
+        &ModelRef::new(&a.identity, a.config()),
+        &ModelRef::new(&b.identity, b.config()),
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace(&a.identity.sha256, "0000")).unwrap();
+    let mut r = rig_with(dir.path(), |c| c.settings.reference = false);
+    let said = r.drain();
+    assert!(
+        said.iter().any(|e| matches!(e, Event::Notice { message }
+            if message.contains("other models") && message.contains("gate-study"))),
+        "{said:?}"
+    );
+    let _ = r.handle(Command::Submit {
+        text: tiny().chat_text(120, 3),
+    });
+    let events = r.handle(Command::Switch);
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, Event::Switch { estimate: Some(x), .. }
+        if x.predicted_cosine.is_none())));
+}
+
+#[test]
+fn the_study_measures_each_switch_beside_both_estimates_and_fits_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let (a, b) = models(dir.path());
+    let mappers = dir.path().join("mappers");
+    let (_, forward) = artifact::open_for(Some(&mappers), &a, &b).unwrap();
+    let (_, reverse) = artifact::open_for(Some(&mappers), &b, &a).unwrap();
+    let docs: Vec<baton::data::corpus::Document> = (0..2)
+        .map(|i| baton::data::corpus::Document {
+            name: format!("d{i}"),
+            text: tiny().text(20000, 40 + i),
+        })
+        .collect();
+    let windows = gate_study::study_windows(&b, &docs, 9).unwrap();
+    assert_eq!(windows.len(), 9);
+    assert!(
+        windows.iter().any(|(t, _)| t.starts_with("chat:")),
+        "chat-shaped text too"
+    );
+    let mut seen = 0;
+    let s = gate_study::study(&a, &b, &forward, &reverse, &windows, 1, &mut |_, _| {
+        seen += 1
+    })
+    .unwrap();
+    assert_eq!((seen, s.switches.len()), (9, 9));
+    for w in &s.switches {
+        assert!(w.feature_distance.is_some_and(|d| d.is_finite() && d > 0.0));
+        assert!(w.round_trip > -1.0 && w.round_trip <= 1.0 + 1e-6);
+        assert!(w.cosine.is_finite() && (0.0..=1.0).contains(&w.agreement));
+    }
+    assert_eq!(s.correlations.len(), 2);
+    let f = s.fit.expect("a line");
+    assert_eq!((f.fitted_on, f.checked_on), (5, 4));
+    assert!(f.held_out_mae.is_finite());
+}
