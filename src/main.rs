@@ -142,12 +142,12 @@ fn gate_study_cmd(a: cli::GateStudyArgs, dev: &Device) -> Result<()> {
         anchor,
         &mut |i, s| {
             eprintln!(
-            "{:>3} {:<24} {:>4} tokens  distance {}  round trip {:.3}  cosine {:.3}  agreement {:.3}",
+            "{:>3} {:<24} {:>4} tokens  distance {}  round trip {}  cosine {:.3}  agreement {:.3}",
             i + 1,
             s.text,
             s.tokens,
             s.feature_distance.map_or("-".into(), |d| format!("{d:.3}")),
-            s.round_trip,
+            s.round_trip.map_or("-".into(), |d| format!("{d:.3}")),
             s.cosine,
             s.agreement
         )
@@ -164,12 +164,15 @@ fn gate_study_cmd(a: cli::GateStudyArgs, dev: &Device) -> Result<()> {
             show(c.spearman_agreement)
         );
     }
+    for f in &study.lines {
+        eprintln!(
+            "line from {}: cosine ≈ {:.4} {:+.4} × estimate (fitted on {}, checked on {}: r {:.3}, mean absolute error {:.3})",
+            f.estimator, f.intercept, f.slope, f.fitted_on, f.checked_on, f.held_out_r, f.held_out_mae
+        );
+    }
     match &study.fit {
         Some(f) => {
-            eprintln!(
-                "gate line: cosine ≈ {:.4} {:+.4} × distance (fitted on {}, checked on {}: r {:.3}, mean absolute error {:.3})",
-                f.intercept, f.slope, f.fitted_on, f.checked_on, f.held_out_r, f.held_out_mae
-            );
+            eprintln!("the gate keeps the line from {}", f.estimator);
             if !a.no_save {
                 let path = fit::path_in(
                     &dir,
@@ -180,9 +183,7 @@ fn gate_study_cmd(a: cli::GateStudyArgs, dev: &Device) -> Result<()> {
                 eprintln!("kept in {}", path.display());
             }
         }
-        None => eprintln!(
-            "no gate line: the mapper has no source statistics (`baton calibrate` refits it)"
-        ),
+        None => eprintln!("no gate line: too few switches to fit one"),
     }
     if let Some(p) = &a.plot {
         baton::plot::gate::write_gate_plot(&study, p)?;

@@ -206,14 +206,17 @@ pub enum EstimateBasis {
     Calibration,
 }
 
-/// What a switch can say about its fidelity before anything is re-prefilled: how far
-/// the source features handed over lie from the calibration's (mean squared
-/// standardised distance, about 1 on calibration-like text), and the attention cosine
-/// the gate study's line predicts from it, when the pair has one.
+/// What a switch can say about its fidelity before anything is re-prefilled (see
+/// `crate::gate`): how far the source features handed over lie from the calibration's
+/// (mean squared standardised distance, about 1 on calibration-like text), how well the
+/// newest of them survive a map to the target and back (cosine), and the attention
+/// cosine the gate study's line predicts from one of them, when the pair has a line.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SwitchEstimate {
-    #[serde(with = "float")]
-    pub feature_distance: f64,
+    #[serde(default, with = "float::option")]
+    pub feature_distance: Option<f64>,
+    #[serde(default, with = "float::option")]
+    pub round_trip: Option<f64>,
     #[serde(default, with = "float::option")]
     pub predicted_cosine: Option<f64>,
 }
@@ -317,6 +320,10 @@ pub enum Event {
         yielded_to: Vec<u32>,
         #[serde(default)]
         stopped: Option<String>,
+        /// The estimate made without a re-prefill, when the switch itself did not need
+        /// one (no gate): made here, off the handoff, next to what was measured.
+        #[serde(default)]
+        estimate: Option<SwitchEstimate>,
     },
     /// The mapped path's answer against the reference path's, for a turn after a switch.
     TurnComparison {
@@ -638,7 +645,8 @@ mod tests {
                 }),
                 measurement_follows: false,
                 estimate: Some(SwitchEstimate {
-                    feature_distance: 1.2,
+                    feature_distance: Some(1.2),
+                    round_trip: Some(0.93),
                     predicted_cosine: Some(0.95),
                 }),
             },
@@ -649,6 +657,7 @@ mod tests {
                 metrics: None,
                 yielded_to: vec![2],
                 stopped: Some("cancelled".into()),
+                estimate: None,
             },
             Event::TurnComparison {
                 turn: 2,

@@ -12,7 +12,7 @@ use baton::protocol::{CacheOrigin, Command, EstimateBasis, Event};
 use common::engine_rig::{models, rig_with, tiny, write_pair};
 use std::path::Path;
 
-fn keep_line(dir: &Path, intercept: f64, slope: f64) {
+fn keep_line(dir: &Path, estimator: &str, intercept: f64, slope: f64) {
     let (a, b) = models(dir);
     let (sr, tr) = (
         ModelRef::new(&a.identity, a.config()),
@@ -23,7 +23,7 @@ fn keep_line(dir: &Path, intercept: f64, slope: f64) {
         version: fit::VERSION,
         source: sr.clone(),
         target: tr.clone(),
-        estimator: "feature_distance".into(),
+        estimator: estimator.into(),
         intercept,
         slope,
         fitted_on: 30,
@@ -50,22 +50,40 @@ fn switch_once(dir: &Path, gate: Option<f64>) -> Event {
 }
 
 #[test]
-fn every_switch_says_how_far_its_features_lie_from_the_calibrations() {
+fn every_switch_is_estimated_and_without_a_gate_off_the_handoff() {
     let dir = tempfile::tempdir().unwrap();
     write_pair(dir.path(), false);
-    let Event::Switch {
-        estimate: Some(e),
-        gate: None,
-        ..
-    } = switch_once(dir.path(), None)
+    let mut r = rig_with(dir.path(), |c| c.settings.reference = false);
+    let _ = r.handle(Command::Submit {
+        text: tiny().chat_text(120, 3),
+    });
+    let handoff = r.handle(Command::Switch);
+    assert!(
+        handoff.iter().any(|e| matches!(
+            e,
+            Event::Switch {
+                estimate: None,
+                gate: None,
+                ..
+            }
+        )),
+        "the handoff does not wait for it: {handoff:?}"
+    );
+    r.engine.measure_pending(&r.rx);
+    let measured = r.drain();
+    let Some(Event::SwitchMeasured {
+        estimate: Some(e), ..
+    }) = measured.first()
     else {
-        panic!("an estimate on every switch");
+        panic!("the measurement brings it: {measured:?}");
     };
     // Calibration-like text sits near 1 by construction of the standardisation.
-    assert!(
-        e.feature_distance.is_finite() && e.feature_distance > 0.2 && e.feature_distance < 5.0,
-        "{e:?}"
-    );
+    let d = e
+        .feature_distance
+        .expect("the mapper has source statistics");
+    assert!(d.is_finite() && d > 0.2 && d < 5.0, "{e:?}");
+    let r = e.round_trip.expect("a round trip");
+    assert!(r > -1.0 && r <= 1.0 + 1e-6, "{e:?}");
     assert_eq!(e.predicted_cosine, None, "no line kept for the pair yet");
 }
 
@@ -74,7 +92,7 @@ fn with_a_kept_line_the_gate_decides_on_the_predicted_cosine_when_the_reference_
     let dir = tempfile::tempdir().unwrap();
     write_pair(dir.path(), false);
     // cosine = 1.5 - 0.5 × distance: with the distance near 1, about 1.0.
-    keep_line(dir.path(), 1.5, -0.5);
+    keep_line(dir.path(), "feature_distance", 1.5, -0.5);
     let Event::Switch {
         estimate: Some(e),
         gate: Some(g),
@@ -84,7 +102,8 @@ fn with_a_kept_line_the_gate_decides_on_the_predicted_cosine_when_the_reference_
         panic!("a gated switch");
     };
     let p = e.predicted_cosine.expect("a prediction");
-    assert!((p - (1.5 - 0.5 * e.feature_distance).clamp(-1.0, 1.0)).abs() < 1e-12);
+    let d = e.feature_distance.unwrap();
+    assert!((p - (1.5 - 0.5 * d).clamp(-1.0, 1.0)).abs() < 1e-12);
     assert_eq!(g.basis, Some(EstimateBasis::Predicted));
     assert_eq!(g.estimate, p);
     assert_eq!(g.used, CacheOrigin::Mapped, "{p} clears 0.2");
@@ -93,13 +112,24 @@ fn with_a_kept_line_the_gate_decides_on_the_predicted_cosine_when_the_reference_
         panic!()
     };
     assert_eq!(g.used, CacheOrigin::Reprefilled);
+
+    // A line on the round trip reads the round trip.
+    keep_line(dir.path(), "round_trip", 0.1, 0.5);
+    let Event::Switch {
+        estimate: Some(e), ..
+    } = switch_once(dir.path(), Some(0.0))
+    else {
+        panic!()
+    };
+    let r = e.round_trip.unwrap();
+    assert!((e.predicted_cosine.unwrap() - (0.1 + 0.5 * r)).abs() < 1e-12);
 }
 
 #[test]
 fn a_line_for_other_models_is_refused_by_name_and_not_used() {
     let dir = tempfile::tempdir().unwrap();
     write_pair(dir.path(), false);
-    keep_line(dir.path(), 1.5, -0.5);
+    keep_line(dir.path(), "feature_distance", 1.5, -0.5);
     let (a, b) = models(dir.path());
     let path = fit::path_in(
         &dir.path().join("mappers"),
@@ -118,11 +148,16 @@ fn a_line_for_other_models_is_refused_by_name_and_not_used() {
     let _ = r.handle(Command::Submit {
         text: tiny().chat_text(120, 3),
     });
-    let events = r.handle(Command::Switch);
-    assert!(events
-        .iter()
-        .any(|e| matches!(e, Event::Switch { estimate: Some(x), .. }
-        if x.predicted_cosine.is_none())));
+    let _ = r.handle(Command::Switch);
+    r.engine.measure_pending(&r.rx);
+    let events = r.drain();
+    assert!(
+        events.iter().any(
+            |e| matches!(e, Event::SwitchMeasured { estimate: Some(x), .. }
+            if x.predicted_cosine.is_none() && x.feature_distance.is_some())
+        ),
+        "estimated, but no line to predict with: {events:?}"
+    );
 }
 
 #[test]
@@ -153,11 +188,19 @@ fn the_study_measures_each_switch_beside_both_estimates_and_fits_a_line() {
     assert_eq!((seen, s.switches.len()), (9, 9));
     for w in &s.switches {
         assert!(w.feature_distance.is_some_and(|d| d.is_finite() && d > 0.0));
-        assert!(w.round_trip > -1.0 && w.round_trip <= 1.0 + 1e-6);
+        assert!(w.round_trip.is_some_and(|r| r > -1.0 && r <= 1.0 + 1e-6));
         assert!(w.cosine.is_finite() && (0.0..=1.0).contains(&w.agreement));
     }
     assert_eq!(s.correlations.len(), 2);
-    let f = s.fit.expect("a line");
-    assert_eq!((f.fitted_on, f.checked_on), (5, 4));
-    assert!(f.held_out_mae.is_finite());
+    assert_eq!(s.lines.len(), 2, "a line per estimate");
+    for l in &s.lines {
+        assert_eq!((l.fitted_on, l.checked_on), (5, 4));
+    }
+    let kept = s.fit.expect("a line");
+    let best = s
+        .lines
+        .iter()
+        .map(|l| l.held_out_mae)
+        .fold(f64::INFINITY, f64::min);
+    assert_eq!(kept.held_out_mae, best, "the gate keeps the better line");
 }

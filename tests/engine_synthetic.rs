@@ -234,6 +234,7 @@ fn a_switch_reports_its_handoff_first_and_its_measurement_after() {
         metrics: Some(m),
         yielded_to,
         stopped: None,
+        ..
     }) = events.first()
     else {
         panic!("the measurement: {events:?}");

@@ -135,6 +135,7 @@ fn emitted() -> Vec<Event> {
             metrics: Some(switch_metrics()),
             yielded_to: vec![2],
             stopped: None,
+            estimate: None,
         },
         Event::ShutDown,
     ]

@@ -173,6 +173,7 @@ fn switch(
             metrics: Some(metrics(cosine)),
             yielded_to: vec![],
             stopped: None,
+            estimate: None,
         },
     )
 }
@@ -286,6 +287,7 @@ fn run() -> Vec<Event> {
         metrics,
         yielded_to: vec![3],
         stopped: None,
+        estimate: None,
     };
     e.push(handoff);
     e.push(Event::UserMessage {

@@ -110,10 +110,22 @@ impl EventPrinter {
                 timings,
                 metrics,
                 stopped,
+                estimate,
                 ..
             } => out(format!(
-                "[switch {index}] measured: {}{}",
+                "[switch {index}] measured: {}{}{}",
                 measured_line(timings, metrics.as_ref()),
+                estimate
+                    .map(|e| {
+                        let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
+                        format!(
+                            " | estimate: feature distance {}, round trip {}, predicted cosine {}",
+                            show(e.feature_distance),
+                            show(e.round_trip),
+                            show(e.predicted_cosine)
+                        )
+                    })
+                    .unwrap_or_default(),
                 stopped
                     .as_ref()
                     .map(|s| format!(" (stopped: {s})"))

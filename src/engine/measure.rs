@@ -48,11 +48,15 @@ pub struct Measurement {
     /// ids, with its queries at the probes, is needed as well.
     learn: bool,
     source_own: Option<(KvCache, Vec<Tensor>)>,
+    /// The estimate without a re-prefill, made now when the handoff did not need it.
+    estimate: Option<crate::protocol::SwitchEstimate>,
+    estimated: bool,
     /// Turns that went ahead of it.
     pub(super) yielded_to: Vec<u32>,
 }
 
 enum Step {
+    Estimate,
     MapFull,
     ReprefillFull,
     ReprefillSuffix,
@@ -95,11 +99,16 @@ impl Measurement {
             metrics: None,
             learn: learn && reference,
             source_own: None,
+            estimate: None,
+            estimated: h.estimated,
             yielded_to: Vec::new(),
         }
     }
 
     fn next(&self, n_layer: usize) -> Step {
+        if !self.estimated {
+            return Step::Estimate;
+        }
         if !self.map_full_done {
             return Step::MapFull;
         }
@@ -228,6 +237,10 @@ impl Engine {
         let (src, tgt) = (&self.slots[job.source], &self.slots[job.target]);
         let dev = tgt.model.decoder.device();
         match job.next(tgt.model.config().n_layer) {
+            Step::Estimate => {
+                job.estimate = self.estimate(job.source, n)?;
+                job.estimated = true;
+            }
             Step::MapFull => {
                 // The source may hold more than `n` positions by now (a pre-map): map a
                 // copy of exactly the switch's, so the time is that of the whole cache.
@@ -372,6 +385,7 @@ impl Engine {
             metrics,
             yielded_to: job.yielded_to,
             stopped,
+            estimate: job.estimate,
         });
         match (fresh, own) {
             (Some(fresh), Some(own)) if learn => {

@@ -28,6 +28,9 @@ pub(super) struct Handoff {
     pub own_prefix: usize,
     /// The gate refused the map and the target re-prefilled instead.
     pub reprefilled: bool,
+    /// The estimate was made at the handoff (the gate needed it): the measurement does
+    /// not make it again.
+    pub estimated: bool,
     pub timings: SwitchTimings,
 }
 
@@ -49,8 +52,8 @@ impl Engine {
             });
             return Ok(None);
         }
-        // The gate needs the estimate before it decides; otherwise it is made after the
-        // handoff is timed, so that it never counts as part of the switch.
+        // The gate needs the estimate before it decides; otherwise the measurement makes
+        // it, while the engine is idle, so that it never holds up the switch.
         let mut estimate = None;
         if self.settings.gate.is_some() {
             estimate = self.estimate(a, n)?;
@@ -139,9 +142,6 @@ impl Engine {
             sb.origin = CacheOrigin::Mapped;
         }
         let handoff_ms = synced_ms(sb.model.decoder.device(), t_handoff);
-        if estimate.is_none() {
-            estimate = self.estimate(a, n)?;
-        }
         let timings = SwitchTimings {
             source_prefill_ms: None,
             map_full_ms: None,
@@ -175,29 +175,57 @@ impl Engine {
             context_tokens: n,
             own_prefix,
             reprefilled: reprefill,
+            estimated: self.settings.gate.is_some(),
             timings,
         }))
     }
 }
 
 impl Engine {
-    /// What slot `source`'s first `n` positions say about the map before any re-prefill:
-    /// their feature distance past the anchor, and the cosine the gate's line predicts.
-    fn estimate(&self, source: usize, n: usize) -> Result<Option<SwitchEstimate>, EngineError> {
-        let m = &self.mappers[source];
-        let slot = &self.slots[source];
+    /// What slot `source`'s first `n` positions say about the map before any re-prefill
+    /// (see [`crate::gate`]): their feature distance past the anchor, the round trip of
+    /// the newest of them through the other direction's mapper, and the cosine the
+    /// gate's line predicts from the estimate it was fitted on.
+    pub(super) fn estimate(
+        &self,
+        source: usize,
+        n: usize,
+    ) -> Result<Option<SwitchEstimate>, EngineError> {
+        let (m, back) = (&self.mappers[source], &self.mappers[1 - source]);
+        let (slot, other) = (&self.slots[source], &self.slots[1 - source]);
         let from = self.settings.anchor.min(n);
-        let distance = crate::gate::feature_distance(
+        let (src_rope, tgt_rope) = (slot.model.decoder.rope(), other.model.decoder.rope());
+        let failed =
+            |e: crate::gate::GateError| EngineError::Internal(format!("the gate's estimate: {e}"));
+        let distance = crate::gate::feature_distance(&m.mapper, &slot.primary, src_rope, from, n)
+            .map_err(failed)?;
+        let (rs, re) = crate::gate::estimate::round_trip_range(from, n);
+        let trip = crate::gate::round_trip(
             &m.mapper,
+            &back.mapper,
             &slot.primary,
-            slot.model.decoder.rope(),
-            from,
-            n,
+            &self.conv.history[..n],
+            src_rope,
+            tgt_rope,
+            rs,
+            re,
         )
-        .map_err(|e| EngineError::Internal(format!("the gate's estimate: {e}")))?;
-        Ok(distance.map(|d| SwitchEstimate {
-            feature_distance: d,
-            predicted_cosine: m.gate.as_ref().map(|g| g.predict(d)),
+        .map_err(failed)?;
+        if distance.is_none() && trip.is_none() {
+            return Ok(None);
+        }
+        let predicted = m.gate.as_ref().and_then(|g| {
+            let x = match g.estimator.as_str() {
+                "round_trip" => trip,
+                "feature_distance" => distance,
+                _ => None,
+            };
+            x.map(|x| g.predict(x))
+        });
+        Ok(Some(SwitchEstimate {
+            feature_distance: distance,
+            round_trip: trip,
+            predicted_cosine: predicted,
         }))
     }
 }

@@ -8,6 +8,7 @@
 use super::text::{eval_text, TextEvalOptions};
 use super::EvalError;
 use crate::data::corpus::{self, Document, Split};
+use crate::gate::estimate::round_trip_range;
 use crate::gate::fit::{self, GateFit};
 use crate::gate::{feature_distance, round_trip};
 use crate::mapper::artifact::ModelRef;
@@ -31,7 +32,7 @@ pub struct StudySwitch {
     pub text: String,
     pub tokens: usize,
     pub feature_distance: Option<f64>,
-    pub round_trip: f64,
+    pub round_trip: Option<f64>,
     /// Mean over target layers of the attention-output cosine at the prefix's probes.
     pub cosine: f64,
     /// Teacher-forced top-1 agreement of the mapped cache with the target's own on the
@@ -54,8 +55,10 @@ pub struct GateStudy {
     pub direction: String,
     pub switches: Vec<StudySwitch>,
     pub correlations: Vec<Correlation>,
-    /// The line from `feature_distance` to the cosine (even switches fitted, odd ones
-    /// checked); `None` when the mapper has no source statistics.
+    /// The line from each estimate to the cosine (even switches fitted, odd ones
+    /// checked).
+    pub lines: Vec<GateFit>,
+    /// The one of them with the smallest error on the checked half: the gate's.
     pub fit: Option<GateFit>,
 }
 
@@ -134,8 +137,18 @@ pub fn study(
         let rope = src.decoder.rope();
         let distance = feature_distance(forward, &cache, rope, anchor.min(p), p)
             .map_err(|e| EvalError::Input(e.to_string()))?;
-        let trip = round_trip(forward, reverse, &cache, prefix, rope, tgt.decoder.rope())
-            .map_err(|e| EvalError::Input(e.to_string()))?;
+        let (rs, re) = round_trip_range(anchor.min(p), p);
+        let trip = round_trip(
+            forward,
+            reverse,
+            &cache,
+            prefix,
+            rope,
+            tgt.decoder.rope(),
+            rs,
+            re,
+        )
+        .map_err(|e| EvalError::Input(e.to_string()))?;
         let opts = TextEvalOptions {
             prefix: p,
             continuation: CONTINUATION,
@@ -164,7 +177,7 @@ pub fn study(
     };
     let estimators: [(&str, &Reading); 2] = [
         ("feature_distance", &|s| s.feature_distance),
-        ("round_trip", &|s| Some(s.round_trip)),
+        ("round_trip", &|s| s.round_trip),
     ];
     let correlations = estimators
         .iter()
@@ -180,35 +193,56 @@ pub fn study(
             }
         })
         .collect();
-    let points = pick(&|s| s.feature_distance, &|s| s.cosine);
-    let (fit_half, check_half): (Vec<_>, Vec<_>) =
-        points.iter().enumerate().partition(|(i, _)| i % 2 == 0);
-    let fit_half: Vec<(f64, f64)> = fit_half.into_iter().map(|(_, p)| *p).collect();
-    let check_half: Vec<(f64, f64)> = check_half.into_iter().map(|(_, p)| *p).collect();
-    let fit = fit::line(&fit_half).map(|(a, b)| {
-        let mae = check_half
-            .iter()
-            .map(|(x, y)| ((a + b * x).clamp(-1.0, 1.0) - y).abs())
-            .sum::<f64>()
-            / check_half.len().max(1) as f64;
-        GateFit {
-            format: fit::FORMAT.into(),
-            version: fit::VERSION,
-            source: ModelRef::new(&src.identity, src.config()),
-            target: ModelRef::new(&tgt.identity, tgt.config()),
-            estimator: "feature_distance".into(),
-            intercept: a,
-            slope: b,
-            fitted_on: fit_half.len(),
-            checked_on: check_half.len(),
-            held_out_r: fit::pearson(&check_half).unwrap_or(f64::NAN),
-            held_out_mae: mae,
-        }
-    });
+    // A line per estimate, fitted on the even switches and checked on the odd ones;
+    // the gate keeps the one that predicts the checked half best.
+    let lines: Vec<GateFit> = estimators
+        .iter()
+        .filter_map(|(name, f)| {
+            let points = pick(*f, &|s| s.cosine);
+            fitted_line(src, tgt, name, &points)
+        })
+        .collect();
+    let fit = lines
+        .iter()
+        .filter(|l| l.held_out_mae.is_finite())
+        .min_by(|a, b| a.held_out_mae.total_cmp(&b.held_out_mae))
+        .cloned();
     Ok(GateStudy {
         direction: format!("{} -> {}", src.identity.name, tgt.identity.name),
         switches,
         correlations,
+        lines,
         fit,
+    })
+}
+
+/// The least-squares line from an estimate to the cosine over the even points, with its
+/// correlation and mean absolute error on the odd ones.
+fn fitted_line(
+    src: &Model,
+    tgt: &Model,
+    estimator: &str,
+    points: &[(f64, f64)],
+) -> Option<GateFit> {
+    let fit_half: Vec<(f64, f64)> = points.iter().step_by(2).copied().collect();
+    let check_half: Vec<(f64, f64)> = points.iter().skip(1).step_by(2).copied().collect();
+    let (a, b) = fit::line(&fit_half)?;
+    let mae = check_half
+        .iter()
+        .map(|(x, y)| ((a + b * x).clamp(-1.0, 1.0) - y).abs())
+        .sum::<f64>()
+        / check_half.len().max(1) as f64;
+    Some(GateFit {
+        format: fit::FORMAT.into(),
+        version: fit::VERSION,
+        source: ModelRef::new(&src.identity, src.config()),
+        target: ModelRef::new(&tgt.identity, tgt.config()),
+        estimator: estimator.into(),
+        intercept: a,
+        slope: b,
+        fitted_on: fit_half.len(),
+        checked_on: check_half.len(),
+        held_out_r: fit::pearson(&check_half).unwrap_or(f64::NAN),
+        held_out_mae: if check_half.is_empty() { f64::NAN } else { mae },
     })
 }

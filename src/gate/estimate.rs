@@ -1,10 +1,10 @@
 //! The two per-switch estimates (see the module above).
 
 use super::GateError;
-use crate::mapper::features::layer_features;
+use crate::mapper::features::{heads_to_rows, layer_features};
 use crate::mapper::CacheMapper;
 use crate::model::rope::Rope;
-use crate::model::KvCache;
+use crate::model::{KvCache, LayerKv};
 use candle_core::Tensor;
 
 /// Positions read per estimate at most: spread evenly, enough to steady a mean.
@@ -75,9 +75,17 @@ pub fn feature_distance(
     Ok((count > 0).then(|| sum / count as f64))
 }
 
-/// Mean cosine, over sampled positions and every source layer, between `src`'s own
-/// un-rotated keys and values and what mapping them to the target with `forward` and
-/// back with `reverse` gives; `tokens` are the ids `src` holds.
+/// The positions a round trip reads: the newest [`MAX_POSITIONS`] of `from..n`.
+pub fn round_trip_range(from: usize, n: usize) -> (usize, usize) {
+    (from.max(n.saturating_sub(MAX_POSITIONS)), n)
+}
+
+/// Mean cosine, over positions `start..end` and every source layer, between `src`'s own
+/// keys and values and what mapping them to the target with `forward` and back with
+/// `reverse` gives; `tokens` are the ids `src` holds. Both sides carry the same rotation
+/// per position, so the cosine is that of the un-rotated features. `None` for an empty
+/// range.
+#[allow(clippy::too_many_arguments)]
 pub fn round_trip(
     forward: &CacheMapper,
     reverse: &CacheMapper,
@@ -85,22 +93,38 @@ pub fn round_trip(
     tokens: &[u32],
     src_rope: &Rope,
     tgt_rope: &Rope,
-) -> Result<f64, GateError> {
-    let there = forward.map_cache(src, tokens, src_rope, tgt_rope)?;
-    let back = reverse.map_cache(&there, tokens, tgt_rope, src_rope)?;
-    let n = src.len();
-    let stride = stride_for(n);
+    start: usize,
+    end: usize,
+) -> Result<Option<f64>, GateError> {
+    if end <= start || end > src.len() {
+        return Ok(None);
+    }
+    let there = forward.map_range(src, tokens, src_rope, tgt_rope, start, end)?;
+    // The reverse map reads positions start..end of a target cache: the positions before
+    // them are never read, so zeros hold their place.
+    let t = forward.target;
+    let mut scratch = KvCache::new(t, src.dtype(), src.device());
+    if start > 0 {
+        let zeros = (0..t.n_layer)
+            .map(|_| {
+                let z = Tensor::zeros((t.n_kv_head, start, t.head_dim), src.dtype(), src.device())?;
+                Ok(LayerKv { k: z.clone(), v: z })
+            })
+            .collect::<Result<Vec<_>, candle_core::Error>>()?;
+        scratch.extend_with(&zeros)?;
+    }
+    scratch.extend_with(&there)?;
+    let back = reverse.map_range(&scratch, tokens, tgt_rope, src_rope, start, end)?;
     let (mut sum, mut count) = (0.0f64, 0usize);
-    for l in 0..forward.source.n_layer {
-        let a = layer_features(src, src_rope, l, 0, n, stride)?;
-        let b = layer_features(&back, src_rope, l, 0, n, stride)?;
-        for (x, y) in [(&a.k, &b.k), (&a.v, &b.v)] {
-            let c = row_cosines(x, y)?;
+    for (l, b) in back.iter().enumerate() {
+        let own = src.layer_range(l, start, end)?;
+        for (x, y) in [(&own.k, &b.k), (&own.v, &b.v)] {
+            let c = row_cosines(&heads_to_rows(x)?, &heads_to_rows(y)?)?;
             sum += c.iter().map(|&v| f64::from(v)).sum::<f64>();
             count += c.len();
         }
     }
-    Ok(sum / count.max(1) as f64)
+    Ok((count > 0).then(|| sum / count as f64))
 }
 
 /// Cosine of each row of `a` with the same row of `b` ([n, d] each).

@@ -1,5 +1,5 @@
 //! The gate study as a scatter: each estimate against the measured attention cosine,
-//! one point per switch, with the line the gate keeps drawn over its estimate.
+//! one point per switch, with each estimate's fitted line (the gate's drawn thicker).
 
 use super::{drawing_error, register_font, write_svg_or_png, PlotError, FAMILY, SIZE};
 use crate::eval::gate_study::GateStudy;
@@ -67,7 +67,7 @@ fn draw<DB: DrawingBackend>(
                 .iter()
                 .filter_map(|s| s.feature_distance.map(|d| (d, s.cosine)))
                 .collect::<Vec<_>>(),
-            true,
+            "feature_distance",
         ),
         (
             &right,
@@ -75,12 +75,12 @@ fn draw<DB: DrawingBackend>(
             study
                 .switches
                 .iter()
-                .map(|s| (s.round_trip, s.cosine))
+                .filter_map(|s| s.round_trip.map(|r| (r, s.cosine)))
                 .collect::<Vec<_>>(),
-            false,
+            "round_trip",
         ),
     ];
-    for (area, name, points, with_line) in panels {
+    for (area, name, points, estimator) in panels {
         let xs = range(points.iter().map(|p| p.0));
         let mut chart = ChartBuilder::on(area)
             .caption(
@@ -102,10 +102,13 @@ fn draw<DB: DrawingBackend>(
                 .iter()
                 .map(|&(x, y)| Circle::new((x, y), 3, POINT.filled())),
         )?;
-        if let (true, Some(f)) = (with_line, &study.fit) {
+        // The line fitted to this estimate, solid when it is the gate's.
+        if let Some(f) = study.lines.iter().find(|l| l.estimator == estimator) {
+            let kept = study.fit.as_ref().is_some_and(|k| k.estimator == estimator);
+            let width = if kept { 3 } else { 1 };
             chart.draw_series(LineSeries::new(
                 [xs.start, xs.end].map(|x| (x, f.predict(x))),
-                LINE.stroke_width(2),
+                LINE.stroke_width(width),
             ))?;
         }
     }

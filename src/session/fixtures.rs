@@ -244,6 +244,7 @@ pub fn measured_later(events: Vec<Event>) -> Vec<Event> {
                     metrics,
                     yielded_to: vec![turn],
                     stopped: None,
+                    estimate: None,
                 });
             }
             Event::Done { .. } => {

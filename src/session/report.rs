@@ -138,6 +138,8 @@ pub struct SwitchRow {
     #[serde(default)]
     pub feature_distance: Option<f64>,
     #[serde(default)]
+    pub round_trip: Option<f64>,
+    #[serde(default)]
     pub predicted_cosine: Option<f64>,
 }
 
@@ -264,7 +266,8 @@ impl Report {
                         top1_agreement: None,
                         kl: None,
                         gate: *gate,
-                        feature_distance: estimate.map(|e| e.feature_distance),
+                        feature_distance: estimate.and_then(|e| e.feature_distance),
+                        round_trip: estimate.and_then(|e| e.round_trip),
                         predicted_cosine: estimate.and_then(|e| e.predicted_cosine),
                     };
                     row.measure(timings, metrics.as_ref());
@@ -277,11 +280,17 @@ impl Report {
                     timings,
                     metrics,
                     stopped,
+                    estimate,
                     ..
                 } => {
                     if let Some(row) = switches.iter_mut().rev().find(|r| r.index == *index) {
                         row.measure(timings, metrics.as_ref());
                         row.measured = stopped.is_none();
+                        if let Some(e) = estimate {
+                            row.feature_distance = e.feature_distance;
+                            row.round_trip = e.round_trip;
+                            row.predicted_cosine = e.predicted_cosine;
+                        }
                     }
                 }
                 // The first turn after a switch completes its row: agreement on the

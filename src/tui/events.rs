@@ -156,11 +156,13 @@ impl App {
                 timings,
                 metrics,
                 stopped,
+                estimate,
                 ..
             } => {
                 if let Some(s) = self.switches.iter_mut().rev().find(|s| s.index == *index) {
                     s.timings = *timings;
                     s.metrics = metrics.clone();
+                    s.estimate = estimate.or(s.estimate);
                     s.measure = match stopped {
                         Some(why) => Measure::Stopped(why.clone()),
                         None => Measure::Done,

@@ -50,6 +50,7 @@ fn measured_event(stopped: Option<&str>) -> Event {
         metrics: metrics.filter(|_| stopped.is_none()),
         yielded_to: vec![],
         stopped: stopped.map(str::to_string),
+        estimate: None,
     }
 }
 
