@@ -205,3 +205,48 @@ fn repair_runs_only_when_turned_on() {
         .iter()
         .any(|e| matches!(e, Event::CacheRepaired { complete: true, .. })));
 }
+
+#[test]
+fn a_complete_repair_teaches_the_mapper_even_with_the_reference_path_off() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), true);
+    let mut r = rig_with(dir.path(), |c| {
+        c.settings.repair = true;
+        c.settings.reference = false;
+        c.settings.learn = true;
+        c.learning = baton::engine::LearnSetup {
+            keep: false,
+            use_learned: true,
+            slice_docs: Some(common::engine_rig::slice_docs()),
+        };
+    });
+    r.engine.finish_learning(0, &r.rx);
+    r.engine.finish_learning(1, &r.rx);
+    switch_and_answer(&mut r);
+    // a computed everything it holds itself: its cache of the switch's ids is its own.
+    let handed_over = r.engine.cache(0).len();
+    r.engine.repair_pending(&r.rx);
+    r.engine.finish_learning(0, &r.rx);
+    let events = r.drain();
+    let learned: Vec<&Event> = events
+        .iter()
+        .filter(|e| matches!(e, Event::MapperLearned { .. }))
+        .collect();
+    let [Event::MapperLearned {
+        from,
+        to,
+        tokens,
+        held_out,
+        ..
+    }] = learned.as_slice()
+    else {
+        panic!("one step, a -> b: {events:?}");
+    };
+    assert_eq!((from.as_str(), to.as_str()), ("a", "b"));
+    let anchor = r.engine.settings().anchor;
+    assert_eq!(
+        anchor + tokens + held_out,
+        handed_over,
+        "every position both own"
+    );
+}

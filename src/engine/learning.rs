@@ -18,7 +18,7 @@ use crate::learn::{self, ConversationPair, LearnOutcome, Opened};
 use crate::mapper::artifact;
 use crate::mapper::CacheMapper;
 use crate::model::{KvCache, Model};
-use crate::protocol::{Command, Event};
+use crate::protocol::{CacheOrigin, Command, Event};
 use candle_core::Tensor;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -487,6 +487,56 @@ impl Engine {
                 from: self.learned_to[from_slot],
             }));
         }
+        Ok(())
+    }
+
+    /// Hand a completed repair to the learning thread: the repaired cache is the target's
+    /// own, with its queries at the positions it kept them; the other model's own cache
+    /// of a prefix (its primary if it computed it all, else its truth) is the source's.
+    pub(super) fn learn_from_repair(
+        &mut self,
+        job: super::repair::Repair,
+    ) -> Result<(), super::EngineError> {
+        let target = job.slot;
+        let source = 1 - target;
+        if !self.settings.learn || !self.can_learn[source] || job.probes.is_empty() {
+            return Ok(());
+        }
+        let Some(worker) = self.learning.as_mut() else {
+            return Ok(());
+        };
+        let src = &self.slots[source];
+        let own = match src.origin {
+            CacheOrigin::True => &src.primary,
+            _ => &src.truth,
+        };
+        let n = own.len().min(self.slots[target].primary.len());
+        let keep: Vec<u32> = (0..job.probes.len())
+            .filter(|&i| job.probes[i] < n)
+            .map(|i| i as u32)
+            .collect();
+        if n < crate::learn::MIN_NEW_POSITIONS || keep.is_empty() {
+            return Ok(());
+        }
+        let probes: Vec<usize> = keep.iter().map(|&i| job.probes[i as usize]).collect();
+        let mut queries = Vec::with_capacity(job.queries.len());
+        for per_chunk in &job.queries {
+            let all = Tensor::cat(per_chunk, 1)?;
+            let index = Tensor::new(keep.as_slice(), all.device())?;
+            queries.push(all.index_select(&index, 1)?);
+        }
+        worker.send(Task::Learn(Job {
+            source,
+            index: job.index,
+            turn: job.turn,
+            label: format!("{}, repair after switch {}", self.session_label, job.index),
+            tokens: Arc::new(self.conv.history[..n].to_vec()),
+            src: Arc::new(own.try_clone_prefix(n)?),
+            tgt: Arc::new(self.slots[target].primary.try_clone_prefix(n)?),
+            queries: Arc::new(queries),
+            probes: Arc::new(probes),
+            from: self.learned_to[source],
+        }));
         Ok(())
     }
 

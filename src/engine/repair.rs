@@ -12,10 +12,11 @@
 //! prefix, which the reference path keeps), so with the reference path on only what was
 //! said after the switch's measurement is left to read.
 
-use super::core::{no_logits, synced_ms, Engine, Envelope};
+use super::core::{synced_ms, Engine, Envelope};
 use super::EngineError;
-use crate::model::{KvCache, ModelError};
+use crate::model::{ForwardOptions, KvCache, Logits, ModelError};
 use crate::protocol::{CacheOrigin, Command, Event};
+use candle_core::Tensor;
 use std::cell::RefCell;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
@@ -26,15 +27,23 @@ pub const REPAIR_CHUNK: usize = 128;
 
 /// The repair of one slot's cache after a switch.
 pub(super) struct Repair {
-    slot: usize,
+    pub(super) slot: usize,
     /// The switch it follows, its turn, and when its handoff was done.
-    index: u32,
-    turn: u32,
+    pub(super) index: u32,
+    pub(super) turn: u32,
     since: Instant,
     /// The model's own prefill of the conversation's first `exact.len()` ids.
     exact: Option<KvCache>,
     compute_ms: f64,
+    /// The model's own queries at some positions it re-read, per layer and chunk: what
+    /// the learner judges an update by.
+    pub(super) probes: Vec<usize>,
+    pub(super) queries: Vec<Vec<Tensor>>,
 }
+
+/// Positions of a chunk whose queries are kept: every 16th, enough to judge an update
+/// on the newest quarter of a conversation.
+const PROBE_EVERY: usize = 16;
 
 impl Repair {
     pub(super) fn new(slot: usize, index: u32, turn: u32) -> Self {
@@ -45,6 +54,8 @@ impl Repair {
             since: Instant::now(),
             exact: None,
             compute_ms: 0.0,
+            probes: Vec::new(),
+            queries: Vec::new(),
         }
     }
 }
@@ -133,19 +144,33 @@ impl Engine {
                 })
             };
             let t = Instant::now();
+            let probes: Vec<usize> = (from..to).filter(|p| p % PROBE_EVERY == 0).collect();
             let read = slot.model.decoder.forward_until(
                 &self.conv.history[from..to],
                 exact,
-                &no_logits(),
+                &ForwardOptions {
+                    logits: Logits::None,
+                    probe_positions: probes.clone(),
+                },
                 &stop,
             );
             self.inbox.extend(drained.into_inner());
-            if let Err(e) = read {
-                // Half a chunk is not a prefix of anything.
-                exact.truncate(from);
-                return Err(e.into());
-            }
+            let out = match read {
+                Ok(out) => out,
+                Err(e) => {
+                    // Half a chunk is not a prefix of anything.
+                    exact.truncate(from);
+                    return Err(e.into());
+                }
+            };
             job.compute_ms += synced_ms(slot.model.decoder.device(), t);
+            if !probes.is_empty() {
+                job.queries.resize(out.queries.len(), Vec::new());
+                for (l, q) in out.queries.into_iter().enumerate() {
+                    job.queries[l].push(q);
+                }
+                job.probes.extend(probes);
+            }
             // The exact prefix, then what it does not cover yet as it was.
             let mut spliced = exact.try_clone()?;
             if to < total {
@@ -166,7 +191,7 @@ impl Engine {
     }
 
     /// Say how the repair ended and forget it; a complete one makes the cache in use
-    /// the model's own (and its truth, where that held less).
+    /// the model's own (and its truth, where that held less), and is learned from.
     pub(super) fn end_repair(&mut self, complete: bool) {
         let Some(job) = self.repair.take() else {
             return;
@@ -197,5 +222,12 @@ impl Engine {
             after_switch_ms: job.since.elapsed().as_secs_f64() * 1e3,
             compute_ms: job.compute_ms,
         });
+        if complete {
+            // The repaired cache is the model's own: with the other model's own cache of
+            // the same ids it is a pair to learn from, reference path or not.
+            if let Err(e) = self.learn_from_repair(job) {
+                self.report(&e);
+            }
+        }
     }
 }
