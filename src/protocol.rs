@@ -221,6 +221,38 @@ pub struct SwitchEstimate {
     pub predicted_cosine: Option<f64>,
 }
 
+/// Which state of a direction's mapper a switch mapped with: as calibrated (no update),
+/// or with the learning updates taken so far, earlier sessions' included. Learning runs
+/// in the background and a switch never waits for it, so two runs of one script may map
+/// with different states; this says which.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapperState {
+    /// Learning updates in the mapper (0: as calibrated).
+    pub updates: u32,
+    /// Positions of conversation text those updates learned from.
+    pub learned_tokens: u64,
+}
+
+impl MapperState {
+    pub fn is_calibrated(&self) -> bool {
+        self.updates == 0
+    }
+}
+
+impl std::fmt::Display for MapperState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_calibrated() {
+            write!(f, "calibrated")
+        } else {
+            write!(
+                f,
+                "learned, update {} ({} positions)",
+                self.updates, self.learned_tokens
+            )
+        }
+    }
+}
+
 /// What the engine tells its callers; session files record these, one per line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -297,6 +329,10 @@ pub enum Event {
         /// The estimate made without a re-prefill (session format 1.2 on).
         #[serde(default)]
         estimate: Option<SwitchEstimate>,
+        /// The state of the mapper the handoff used (session format 1.3 on; `None` in
+        /// older files).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mapper: Option<MapperState>,
     },
     /// What switch `index` costs against a re-prefill and how faithful its cache is,
     /// measured after its handoff: the whole cache mapped again and timed, the target's
@@ -648,6 +684,10 @@ mod tests {
                     feature_distance: Some(1.2),
                     round_trip: Some(0.93),
                     predicted_cosine: Some(0.95),
+                }),
+                mapper: Some(MapperState {
+                    updates: 2,
+                    learned_tokens: 300,
                 }),
             },
             Event::SwitchMeasured {

@@ -11,7 +11,7 @@ mod common;
 use baton::mapper::artifact::ModelRef;
 use baton::mapper::CacheMapper;
 use baton::model::{ForwardOptions, Logits, Model};
-use baton::protocol::Event;
+use baton::protocol::{Event, MapperState};
 use baton::session::{read_session, Report};
 use common::engine_rig::{models, rig, write_pair};
 use std::path::{Path, PathBuf};
@@ -272,4 +272,68 @@ fn finish_waits_for_the_measurement_and_the_learning_a_switch_started() {
     )));
     assert_eq!(learned(&seen).len(), 2, "{seen:?}");
     handle.shutdown();
+}
+
+#[test]
+fn a_switch_never_waits_for_learning_and_says_which_mapper_it_used() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), true);
+    let mut r = rig(dir.path(), false, None);
+    r.settle();
+    // The first switch's measurement hands both directions' steps to the learning
+    // thread; the switch back is asked for at once, while they run.
+    let first = r.talk_and_switch_unsettled(3);
+    let Some(Event::Switch { mapper, .. }) =
+        first.iter().find(|e| matches!(e, Event::Switch { .. }))
+    else {
+        panic!("no switch: {first:?}");
+    };
+    assert_eq!(*mapper, Some(MapperState::default()), "nothing learned yet");
+    assert!(r.engine.learning_in_flight(), "the steps are running");
+    let back = r.handle(baton::protocol::Command::Switch);
+    assert!(
+        r.engine.learning_in_flight(),
+        "the switch did not wait for the steps: {back:?}"
+    );
+    assert!(
+        !back
+            .iter()
+            .any(|e| matches!(e, Event::Notice { message } if message.contains("wait"))),
+        "{back:?}"
+    );
+    let Some(Event::Switch { mapper, from, .. }) =
+        back.iter().find(|e| matches!(e, Event::Switch { .. }))
+    else {
+        panic!("no switch back: {back:?}");
+    };
+    assert_eq!(from, "b");
+    let used = mapper.expect("a mapped switch says which mapper it used");
+
+    // Once the steps are in, a switch the same way maps with what was taken, and says so.
+    r.engine.measure_pending(&r.rx);
+    let steps = r.settle();
+    let taken_b_to_a = learned(&steps)
+        .iter()
+        .filter(|e| matches!(e, Event::MapperLearned { from, accepted: true, .. } if from == "b"))
+        .count() as u32;
+    let _ = r.handle(baton::protocol::Command::Submit {
+        text: common::engine_rig::tiny().chat_text(40, 9),
+    });
+    r.engine.measure_pending(&r.rx);
+    r.settle();
+    let _ = r.handle(baton::protocol::Command::Switch);
+    let again = r.handle(baton::protocol::Command::Switch);
+    let Some(Event::Switch {
+        mapper: Some(now),
+        from,
+        ..
+    }) = again.iter().find(|e| matches!(e, Event::Switch { .. }))
+    else {
+        panic!("no switch: {again:?}");
+    };
+    assert_eq!(from, "b");
+    assert!(
+        now.updates >= used.updates + taken_b_to_a,
+        "{now:?} after {taken_b_to_a} updates taken since {used:?}"
+    );
 }

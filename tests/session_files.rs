@@ -107,6 +107,7 @@ fn emitted() -> Vec<Event> {
             gate: None,
             measurement_follows: true,
             estimate: None,
+            mapper: Some(baton::protocol::MapperState::default()),
         },
         Event::UserMessage {
             turn: 2,

@@ -165,6 +165,7 @@ fn switch(
             gate: None,
             measurement_follows: true,
             estimate: None,
+            mapper: None,
         },
         Event::SwitchMeasured {
             index,

@@ -6,8 +6,9 @@
 //! them alike; rows report the median and the spread (min–max).
 
 use crate::bench::decoder::bench_tokens;
+use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
-use crate::model::{ForwardOptions, KvCache, Logits, Model, ModelError};
+use crate::model::{ForwardOptions, KvCache, Model, ModelError};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
@@ -134,14 +135,8 @@ fn sync(m: &Model) {
 
 fn prefill(m: &Model, ids: &[u32], cache: &mut KvCache) -> Result<f64, ModelError> {
     let t = Instant::now();
-    m.decoder.forward(
-        ids,
-        cache,
-        &ForwardOptions {
-            logits: Logits::None,
-            probe_positions: vec![],
-        },
-    )?;
+    m.decoder
+        .forward(ids, cache, &ForwardOptions::cache_only())?;
     sync(m);
     Ok(t.elapsed().as_secs_f64() * 1e3)
 }
@@ -190,10 +185,16 @@ pub fn bench_point(
         let mut tgt_cache = tgt.decoder.new_cache();
         let tf = prefill(tgt, &ids, &mut tgt_cache)?;
 
-        let t = Instant::now();
-        let mapped = mapper.map_cache(&src_cache, &ids, src.decoder.rope(), tgt.decoder.rope())?;
-        sync(tgt);
-        let mf = t.elapsed().as_secs_f64() * 1e3;
+        let inputs = HandoffInputs {
+            source: src,
+            source_cache: &src_cache,
+            target: tgt,
+            mapper,
+            tokens: &ids,
+            exact: None,
+        };
+        let (mapped, built) = HandoffPlan::new(tokens).build_new(&inputs)?;
+        let mf = built.map_ms;
         drop(mapped);
 
         // The target already holds the head (its own prefill); only the suffix moves.
@@ -203,17 +204,10 @@ pub fn bench_point(
         let ts = prefill(tgt, &ids[head..], &mut reprefilled)?;
 
         let t = Instant::now();
-        let layers = mapper.map_range(
-            &src_cache,
-            &ids,
-            src.decoder.rope(),
-            tgt.decoder.rope(),
-            head,
-            tokens,
-        )?;
-        head_cache.extend_with(&layers)?;
-        sync(tgt);
-        let ms_ = t.elapsed().as_secs_f64() * 1e3;
+        let built = HandoffPlan::new(tokens)
+            .holding(head)
+            .build(&inputs, &mut head_cache)?;
+        let ms_ = built.map_ms;
         // The switch as a user sees it: the mapped cache, then the target's first token
         // for one new id.
         let logits = tgt.decoder.next_logits(&ids[..1], &mut head_cache)?;

@@ -6,6 +6,7 @@
 
 use super::capture::{Captured, HeldOutView};
 use super::CalibrateError;
+use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::packed::SourceScales;
 use crate::mapper::{CacheMapper, LayerMap};
 use crate::metrics::{self, attention_output_cosine, NextTokenAgreement};
@@ -188,20 +189,16 @@ impl<'a> HeldOutScorer<'a> {
         t: &Captured,
         w: &[u32],
     ) -> Result<KvCache, CalibrateError> {
-        let (src_rope, tgt_rope) = (self.src.decoder.rope(), self.tgt.decoder.rope());
-        if self.anchor == 0 {
-            return Ok(mapper.map_cache(&s.cache, w, src_rope, tgt_rope)?);
-        }
-        let mut c = t.cache.try_clone_prefix(self.anchor)?;
-        c.extend_with(&mapper.map_range(
-            &s.cache,
-            w,
-            src_rope,
-            tgt_rope,
-            self.anchor,
-            s.cache.len(),
-        )?)?;
-        Ok(c)
+        let plan = HandoffPlan::new(s.cache.len()).anchor(self.anchor);
+        let (cache, _) = plan.build_new(&HandoffInputs {
+            source: self.src,
+            source_cache: &s.cache,
+            target: self.tgt,
+            mapper,
+            tokens: w,
+            exact: Some(&t.cache),
+        })?;
+        Ok(cache)
     }
 
     /// Map each held-out window with `mapper` and score it against the true target cache.

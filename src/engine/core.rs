@@ -20,8 +20,8 @@ use super::conversation::Conversation;
 use super::load::LoadedMapper;
 use super::measure::Measurement;
 use crate::metrics::{probe_positions, QueryGram};
-use crate::model::{ForwardOptions, KvCache, Logits, Model};
-use crate::protocol::{CacheOrigin, Command, Event, ModelInfo};
+use crate::model::{ForwardOptions, KvCache, Model};
+use crate::protocol::{CacheOrigin, Command, Event, MapperState, ModelInfo};
 use crate::session::SessionWriter;
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
@@ -56,40 +56,14 @@ impl Slot {
         }
     }
 
-    /// Put the first `anchor` ids of `history` into the (empty or shorter) primary cache:
-    /// from the precomputed opening when it matches, else by prefilling them.
-    pub(super) fn fill_anchor(
-        &mut self,
-        history: &[u32],
-        anchor: usize,
-    ) -> Result<(), super::EngineError> {
-        let have = self.primary.len();
-        if have >= anchor {
-            return Ok(());
-        }
-        if have == 0 {
-            if let Some((ids, kv)) = &self.anchor_kv {
-                if ids.as_slice() == &history[..anchor] {
-                    self.primary = kv.try_clone()?;
-                    return Ok(());
-                }
-            }
-        }
-        self.model
-            .decoder
-            .forward(&history[have..anchor], &mut self.primary, &no_logits())?;
-        Ok(())
+    /// The precomputed opening, when `history` starts with it.
+    pub(super) fn opening(&self, history: &[u32]) -> Option<&KvCache> {
+        let (ids, kv) = self.anchor_kv.as_ref()?;
+        history.starts_with(ids).then_some(kv)
     }
 
     pub(super) fn name(&self) -> String {
         self.info.name.clone()
-    }
-}
-
-pub(super) fn no_logits() -> ForwardOptions {
-    ForwardOptions {
-        logits: Logits::None,
-        probe_positions: vec![],
     }
 }
 
@@ -207,6 +181,8 @@ pub struct Engine {
     pub(super) can_learn: [bool; 2],
     /// Per source slot: how far this conversation has been learned that way.
     pub(super) learned_to: [usize; 2],
+    /// Per source slot: which state of the mapper is in use.
+    pub(super) mapper_state: [MapperState; 2],
     /// Where the conversation is recorded, named with what is learned from it.
     pub(super) session_label: String,
     /// The active model's cache being repaired since the last switch.
@@ -263,6 +239,7 @@ impl Engine {
             learning: None,
             can_learn: [false; 2],
             learned_to: [0; 2],
+            mapper_state: [MapperState::default(); 2],
             session_label: "an unrecorded session".into(),
             repair: None,
         }
@@ -316,12 +293,9 @@ impl Engine {
                 if self.measurement.is_some() {
                     self.measure(commands, false);
                 }
-                if !self.shutdown && self.learning_with(self.active) {
-                    self.out.emit(Event::Notice {
-                        message: "the switch waits for the mapper to finish learning".into(),
-                    });
-                    self.finish_learning(self.active, commands);
-                }
+                // Learning never holds a switch up: it maps with the mapper as it stands,
+                // taking any update that is ready now, and records which one it used.
+                self.take_learned(std::time::Duration::ZERO);
                 if self.shutdown {
                     Ok(())
                 } else {
@@ -482,7 +456,10 @@ fn opening(model: &Model, conv: &Conversation, anchor: usize) -> Option<(Vec<u32
     probe.push_user(template, &model.tokenizer, "x").ok()?;
     let ids = probe.history.get(..anchor)?.to_vec();
     let mut kv = model.decoder.new_cache();
-    model.decoder.forward(&ids, &mut kv, &no_logits()).ok()?;
+    model
+        .decoder
+        .forward(&ids, &mut kv, &ForwardOptions::cache_only())
+        .ok()?;
     Some((ids, kv))
 }
 

@@ -3,8 +3,8 @@
 //! compared against), and hands them here; each direction's learner adds them to its
 //! statistics, solves the maps again and keeps the update only if the held-out cosine
 //! does not drop (see [`crate::learn`]). The engine takes the new mapper when the reply
-//! comes back, so a re-solve (seconds) never holds up a message; a switch waits for the
-//! step in flight, so that every switch maps with all that was learned before it.
+//! comes back, so a re-solve (seconds) never holds up a message or a switch: a switch maps
+//! with the mapper as it stands and records which state it used (`MapperState`).
 //!
 //! Both directions' learners are set up when the engine starts, from the calibration's
 //! saved statistics beside the artifact and what earlier sessions learned: a mapper that
@@ -18,7 +18,7 @@ use crate::learn::{self, ConversationPair, LearnOutcome, Opened};
 use crate::mapper::artifact;
 use crate::mapper::CacheMapper;
 use crate::model::{KvCache, Model};
-use crate::protocol::{CacheOrigin, Command, Event};
+use crate::protocol::{CacheOrigin, Command, Event, MapperState};
 use candle_core::Tensor;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -412,6 +412,11 @@ impl Engine {
         self.learning.as_ref().is_some_and(|w| w.busy_with(source))
     }
 
+    /// Whether the learning thread has work in flight for either direction.
+    pub fn learning_in_flight(&self) -> bool {
+        self.learning_busy()
+    }
+
     pub(super) fn learning_busy(&self) -> bool {
         self.learning.as_ref().is_some_and(Worker::busy)
     }
@@ -442,7 +447,7 @@ impl Engine {
 
     /// Hand a measured switch's caches to the learning thread: the direction of the
     /// next switch (target to source) first, then the one just used, so that the next
-    /// switch waits for its own direction's step at most.
+    /// switch is the likelier to find its own direction's update ready.
     pub(super) fn learn_from(&mut self, own: OwnCaches) -> Result<(), super::EngineError> {
         let OwnCaches {
             index,
@@ -554,6 +559,10 @@ impl Engine {
             } => {
                 if let Some(m) = mapper {
                     self.mappers[source].mapper = *m;
+                    self.mapper_state[source] = MapperState {
+                        updates: u32::try_from(updates).unwrap_or(u32::MAX),
+                        learned_tokens,
+                    };
                     let (a, b) = self.direction_name(source);
                     self.out.emit(Event::Notice {
                         message: format!(
@@ -573,6 +582,9 @@ impl Engine {
                 self.learned_to[source] = outcome.learned_to;
                 if let Some(m) = mapper {
                     self.mappers[source].mapper = *m;
+                    let state = &mut self.mapper_state[source];
+                    state.updates = state.updates.saturating_add(1);
+                    state.learned_tokens = outcome.learned_tokens;
                 }
                 let (from, to) = self.direction_name(source);
                 let mut saved = false;

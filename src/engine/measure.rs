@@ -11,7 +11,7 @@
 //! primary caches (turns and pre-maps only append) and the history's first `n` ids. The
 //! next switch would change them, so a switch first lets the measurement finish.
 
-use super::core::{no_logits, synced_ms, Engine, Envelope};
+use super::core::{synced_ms, Engine, Envelope};
 use super::switch::{empty_metrics, layer_metrics, Handoff};
 use super::EngineError;
 use crate::model::{ForwardOptions, KvCache, Logits, ModelError};
@@ -305,7 +305,7 @@ impl Engine {
                             let done = tgt.model.decoder.forward_until(
                                 &history[seen..],
                                 cache,
-                                &no_logits(),
+                                &ForwardOptions::cache_only(),
                                 stop,
                             );
                             if done.is_err() {

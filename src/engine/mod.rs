@@ -50,9 +50,9 @@ pub enum EngineError {
     #[error(transparent)]
     Open(#[from] crate::fetch::OpenError),
     #[error(transparent)]
-    Eval(#[from] crate::eval::EvalError),
-    #[error(transparent)]
     Session(#[from] crate::session::SessionError),
+    #[error(transparent)]
+    Fidelity(#[from] crate::handoff::fidelity::FidelityError),
     #[error("engine: {0}")]
     Internal(String),
 }
@@ -178,8 +178,8 @@ pub fn build(
     events: Sender<Event>,
 ) -> Result<Engine, EngineError> {
     let infos = [model_info(&first), model_info(&second)];
-    let g0 = crate::eval::fidelity::query_grams(&first)?;
-    let g1 = crate::eval::fidelity::query_grams(&second)?;
+    let g0 = crate::handoff::fidelity::query_grams(&first)?;
+    let g1 = crate::handoff::fidelity::query_grams(&second)?;
     let slots = [
         Slot::new(first, g0, infos[0].clone()),
         Slot::new(second, g1, infos[1].clone()),

@@ -3,8 +3,9 @@
 //! measurement later applies to it: per-layer attention-output cosine (the target's true
 //! queries at probe positions), R² of keys and values, and key-error concentration.
 
-use super::core::{no_logits, split, synced_ms, Engine, FollowUp};
-use crate::eval::fidelity;
+use super::core::{split, Engine, FollowUp};
+use crate::handoff::fidelity;
+use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
 use crate::metrics::QueryGram;
 use crate::model::{KvCache, Model};
@@ -12,7 +13,6 @@ use crate::protocol::{
     CacheOrigin, EstimateBasis, Event, GateDecision, SwitchEstimate, SwitchMetrics, SwitchTimings,
 };
 use candle_core::Tensor;
-use std::time::Instant;
 
 use super::EngineError;
 
@@ -86,62 +86,57 @@ impl Engine {
         let history = &self.conv.history[..n];
         let (sa, sb) = split(&mut self.slots, a);
         // The newest `tail` positions are the target's to read; what it holds of them
-        // (a pre-map, an earlier handoff) is dropped and read again.
-        let tail_start = n - self.settings.tail.min(n);
-        let held = sb.primary.len().min(tail_start);
-        sb.primary.truncate(held);
+        // (a pre-map, an earlier handoff) is dropped and read again. A re-prefill keeps
+        // only what the target computed itself and starts from its truth otherwise.
+        let plan = if reprefill {
+            let own = if sb.origin == CacheOrigin::True {
+                sb.primary.len()
+            } else {
+                0
+            };
+            HandoffPlan::reprefill(n).holding(own)
+        } else {
+            let plan = HandoffPlan::new(n)
+                .anchor(self.settings.anchor)
+                .tail(self.settings.tail);
+            plan.holding(sb.primary.len().min(plan.tail_start()))
+        };
+        // What the target computed itself when it was last active, up to the tail: with
+        // the reference path on it becomes the truth the measurement starts from.
+        let held = sb.primary.len().min(n - self.settings.tail.min(n));
         let own_prefix = if self.settings.reference && sb.origin == CacheOrigin::True {
             held
         } else {
             0
         };
+        let mut primary = std::mem::replace(&mut sb.primary, sb.model.decoder.new_cache());
+        // A re-prefill copies what the target's truth already holds; a map copies the
+        // precomputed opening as its anchor.
+        let exact = if reprefill {
+            Some(&sb.truth)
+        } else {
+            sb.opening(history)
+        };
+        let inputs = HandoffInputs {
+            source: &sa.model,
+            source_cache: &sa.primary,
+            target: &sb.model,
+            mapper,
+            tokens: history,
+            exact,
+        };
         // The handoff is what the switch itself costs: the anchor the target computes and
         // the map, or the re-prefill the gate chose.
-        let t_handoff = Instant::now();
-        let mut map_suffix_ms = None;
-        if reprefill {
-            // From what the target computed itself: its own positions, or its truth.
-            let mut cache = if sb.origin == CacheOrigin::True {
-                std::mem::replace(&mut sb.primary, sb.model.decoder.new_cache())
-            } else {
-                sb.truth.try_clone_prefix(n)?
-            };
-            let have = cache.len();
-            if have < n {
-                sb.model
-                    .decoder
-                    .forward(&history[have..], &mut cache, &no_logits())?;
-            }
-            sb.primary = cache;
-            sb.origin = CacheOrigin::Reprefilled;
+        let built = plan.build(&inputs, &mut primary);
+        sb.primary = primary;
+        let built = built?;
+        sb.origin = if reprefill {
+            CacheOrigin::Reprefilled
         } else {
-            let mut prior = held;
-            let anchor = self.settings.anchor.min(n);
-            if prior < anchor {
-                sb.fill_anchor(history, anchor)?;
-                prior = anchor;
-            }
-            let map_end = tail_start.max(prior);
-            let t_map = Instant::now();
-            map_onto(
-                mapper,
-                &sa.model,
-                &sa.primary,
-                history,
-                &sb.model,
-                &mut sb.primary,
-                prior,
-                map_end,
-            )?;
-            map_suffix_ms = Some(synced_ms(sb.model.decoder.device(), t_map));
-            if map_end < n {
-                sb.model
-                    .decoder
-                    .forward(&history[map_end..], &mut sb.primary, &no_logits())?;
-            }
-            sb.origin = CacheOrigin::Mapped;
-        }
-        let handoff_ms = synced_ms(sb.model.decoder.device(), t_handoff);
+            CacheOrigin::Mapped
+        };
+        let handoff_ms = built.total_ms();
+        let map_suffix_ms = (!reprefill).then_some(built.map_ms);
         let timings = SwitchTimings {
             source_prefill_ms: None,
             map_full_ms: None,
@@ -166,6 +161,7 @@ impl Engine {
             gate,
             measurement_follows: true,
             estimate,
+            mapper: (!reprefill).then_some(self.mapper_state[a]),
         });
         Ok(Some(Handoff {
             index,
@@ -243,7 +239,7 @@ pub fn empty_metrics(n_layer: usize) -> SwitchMetrics {
 }
 
 /// Compare positions `0..n` of `mapped` with `truth` at layer `l` for `model` (see
-/// [`crate::eval::fidelity`]) and append the layer's values to `out`.
+/// [`crate::handoff::fidelity`]) and append the layer's values to `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_metrics(
     model: &Model,
@@ -261,38 +257,5 @@ pub fn layer_metrics(
     out.r2_k.push(f.r2_k);
     out.r2_v.push(f.r2_v);
     out.attention_cosine.push(f.attention_cosine);
-    Ok(())
-}
-
-/// Map positions `from..to` of `src_cache`, which holds `tokens`, onto the end of `dst`
-/// (which must hold exactly `from` positions).
-#[allow(clippy::too_many_arguments)]
-pub fn map_onto(
-    mapper: &CacheMapper,
-    src: &Model,
-    src_cache: &KvCache,
-    tokens: &[u32],
-    tgt: &Model,
-    dst: &mut KvCache,
-    from: usize,
-    to: usize,
-) -> Result<(), EngineError> {
-    if dst.len() != from {
-        return Err(EngineError::Internal(format!(
-            "the target cache holds {} positions, expected {from}",
-            dst.len()
-        )));
-    }
-    if to > from {
-        let layers = mapper.map_range(
-            src_cache,
-            tokens,
-            src.decoder.rope(),
-            tgt.decoder.rope(),
-            from,
-            to,
-        )?;
-        dst.extend_with(&layers)?;
-    }
     Ok(())
 }

@@ -4,9 +4,9 @@
 
 use super::compare::compare_tokens;
 use super::config::Settings;
-use super::core::{ms, no_logits, split, synced_ms, Engine, Inbox, Outbox};
-use super::switch::map_onto;
+use super::core::{ms, split, Engine, Inbox, Outbox};
 use super::EngineError;
+use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::metrics;
 use crate::model::{
     generate_until, ForwardOptions, GenerateOptions, KvCache, Logits, Model, StopReason,
@@ -213,7 +213,7 @@ impl Engine {
             if !gap.is_empty() {
                 slot.model
                     .decoder
-                    .forward(gap, &mut slot.truth, &no_logits())?;
+                    .forward(gap, &mut slot.truth, &ForwardOptions::cache_only())?;
             }
             let pending = &self.conv.history[pending_from..prompt_len];
             if follow_up.is_some() && pending.len() > 1 {
@@ -306,26 +306,28 @@ impl Engine {
             // Its own positions are its truth so far (as at a switch).
             sb.truth = sb.primary.try_clone()?;
         }
-        let anchor = self.settings.anchor.min(to);
-        sb.fill_anchor(&self.conv.history, anchor)?;
         let from = sb.primary.len();
-        let t0 = Instant::now();
-        map_onto(
-            &self.mappers[a].mapper,
-            &sa.model,
-            &sa.primary,
-            &self.conv.history,
-            &sb.model,
-            &mut sb.primary,
-            from,
-            to,
-        )?;
+        let plan = HandoffPlan::new(to)
+            .anchor(self.settings.anchor)
+            .holding(from);
+        let history = &self.conv.history[..to];
+        let mut primary = std::mem::replace(&mut sb.primary, sb.model.decoder.new_cache());
+        let inputs = HandoffInputs {
+            source: &sa.model,
+            source_cache: &sa.primary,
+            target: &sb.model,
+            mapper: &self.mappers[a].mapper,
+            tokens: history,
+            exact: sb.opening(history),
+        };
+        let built = plan.build(&inputs, &mut primary);
+        sb.primary = primary;
+        let took = built?.map_ms;
         sb.origin = CacheOrigin::Mapped;
-        let took = synced_ms(sb.model.decoder.device(), t0);
         self.out.emit(Event::Notice {
             message: format!(
                 "pre-mapped {} tokens into {} in {took:.1} ms",
-                to - from,
+                plan.mapped().len(),
                 self.slots[b].name()
             ),
         });

@@ -21,6 +21,8 @@ pub enum EvalError {
     #[error(transparent)]
     Metric(#[from] crate::metrics::MetricError),
     #[error(transparent)]
+    Fidelity(#[from] crate::handoff::fidelity::FidelityError),
+    #[error(transparent)]
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
     Learn(#[from] crate::learn::LearnError),

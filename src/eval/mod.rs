@@ -3,10 +3,10 @@
 //! ([`tasks`]: retention against the target's own prefill, raw and floor-normalised)
 //! and in conversations ([`recall`]: facts of a passage asked for after a switch).
 //! [`run`] does all of it for `baton eval`; [`report`] is the JSON document it prints.
-//! [`fidelity`] holds the per-layer measures, shared with the workbench's switches.
+//! The per-layer measures are [`crate::handoff::fidelity`], shared with the workbench's
+//! switches.
 
 mod error;
-pub mod fidelity;
 pub mod gate_study;
 pub mod recall;
 pub mod report;

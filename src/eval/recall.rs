@@ -25,13 +25,15 @@
 use super::tasks::{common_prefix_len, generate_until};
 use super::EvalError;
 use crate::data::recall::RecallConversation;
+use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::learn::{ConversationPair, LearnOutcome, Learner};
 use crate::mapper::CacheMapper;
 use crate::metrics::answers::{best_exact_match, best_f1, token_f1};
 use crate::metrics::interval::{cluster_bootstrap, Estimate};
-use crate::model::{ForwardOptions, KvCache, Logits, Model};
+use crate::model::{ForwardOptions, KvCache, LayerKv, Logits, Model};
 use crate::text::ChatMessage;
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 use std::time::Instant;
 
 /// What the user says with the passage, before it.
@@ -182,13 +184,6 @@ pub fn messages_for(conv: &RecallConversation, j: usize) -> Vec<ChatMessage> {
     m
 }
 
-fn no_logits() -> ForwardOptions {
-    ForwardOptions {
-        logits: Logits::None,
-        probe_positions: vec![],
-    }
-}
-
 /// Grows `cache` (which holds `held` ids) to hold `ids`, keeping what they share.
 fn extend_to(
     model: &Model,
@@ -200,7 +195,9 @@ fn extend_to(
     cache.truncate(keep);
     held.truncate(keep);
     if keep < ids.len() {
-        model.decoder.forward(&ids[keep..], cache, &no_logits())?;
+        model
+            .decoder
+            .forward(&ids[keep..], cache, &ForwardOptions::cache_only())?;
         held.extend_from_slice(&ids[keep..]);
     }
     Ok(())
@@ -246,45 +243,44 @@ pub fn eval_recall(
             extend_to(src, &mut src_cache, &mut src_held, history)?;
             let t0 = Instant::now();
             let mut reference = tgt.decoder.new_cache();
-            tgt.decoder.forward(history, &mut reference, &no_logits())?;
+            tgt.decoder
+                .forward(history, &mut reference, &ForwardOptions::cache_only())?;
             pre_s += t0.elapsed().as_secs_f64();
 
-            let anchor = opts.anchor.min(h);
-            let map_end = h.saturating_sub(opts.tail).max(anchor);
             let t1 = Instant::now();
-            let mut mapped = reference.try_clone_prefix(anchor)?;
-            if map_end > anchor {
-                let mut layers = mapper.map_range(
-                    &src_cache,
-                    history,
-                    src.decoder.rope(),
-                    tgt.decoder.rope(),
-                    anchor,
-                    map_end,
-                )?;
-                if let Some(oracle) = opts.oracle {
-                    for (l, layer) in layers.iter_mut().enumerate() {
-                        let own = reference.layer_range(l, anchor, map_end)?;
-                        match oracle {
-                            Oracle::TrueKeys => layer.k = own.k,
-                            Oracle::TrueValues => layer.v = own.v,
-                            Oracle::TrueBoth => *layer = own,
-                        }
+            let plan = HandoffPlan::new(h).anchor(opts.anchor).tail(opts.tail);
+            let inputs = HandoffInputs {
+                source: src,
+                source_cache: &src_cache,
+                target: tgt,
+                mapper,
+                tokens: history,
+                exact: Some(&reference),
+            };
+            let mut mapped = tgt.decoder.new_cache();
+            // The oracle swaps the target's own keys or values in for the mapped ones.
+            let mut swap = |layers: &mut [LayerKv], range: Range<usize>| {
+                let Some(oracle) = opts.oracle else {
+                    return Ok(());
+                };
+                for (l, layer) in layers.iter_mut().enumerate() {
+                    let own = reference.layer_range(l, range.start, range.end)?;
+                    match oracle {
+                        Oracle::TrueKeys => layer.k = own.k,
+                        Oracle::TrueValues => layer.v = own.v,
+                        Oracle::TrueBoth => *layer = own,
                     }
                 }
-                mapped.extend_with(&layers)?;
-            }
-            if map_end < h {
-                tgt.decoder
-                    .forward(&history[map_end..], &mut mapped, &no_logits())?;
-            }
+                Ok(())
+            };
+            plan.build_edited(&inputs, &mut mapped, Some(&mut swap))?;
             map_s += t1.elapsed().as_secs_f64();
 
             // The question, read by each path itself.
             tgt.decoder
-                .forward(&prompt[h..], &mut reference, &no_logits())?;
+                .forward(&prompt[h..], &mut reference, &ForwardOptions::cache_only())?;
             tgt.decoder
-                .forward(&prompt[h..], &mut mapped, &no_logits())?;
+                .forward(&prompt[h..], &mut mapped, &ForwardOptions::cache_only())?;
             extend_to(src, &mut src_cache, &mut src_held, prompt)?;
 
             let max = opts.max_answer_tokens;

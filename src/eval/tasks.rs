@@ -14,6 +14,7 @@
 
 use super::EvalError;
 use crate::data::tasks::{extract_number, normalize_number, Choice, TaskDef, TaskItem, TaskKind};
+use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
 use crate::metrics::interval::{
     floor_normalised_retention, paired_bootstrap, raw_retention, wilson, Estimate, PairedOutcome,
@@ -122,13 +123,6 @@ struct Shared {
     mapped: KvCache,
 }
 
-fn no_logits() -> ForwardOptions {
-    ForwardOptions {
-        logits: Logits::None,
-        probe_positions: vec![],
-    }
-}
-
 struct Prepared {
     reference: KvCache,
     mapped: KvCache,
@@ -149,39 +143,41 @@ fn prepare(
     let mut reference = shared.target.try_clone()?;
     let t0 = Instant::now();
     if !suffix.is_empty() {
-        tgt.decoder.forward(suffix, &mut reference, &no_logits())?;
+        tgt.decoder
+            .forward(suffix, &mut reference, &ForwardOptions::cache_only())?;
     }
     let reprefill_seconds = t0.elapsed().as_secs_f64();
-    // Mapped up to `map_end`; the target reads the tail after it itself, so neither the
-    // source nor the mapper works on it.
-    let map_end = if tail > 0 {
-        prefix.len().saturating_sub(tail).max(anchor)
-    } else {
-        prefix.len()
-    };
-    let map_end = read_from.map_or(map_end, |q| map_end.min(q.max(anchor)));
-    let (mut mapped, t1) = if map_end <= shared.len {
-        (shared.mapped.try_clone_prefix(map_end)?, Instant::now())
-    } else {
-        let mut source = shared.source.try_clone()?;
-        src.decoder
-            .forward(&prefix[shared.len..map_end], &mut source, &no_logits())?;
-        let t1 = Instant::now();
-        let mut mapped = shared.mapped.try_clone()?;
-        mapped.extend_with(&mapper.map_range(
-            &source,
-            prefix,
-            src.decoder.rope(),
-            tgt.decoder.rope(),
-            shared.len,
-            map_end,
-        )?)?;
-        (mapped, t1)
-    };
-    if map_end < prefix.len() {
-        tgt.decoder
-            .forward(&prefix[map_end..], &mut mapped, &no_logits())?;
+    // The target reads the tail (and the question, when told to) itself, so neither the
+    // source nor the mapper works on it; what the items share is mapped once.
+    let mut plan = HandoffPlan::new(prefix.len()).anchor(anchor).tail(tail);
+    if let Some(q) = read_from {
+        plan = plan.read_from(q);
     }
+    let map_end = plan.mapped().end;
+    let plan = plan.holding(shared.len.min(map_end));
+    let mut source = None;
+    if map_end > shared.len {
+        let mut s = shared.source.try_clone()?;
+        src.decoder.forward(
+            &prefix[shared.len..map_end],
+            &mut s,
+            &ForwardOptions::cache_only(),
+        )?;
+        source = Some(s);
+    }
+    let t1 = Instant::now();
+    let mut mapped = shared.mapped.try_clone_prefix(plan.held())?;
+    plan.build(
+        &HandoffInputs {
+            source: src,
+            source_cache: source.as_ref().unwrap_or(&shared.source),
+            target: tgt,
+            mapper,
+            tokens: prefix,
+            exact: None,
+        },
+        &mut mapped,
+    )?;
     Ok(Prepared {
         reference,
         mapped,
@@ -210,22 +206,21 @@ fn build_shared(
     let mut source = src.decoder.new_cache();
     let mut mapped = tgt.decoder.new_cache();
     if len > 0 {
-        tgt.decoder.forward(ids, &mut target, &no_logits())?;
-        src.decoder.forward(ids, &mut source, &no_logits())?;
-        if anchor == 0 {
-            mapped = mapper.map_cache(&source, ids, src.decoder.rope(), tgt.decoder.rope())?;
-        } else {
-            // The target's own cache of the anchor is already in `target`.
-            mapped = target.try_clone_prefix(anchor)?;
-            mapped.extend_with(&mapper.map_range(
-                &source,
-                ids,
-                src.decoder.rope(),
-                tgt.decoder.rope(),
-                anchor,
-                len,
-            )?)?;
-        }
+        tgt.decoder
+            .forward(ids, &mut target, &ForwardOptions::cache_only())?;
+        src.decoder
+            .forward(ids, &mut source, &ForwardOptions::cache_only())?;
+        // The target's own cache of the anchor is already in `target`.
+        (mapped, _) = HandoffPlan::new(len)
+            .anchor(anchor)
+            .build_new(&HandoffInputs {
+                source: src,
+                source_cache: &source,
+                target: tgt,
+                mapper,
+                tokens: ids,
+                exact: Some(&target),
+            })?;
     }
     Ok(Shared {
         len,

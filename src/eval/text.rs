@@ -2,7 +2,9 @@
 //! replaces the target's own, and the target continues teacher-forced. Every metric of
 //! the metrics module, per target layer where it has layers.
 
-use super::{fidelity, EvalError};
+use super::EvalError;
+use crate::handoff::fidelity;
+use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
 use crate::metrics::{self, probe_positions, ContinuationScores};
 use crate::model::{ForwardOptions, KvCache, Logits, Model};
@@ -90,13 +92,6 @@ fn all_logits(
     Ok((logits, out.queries))
 }
 
-fn no_logits() -> ForwardOptions {
-    ForwardOptions {
-        logits: Logits::None,
-        probe_positions: vec![],
-    }
-}
-
 pub fn eval_text(
     src: &Model,
     tgt: &Model,
@@ -148,33 +143,15 @@ pub fn eval_text(
         )?;
         out.reprefill_seconds += t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        // Mapped over `anchor..map_end`; the target reads the anchor and the tail itself.
-        let map_end = p.saturating_sub(opts.tail).max(opts.anchor.min(p));
-        let mut mapped = if opts.anchor == 0 && map_end == p {
-            mapper.map_cache(&src_cache, prefix, src.decoder.rope(), tgt.decoder.rope())?
-        } else {
-            let mut c = tgt.decoder.new_cache();
-            let anchor = opts.anchor.min(map_end);
-            if anchor > 0 {
-                tgt.decoder
-                    .forward(&prefix[..anchor], &mut c, &no_logits())?;
-            }
-            if map_end > anchor {
-                c.extend_with(&mapper.map_range(
-                    &src_cache,
-                    prefix,
-                    src.decoder.rope(),
-                    tgt.decoder.rope(),
-                    anchor,
-                    map_end,
-                )?)?;
-            }
-            if map_end < p {
-                tgt.decoder
-                    .forward(&prefix[map_end..], &mut c, &no_logits())?;
-            }
-            c
-        };
+        let plan = HandoffPlan::new(p).anchor(opts.anchor).tail(opts.tail);
+        let (mut mapped, _) = plan.build_new(&HandoffInputs {
+            source: src,
+            source_cache: &src_cache,
+            target: tgt,
+            mapper,
+            tokens: prefix,
+            exact: None,
+        })?;
         out.map_seconds += t1.elapsed().as_secs_f64();
 
         let mut r2k = Vec::with_capacity(l_t);

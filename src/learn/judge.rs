@@ -4,6 +4,7 @@
 
 use super::LearnError;
 use crate::calibrate::capture;
+use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
 use crate::metrics::attention_output_cosine;
 use crate::model::{KvCache, Model};
@@ -86,15 +87,16 @@ impl Stretch<'_> {
                  map (positions {from}..{to})"
             )));
         }
-        let mut cache = self.tgt.try_clone_prefix(from)?;
-        cache.extend_with(&mapper.map_range(
-            self.src,
-            self.tokens,
-            src.decoder.rope(),
-            tgt.decoder.rope(),
-            from,
-            to,
-        )?)?;
+        let (cache, _) = HandoffPlan::new(to)
+            .anchor(from)
+            .build_new(&HandoffInputs {
+                source: src,
+                source_cache: self.src,
+                target: tgt,
+                mapper,
+                tokens: self.tokens,
+                exact: Some(self.tgt),
+            })?;
         let layers = cache.shape().n_layer;
         if self.queries.len() != layers {
             return Err(LearnError::Unsupported(format!(

@@ -28,6 +28,15 @@ pub struct ForwardOptions {
 }
 
 impl ForwardOptions {
+    /// Only fill the cache: no logits, no probe queries (a prefill whose output is the
+    /// cache itself).
+    pub fn cache_only() -> Self {
+        Self {
+            logits: Logits::None,
+            probe_positions: Vec::new(),
+        }
+    }
+
     pub fn last_logits() -> Self {
         Self {
             logits: Logits::Last,

@@ -202,6 +202,24 @@ impl KvCache {
         Ok(())
     }
 
+    /// Append positions `start..end` of `other` (a cache of the same model and the same
+    /// tokens) after this cache's `start` positions.
+    pub fn extend_from(&mut self, other: &KvCache, start: usize, end: usize) -> Result<()> {
+        if self.len != start {
+            return Err(ModelError::Cache(format!(
+                "copying positions {start}..{end} onto a cache of {} positions",
+                self.len
+            )));
+        }
+        if end <= start {
+            return Ok(());
+        }
+        let layers = (0..self.shape.n_layer)
+            .map(|l| other.layer_range(l, start, end))
+            .collect::<Result<Vec<_>>>()?;
+        self.extend_with(&layers)
+    }
+
     /// Forget every position from `len` on.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);

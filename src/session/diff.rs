@@ -3,7 +3,7 @@
 //! Timings are left out: they differ on every run.
 
 use super::reader::Session;
-use crate::protocol::{Event, GateDecision, PathKind, SwitchMetrics};
+use crate::protocol::{Event, GateDecision, MapperState, PathKind, SwitchMetrics};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Display, Formatter};
@@ -179,6 +179,7 @@ struct SwitchView<'a> {
     turn: u32,
     metrics: Option<&'a SwitchMetrics>,
     gate: Option<&'a GateDecision>,
+    mapper: Option<&'a MapperState>,
 }
 
 /// Each switch, with its metrics from its own event (sessions before format 1.1) or from
@@ -194,6 +195,7 @@ fn switches(s: &Session) -> BTreeMap<u32, SwitchView<'_>> {
                 to,
                 metrics,
                 gate,
+                mapper,
                 ..
             } => {
                 out.insert(
@@ -204,6 +206,7 @@ fn switches(s: &Session) -> BTreeMap<u32, SwitchView<'_>> {
                         turn: *turn,
                         metrics: metrics.as_ref(),
                         gate: gate.as_ref(),
+                        mapper: mapper.as_ref(),
                     },
                 );
             }
@@ -241,6 +244,15 @@ fn compare_switches(a: &Session, b: &Session, opts: &DiffOptions, d: &mut Sessio
                 "switch {index}: recorded {} -> {} at turn {}, replayed {} -> {} at turn {}",
                 x.from, x.to, x.turn, y.from, y.to, y.turn
             ));
+        }
+        // Learning runs beside the conversation, so a replay may map with another state
+        // of the mapper; its numbers then differ for that reason.
+        if let (Some(m), Some(n)) = (x.mapper, y.mapper) {
+            if m != n {
+                d.structure.push(format!(
+                    "switch {index}: recorded with the mapper {m}, replayed with the mapper {n}"
+                ));
+            }
         }
         let mut metric = |name: String, p: f64, q: f64| {
             if differs(p, q, opts.tolerance) {
@@ -467,6 +479,32 @@ mod tests {
         let d = diff_sessions(&old, &fixtures::session_of(events), &DiffOptions::default());
         assert_eq!(d.metrics.len(), 1, "{d}");
         assert_eq!(d.metrics[0].switch, Some(1));
+    }
+
+    #[test]
+    fn a_switch_replayed_with_another_state_of_its_mapper_says_so() {
+        let with = |updates: u32| {
+            let mut events = fixtures::events();
+            for e in events.iter_mut() {
+                if let Event::Switch {
+                    index: 1, mapper, ..
+                } = e
+                {
+                    *mapper = Some(MapperState {
+                        updates,
+                        learned_tokens: 40 * u64::from(updates),
+                    });
+                }
+            }
+            fixtures::session_of(events)
+        };
+        let d = diff_sessions(&with(0), &with(0), &DiffOptions::default());
+        assert!(d.is_identical(), "{d}");
+        let d = diff_sessions(&with(0), &with(2), &DiffOptions::default());
+        assert_eq!(
+            d.structure,
+            ["switch 1: recorded with the mapper calibrated, replayed with the mapper learned, update 2 (80 positions)"]
+        );
     }
 
     #[test]

@@ -118,6 +118,7 @@ pub fn events() -> Vec<Event> {
             }),
             measurement_follows: false,
             estimate: None,
+            mapper: None,
         },
         Event::UserMessage {
             turn: 2,
@@ -185,6 +186,7 @@ pub fn events() -> Vec<Event> {
             }),
             measurement_follows: false,
             estimate: None,
+            mapper: None,
         },
         Event::UserMessage {
             turn: 4,
@@ -236,6 +238,7 @@ pub fn measured_later(events: Vec<Event>) -> Vec<Event> {
                     gate,
                     measurement_follows: true,
                     estimate: None,
+                    mapper: None,
                 });
                 waiting = Some(Event::SwitchMeasured {
                     index,

@@ -18,7 +18,9 @@ pub const VERSION: u32 = 1;
 ///   turn; `switch_follow_up`'s `end_to_end_ms` runs from the message reaching the
 ///   engine to the target's first token.
 /// - 2: `mapper_learned` events say what a mapper learned from the conversation.
-pub const MINOR: u32 = 2;
+/// - 3: a `switch` event says which state of its mapper it used (`mapper`): a switch
+///   no longer waits for learning, so the state depends on what had finished.
+pub const MINOR: u32 = 3;
 
 /// Line 1 of a session file: which build, models, mappers and settings produced it, so a
 /// report or a replay can tell whether it is looking at comparable runs.

@@ -8,7 +8,7 @@
 
 use super::reader::Session;
 use crate::protocol::{
-    CacheOrigin, Event, GateDecision, PathKind, StopKind, SwitchMetrics, SwitchTimings,
+    CacheOrigin, Event, GateDecision, MapperState, PathKind, StopKind, SwitchMetrics, SwitchTimings,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -141,6 +141,10 @@ pub struct SwitchRow {
     pub round_trip: Option<f64>,
     #[serde(default)]
     pub predicted_cosine: Option<f64>,
+    /// The state of the mapper the handoff used (`None`: a re-prefill, or a session
+    /// older than format 1.3).
+    #[serde(default)]
+    pub mapper: Option<MapperState>,
 }
 
 /// The session at a glance. Means are over the rows that have the value.
@@ -244,6 +248,7 @@ impl Report {
                     gate,
                     measurement_follows,
                     estimate,
+                    mapper,
                 } => {
                     let mut row = SwitchRow {
                         index: *index,
@@ -269,6 +274,7 @@ impl Report {
                         feature_distance: estimate.and_then(|e| e.feature_distance),
                         round_trip: estimate.and_then(|e| e.round_trip),
                         predicted_cosine: estimate.and_then(|e| e.predicted_cosine),
+                        mapper: *mapper,
                     };
                     row.measure(timings, metrics.as_ref());
                     switches.push(row);

@@ -119,6 +119,7 @@ impl App {
                 gate,
                 measurement_follows,
                 estimate,
+                mapper: _,
             } => {
                 self.repaired = None;
                 self.switches_pending = self.switches_pending.saturating_sub(1);

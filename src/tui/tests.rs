@@ -72,6 +72,7 @@ fn switch_event(context_tokens: usize) -> Event {
         gate: None,
         measurement_follows: false,
         estimate: None,
+        mapper: None,
     }
 }
 

@@ -187,11 +187,18 @@ impl Rig {
 
     /// A long message answered, switched away from and measured: what the engine said.
     pub fn talk_and_switch(&mut self, seed: u64) -> Vec<Event> {
+        let mut events = self.talk_and_switch_unsettled(seed);
+        events.extend(self.settle());
+        events
+    }
+
+    /// [`Self::talk_and_switch`] without waiting for the learning it starts.
+    pub fn talk_and_switch_unsettled(&mut self, seed: u64) -> Vec<Event> {
         let text = tiny().chat_text(160, seed);
         let _ = self.handle(Command::Submit { text });
         let mut events = self.handle(Command::Switch);
         self.engine.measure_pending(&self.rx);
-        events.extend(self.settle());
+        events.extend(self.drain());
         events
     }
 }

@@ -31,6 +31,7 @@ fn handoff_event() -> Event {
             gate,
             measurement_follows: true,
             estimate: None,
+            mapper: None,
         },
         other => other,
     }

@@ -11,11 +11,21 @@
 //! - key-error concentration: how much of the key error lies in the directions the
 //!   layer's query projection reads, from its Gram `W_qᵀ W_q` (1 = as much as chance).
 
-use super::EvalError;
 use crate::mapper::features::{layer_features, rows_to_heads};
 use crate::metrics::{self, QueryGram};
-use crate::model::{KvCache, Model};
+use crate::model::{KvCache, Model, ModelError};
 use candle_core::Tensor;
+
+/// A measure that could not be computed.
+#[derive(Debug, thiserror::Error)]
+pub enum FidelityError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Metric(#[from] metrics::MetricError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
 
 /// One layer's fidelity measures.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,7 +38,7 @@ pub struct LayerFidelity {
 }
 
 /// Query-projection Grams of every layer of `model`, for key-error concentration.
-pub fn query_grams(model: &Model) -> Result<Vec<QueryGram>, EvalError> {
+pub fn query_grams(model: &Model) -> Result<Vec<QueryGram>, FidelityError> {
     let cfg = model.config();
     model
         .decoder
@@ -55,7 +65,7 @@ pub fn layer_fidelity(
     queries: Option<&Tensor>,
     probes: &[usize],
     l: usize,
-) -> Result<LayerFidelity, EvalError> {
+) -> Result<LayerFidelity, FidelityError> {
     let cfg = model.config();
     let rope = model.decoder.rope();
     let ft = layer_features(truth, rope, l, 0, n, 1)?;

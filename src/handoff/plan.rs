@@ -1,0 +1,178 @@
+//! Which positions of the handed-over cache come from where.
+
+use std::ops::Range;
+
+/// The target's cache of a conversation of `len` positions, described once:
+///
+/// ```text
+/// 0 ........ held ........ own_end ............ map_end ............ len
+/// | kept as it is | target computes | mapped from the  | target reads    |
+/// | (already in   | itself (anchor) | source's cache   | itself (tail)   |
+/// |  the cache)   |                 |                  |                 |
+/// ```
+///
+/// Every position before the first mapped one is the target's exact own: the target
+/// computed it over exact positions only. Positions the target reads after the mapped
+/// middle attend over it, so they are the target's own reading of a mapped context, not
+/// its truth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandoffPlan {
+    len: usize,
+    held: usize,
+    anchor: usize,
+    read_from: usize,
+}
+
+impl HandoffPlan {
+    /// Map all `len` positions: no anchor, no tail, nothing held.
+    pub fn new(len: usize) -> Self {
+        Self {
+            len,
+            held: 0,
+            anchor: 0,
+            read_from: len,
+        }
+    }
+
+    /// The target computes the first `anchor` positions itself (the attention sink, the
+    /// template's opening): at most `len`.
+    pub fn anchor(mut self, anchor: usize) -> Self {
+        self.anchor = anchor.min(self.len);
+        self
+    }
+
+    /// The target reads the newest `tail` positions itself, on top of what is mapped.
+    pub fn tail(mut self, tail: usize) -> Self {
+        self.read_from = self.read_from.min(self.len - tail.min(self.len));
+        self
+    }
+
+    /// The target reads everything from position `from` on itself (a question it is
+    /// given to read, say), on top of any tail.
+    pub fn read_from(mut self, from: usize) -> Self {
+        self.read_from = self.read_from.min(from);
+        self
+    }
+
+    /// The target reads all of it: a re-prefill, past what it holds.
+    pub fn reprefill(len: usize) -> Self {
+        Self::new(len).tail(len)
+    }
+
+    /// The target's cache already holds its first `held` positions and keeps them as
+    /// they are: its own positions, or an earlier handoff of the same tokens.
+    pub fn holding(mut self, held: usize) -> Self {
+        self.held = held.min(self.len);
+        self
+    }
+
+    /// Positions in all.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions kept from the cache as it was.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Where the tail the target reads itself starts, whether or not it holds some of it.
+    pub fn tail_start(&self) -> usize {
+        self.read_from
+    }
+
+    /// Leading positions the target computes itself before the map (past those held).
+    pub fn own(&self) -> Range<usize> {
+        self.held..self.held.max(self.anchor)
+    }
+
+    /// Positions mapped from the source's cache (empty when the target reads them all).
+    pub fn mapped(&self) -> Range<usize> {
+        let start = self.own().end;
+        start..self.read_from.max(start)
+    }
+
+    /// Positions the target reads itself after the mapped middle.
+    pub fn read(&self) -> Range<usize> {
+        self.mapped().end..self.len
+    }
+
+    /// Positions that are the target's exact own: everything before the first mapped
+    /// position, or everything when nothing is mapped.
+    pub fn exact_end(&self) -> usize {
+        let m = self.mapped();
+        if m.is_empty() {
+            self.len
+        } else {
+            m.start
+        }
+    }
+
+    /// Whether the whole cache is mapped: nothing held, no anchor, no tail.
+    pub fn maps_everything(&self) -> bool {
+        self.mapped() == (0..self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parts_cover_every_position_once_in_order() {
+        for len in 0..12 {
+            for held in 0..14 {
+                for anchor in 0..14 {
+                    for tail in 0..14 {
+                        let p = HandoffPlan::new(len)
+                            .anchor(anchor)
+                            .tail(tail)
+                            .holding(held);
+                        let (o, m, r) = (p.own(), p.mapped(), p.read());
+                        assert_eq!(o.start, p.held().min(len));
+                        assert_eq!(o.end, m.start);
+                        assert_eq!(m.end, r.start);
+                        assert_eq!(r.end, len);
+                        assert!(o.start <= o.end && m.start <= m.end && r.start <= r.end);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_anchor_and_the_tail_take_precedence_over_the_map() {
+        let p = HandoffPlan::new(100).anchor(1).tail(30);
+        assert_eq!((p.own(), p.mapped(), p.read()), (0..1, 1..70, 70..100));
+        assert_eq!(p.exact_end(), 1);
+        // An anchor past the tail's start: the target computes the anchor, reads the rest.
+        let p = HandoffPlan::new(10).anchor(8).tail(5);
+        assert_eq!((p.own(), p.mapped(), p.read()), (0..8, 8..8, 8..10));
+        assert_eq!(p.exact_end(), 10);
+        // Held positions count as computed: the map starts after them.
+        let p = HandoffPlan::new(50).anchor(1).holding(20);
+        assert_eq!((p.own(), p.mapped(), p.read()), (20..20, 20..50, 50..50));
+    }
+
+    #[test]
+    fn a_question_read_by_the_target_and_a_tail_take_the_earlier_start() {
+        let p = HandoffPlan::new(100).tail(10).read_from(60);
+        assert_eq!(p.read(), 60..100);
+        let p = HandoffPlan::new(100).tail(50).read_from(60);
+        assert_eq!(p.read(), 50..100);
+    }
+
+    #[test]
+    fn a_reprefill_maps_nothing_and_is_exact_throughout() {
+        let p = HandoffPlan::reprefill(40).holding(12);
+        assert!(p.mapped().is_empty());
+        assert_eq!(p.read(), 12..40);
+        assert_eq!(p.exact_end(), 40);
+        assert!(HandoffPlan::new(40).maps_everything());
+        assert!(!HandoffPlan::new(40).anchor(1).maps_everything());
+    }
+}

@@ -1,0 +1,212 @@
+//! The handed-over cache built from a plan, on two tiny models generated here with their
+//! mappers calibrated between them: each part of the plan is what it says (the target's
+//! own prefill, the mapper's image, the target reading over the mapped middle), what it
+//! holds stays, and the target's exact cache is copied only where the plan is exact.
+
+mod common;
+
+use baton::handoff::{HandoffInputs, HandoffPlan};
+use baton::mapper::artifact;
+use baton::model::{ForwardOptions, KvCache, Model};
+use candle_core::Tensor;
+use common::engine_rig::{models, tiny, write_pair};
+
+fn prefill(m: &Model, ids: &[u32]) -> KvCache {
+    let mut cache = m.decoder.new_cache();
+    m.decoder
+        .forward(ids, &mut cache, &ForwardOptions::cache_only())
+        .unwrap();
+    cache
+}
+
+/// Largest absolute difference between positions `range` of two caches, over all layers.
+fn max_diff(a: &KvCache, b: &KvCache, start: usize, end: usize) -> f32 {
+    let mut worst = 0f32;
+    for l in 0..a.shape().n_layer {
+        let (x, y) = (
+            a.layer_range(l, start, end).unwrap(),
+            b.layer_range(l, start, end).unwrap(),
+        );
+        for (p, q) in [(&x.k, &y.k), (&x.v, &y.v)] {
+            let d = (p - q).unwrap().abs().unwrap().flatten_all().unwrap();
+            let d = d.max(0).unwrap().to_scalar::<f32>().unwrap();
+            worst = worst.max(d);
+        }
+    }
+    worst
+}
+
+/// A cache made of positions `0..start` of `base` followed by `layers`.
+fn with_layers(base: &KvCache, start: usize, layers: &[baton::model::LayerKv]) -> KvCache {
+    let mut c = base.try_clone_prefix(start).unwrap();
+    c.extend_with(layers).unwrap();
+    c
+}
+
+#[test]
+fn each_part_of_a_plan_is_built_as_it_says() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let (a, b) = models(dir.path());
+    let (_, mapper) = artifact::open_for(Some(&dir.path().join("mappers")), &a, &b).unwrap();
+    let ids = a.tokenizer.encode_raw(&tiny().text(60, 3)).unwrap();
+    let n = ids.len();
+    assert!(n > 30, "the text gives {n} tokens");
+    let src_cache = prefill(&a, &ids);
+    let truth = prefill(&b, &ids);
+    let inputs = HandoffInputs {
+        source: &a,
+        source_cache: &src_cache,
+        target: &b,
+        mapper: &mapper,
+        tokens: &ids,
+        exact: None,
+    };
+
+    // Anchor 3, tail 8: the target's own first 3, the mapper's image of the middle, and
+    // the target reading the last 8 over both.
+    let plan = HandoffPlan::new(n).anchor(3).tail(8);
+    let (built, timings) = plan.build_new(&inputs).unwrap();
+    assert_eq!(built.len(), n);
+    assert!(timings.map_ms > 0.0);
+    // A prefill of 3 tokens and one of n block their products differently.
+    const CHUNKING: f32 = 1e-4;
+    assert!(
+        max_diff(&built, &truth, 0, 3) < CHUNKING,
+        "the anchor is the prefill's"
+    );
+    let middle = mapper
+        .map_range(
+            &src_cache,
+            &ids,
+            a.decoder.rope(),
+            b.decoder.rope(),
+            3,
+            n - 8,
+        )
+        .unwrap();
+    let mut expected = with_layers(&truth, 3, &middle);
+    assert_eq!(
+        max_diff(&built, &expected, 3, n - 8),
+        0.0,
+        "the middle is mapped"
+    );
+    b.decoder
+        .forward(&ids[n - 8..], &mut expected, &ForwardOptions::cache_only())
+        .unwrap();
+    assert!(
+        max_diff(&built, &expected, n - 8, n) < CHUNKING,
+        "the tail is read over the mapped middle"
+    );
+    // Read over a mapped middle, the tail is not the target's truth.
+    assert!(max_diff(&built, &truth, n - 8, n) > 1e-4);
+}
+
+#[test]
+fn a_plan_the_target_reads_whole_is_its_prefill_and_an_exact_cache_is_copied() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let (a, b) = models(dir.path());
+    let (_, mapper) = artifact::open_for(Some(&dir.path().join("mappers")), &a, &b).unwrap();
+    let ids = a.tokenizer.encode_raw(&tiny().text(40, 5)).unwrap();
+    let n = ids.len();
+    let src_cache = prefill(&a, &ids);
+    let truth = prefill(&b, &ids);
+    let mut inputs = HandoffInputs {
+        source: &a,
+        source_cache: &src_cache,
+        target: &b,
+        mapper: &mapper,
+        tokens: &ids,
+        exact: None,
+    };
+    let (read, t) = HandoffPlan::reprefill(n).build_new(&inputs).unwrap();
+    assert_eq!(t.map_ms, 0.0, "nothing is mapped");
+    assert_eq!(max_diff(&read, &truth, 0, n), 0.0);
+
+    // Given the truth of the first 10 positions, the rest is computed on top of it.
+    let part = truth.try_clone_prefix(10).unwrap();
+    inputs.exact = Some(&part);
+    let (copied, _) = HandoffPlan::reprefill(n).build_new(&inputs).unwrap();
+    assert!(max_diff(&copied, &truth, 0, n) < 1e-4);
+
+    // An anchor is copied from the exact cache: the same as computing it.
+    let (mapped, _) = HandoffPlan::new(n).anchor(4).build_new(&inputs).unwrap();
+    inputs.exact = None;
+    let (computed, _) = HandoffPlan::new(n).anchor(4).build_new(&inputs).unwrap();
+    assert!(max_diff(&mapped, &computed, 0, n) < 1e-4);
+}
+
+#[test]
+fn held_positions_stay_the_whole_map_takes_the_mappers_own_path_and_edits_reach_only_the_map() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let (a, b) = models(dir.path());
+    let (_, mapper) = artifact::open_for(Some(&dir.path().join("mappers")), &a, &b).unwrap();
+    let ids = a.tokenizer.encode_raw(&tiny().text(40, 7)).unwrap();
+    let n = ids.len();
+    let src_cache = prefill(&a, &ids);
+    let truth = prefill(&b, &ids);
+    let inputs = HandoffInputs {
+        source: &a,
+        source_cache: &src_cache,
+        target: &b,
+        mapper: &mapper,
+        tokens: &ids,
+        exact: None,
+    };
+    let (rb, ra) = (b.decoder.rope(), a.decoder.rope());
+    let whole = mapper.map_cache(&src_cache, &ids, ra, rb).unwrap();
+    let (built, _) = HandoffPlan::new(n).build_new(&inputs).unwrap();
+    assert_eq!(max_diff(&built, &whole, 0, n), 0.0);
+
+    // The target holds its truth of the first 12 positions and more: it keeps 12.
+    let mut dst = truth.try_clone().unwrap();
+    HandoffPlan::new(n)
+        .anchor(1)
+        .holding(12)
+        .build(&inputs, &mut dst)
+        .unwrap();
+    assert_eq!(dst.len(), n);
+    assert_eq!(max_diff(&dst, &truth, 0, 12), 0.0);
+    let rest = mapper.map_range(&src_cache, &ids, ra, rb, 12, n).unwrap();
+    assert_eq!(max_diff(&dst, &with_layers(&truth, 12, &rest), 12, n), 0.0);
+
+    // A cache shorter than what the plan keeps is refused.
+    let mut short = truth.try_clone_prefix(5).unwrap();
+    let err = HandoffPlan::new(n)
+        .holding(12)
+        .build(&inputs, &mut short)
+        .unwrap_err();
+    assert!(err.to_string().contains("holds 5 positions"), "{err}");
+
+    // An edit sees exactly the mapped range, and only the mapped positions change.
+    let mut seen = None;
+    let mut zero = |layers: &mut [baton::model::LayerKv], r: std::ops::Range<usize>| {
+        seen = Some(r);
+        for layer in layers.iter_mut() {
+            layer.v = Tensor::zeros_like(&layer.v)?;
+        }
+        Ok(())
+    };
+    let mut edited = b.decoder.new_cache();
+    HandoffPlan::new(n)
+        .anchor(2)
+        .tail(5)
+        .build_edited(&inputs, &mut edited, Some(&mut zero))
+        .unwrap();
+    assert_eq!(seen, Some(2..n - 5));
+    let v = edited.layer_range(0, 2, n - 5).unwrap().v;
+    let total = v
+        .abs()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert_eq!(total, 0.0);
+    assert!(
+        max_diff(&edited, &truth, 0, 2) < 1e-4,
+        "the anchor is the target's own"
+    );
+}
