@@ -38,8 +38,9 @@ use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
+use super::error::TokenizerError;
 use super::gguf_meta::{meta, meta_str, meta_u32};
-use super::tokenizer::{config_token, TextTokenizer, TokenizerError};
+use super::tokenizer::{config_token, TextTokenizer};
 
 const TEMPLATE_NAME: &str = "chat_template";
 

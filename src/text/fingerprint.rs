@@ -4,7 +4,7 @@
 //! stored (tokenizer.json or GGUF metadata), and mapper artifacts and sessions can be
 //! bound to it.
 
-use super::tokenizer::{build_err, TokenizerError};
+use super::error::{build_err, TokenizerError};
 use sha2::{Digest, Sha256};
 use tokenizers::Tokenizer;
 

@@ -1,7 +1,7 @@
 //! Typed reads of GGUF metadata values, with errors that name the key and what was
 //! found there instead.
 
-use super::tokenizer::TokenizerError;
+use super::error::TokenizerError;
 use candle_core::quantized::gguf_file::{Content, Value};
 
 pub(crate) fn meta<'a>(content: &'a Content, key: &str) -> Option<&'a Value> {

@@ -2,11 +2,13 @@
 //! detokenization and chat templates.
 
 pub mod chat_template;
+mod error;
 mod fingerprint;
 mod gguf_meta;
 pub mod stream;
 pub mod tokenizer;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, PrefixStability, Role};
+pub use error::TokenizerError;
 pub use stream::TokenStream;
-pub use tokenizer::{ensure_same_tokenizer, PreTokenizerKind, TextTokenizer, TokenizerError};
+pub use tokenizer::{ensure_same_tokenizer, PreTokenizerKind, TextTokenizer};

@@ -1,6 +1,7 @@
 //! Incremental detokenization for streaming output.
 
-use super::tokenizer::{TextTokenizer, TokenizerError};
+use super::error::TokenizerError;
+use super::tokenizer::TextTokenizer;
 
 const REPLACEMENT: char = '\u{FFFD}';
 
@@ -78,6 +79,13 @@ impl TokenStream {
     /// Whether some pushed ids have not been emitted as text yet.
     pub fn has_pending(&self) -> bool {
         self.read_offset < self.ids.len()
+    }
+}
+
+impl TextTokenizer {
+    /// A streaming detokenizer bound to this tokenizer.
+    pub fn stream(&self) -> TokenStream {
+        TokenStream::new(self.clone())
     }
 }
 

@@ -9,9 +9,10 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
+use super::error::{build_err, TokenizerError};
 use super::fingerprint::compute_fingerprint;
 use super::gguf_meta::{int_array, meta, meta_bool, meta_str, meta_str_array, meta_u32};
 use candle_core::quantized::gguf_file::Content;
@@ -26,8 +27,6 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, ModelWrapper, SplitDelimiterBehavior, Tokenizer};
-
-use super::stream::TokenStream;
 
 /// Qwen2 / Qwen2.5 / Qwen3 split pattern, verbatim from their `tokenizer.json`
 /// (llama.cpp pre-type `qwen2` uses the same pattern, spelled without `(?i:...)`).
@@ -57,48 +56,6 @@ const END_OF_TURN_TOKENS: &[&str] = &[
     "<end_of_turn>",
     "<|end|>",
 ];
-
-/// Errors from building or using a [`TextTokenizer`].
-#[derive(Debug, thiserror::Error)]
-pub enum TokenizerError {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot load tokenizer file {path}: {message}")]
-    Load { path: PathBuf, message: String },
-    #[error("GGUF metadata has no `{0}`; cannot build the tokenizer")]
-    MissingKey(String),
-    #[error("GGUF metadata `{key}` is malformed: {message}")]
-    BadMetadata { key: String, message: String },
-    #[error(
-        "unsupported tokenizer model `tokenizer.ggml.model = \"{0}\"`; supported: \"gpt2\" (byte-level BPE)"
-    )]
-    UnsupportedModel(String),
-    #[error(
-        "unsupported pre-tokenizer `tokenizer.ggml.pre = \"{0}\"`; supported: {supported}",
-        supported = PreTokenizerKind::SUPPORTED.join(", ")
-    )]
-    UnsupportedPre(String),
-    #[error("cannot build the tokenizer: {0}")]
-    Build(String),
-    #[error("cannot encode text: {0}")]
-    Encode(String),
-    #[error("cannot decode token ids: {0}")]
-    Decode(String),
-    #[error("token id {id} is outside the vocabulary ({vocab_size} tokens)")]
-    UnknownId { id: u32, vocab_size: usize },
-    #[error(
-        "the two models use different tokenizers (fingerprint {a} vs {b}); KV transfer needs identical token ids: pick two models of the same family"
-    )]
-    Mismatch { a: String, b: String },
-}
-
-pub(crate) fn build_err(e: impl fmt::Display) -> TokenizerError {
-    TokenizerError::Build(e.to_string())
-}
 
 /// The pre-tokenization pipelines this crate knows, keyed by llama.cpp's `tokenizer.ggml.pre`
 /// names. Each reproduces what the family's `tokenizer.json` declares.
@@ -136,7 +93,10 @@ impl PreTokenizerKind {
             "llama-bpe" | "llama3" => Ok(Self::Llama3),
             "smollm" | "starcoder" => Ok(Self::SmolLm),
             "gpt2" => Ok(Self::Gpt2),
-            other => Err(TokenizerError::UnsupportedPre(other.to_string())),
+            other => Err(TokenizerError::UnsupportedPre {
+                name: other.to_string(),
+                supported: Self::SUPPORTED.join(", "),
+            }),
         }
     }
 
@@ -533,11 +493,6 @@ impl TextTokenizer {
     /// The underlying Hugging Face tokenizer.
     pub fn inner(&self) -> &Tokenizer {
         &self.inner.tokenizer
-    }
-
-    /// A streaming detokenizer bound to this tokenizer.
-    pub fn stream(&self) -> TokenStream {
-        TokenStream::new(self.clone())
     }
 }
 
