@@ -1,6 +1,7 @@
 //! What the engine is started with.
 
 use crate::calibrate::CalibrateOptions;
+use crate::data::corpus::Document;
 use crate::model::Sampling;
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
@@ -76,7 +77,7 @@ pub struct EngineConfig {
     pub record: Option<PathBuf>,
     /// Where learning keeps what it learns and what it starts from (with
     /// `settings.learn`).
-    pub learning: super::learning::LearnSetup,
+    pub learning: LearnSetup,
 }
 
 impl EngineConfig {
@@ -89,6 +90,27 @@ impl EngineConfig {
             settings: Settings::default(),
             record: None,
             learning: Default::default(),
+        }
+    }
+}
+
+/// How the engine learns, beyond whether it does (`Settings::learn`).
+#[derive(Debug, Clone)]
+pub struct LearnSetup {
+    /// Keep what is learned beside the artifacts, for the next session to start from.
+    pub keep: bool,
+    /// Start from what earlier sessions learned (else from the calibration alone).
+    pub use_learned: bool,
+    /// The text the fixed calibration slice is cut from (None: the default corpus).
+    pub slice_docs: Option<Vec<Document>>,
+}
+
+impl Default for LearnSetup {
+    fn default() -> Self {
+        Self {
+            keep: true,
+            use_learned: true,
+            slice_docs: None,
         }
     }
 }

@@ -2,156 +2,34 @@
 //! the two paths after it. It runs on its own thread (see [`super::spawn`]) and speaks
 //! only the protocol.
 //!
-//! Each model keeps two caches over prefixes of the one token history:
-//! - `primary`: what the shown (mapped) path generates from. After a switch it holds
-//!   the positions the model had computed itself when it was last active, followed by
-//!   positions mapped from the other model, so drift accumulates as in production.
-//! - `truth`: the model's own prefill of the same tokens, extended by re-prefilling only
-//!   what it has not seen (a server with prefix caching pays exactly that). It is the
-//!   reference path's cache and the yardstick for the mapped one.
-//!
-//! A switch is two jobs: the handoff ([`super::switch`]), after which the target is
-//! ready, and its measurement ([`super::measure`]), which runs while the engine is
-//! otherwise idle and gives way to the next message (see the protocol's
-//! `Event::SwitchMeasured` for the rules).
+//! A switch is the handoff ([`super::switch`]), after which the target is ready, and
+//! background jobs that own their state and take one step at a time through a narrow
+//! view of the caches: the switch's measurement ([`super::measure`]), the repair of the
+//! mapped cache ([`super::repair`]) and learning ([`super::learning`], on a thread of
+//! its own). [`super::schedule`] runs them while the engine is otherwise idle; they give
+//! way to the next message (see the protocol's `Event::SwitchMeasured` for the rules).
 
-use super::config::Settings;
+use super::config::{LearnSetup, Settings};
 use super::conversation::Conversation;
+use super::learning::{LearnCx, Learning};
 use super::load::LoadedMapper;
 use super::measure::Measurement;
-use crate::metrics::{probe_positions, QueryGram};
-use crate::model::{ForwardOptions, KvCache, Model};
-use crate::protocol::{CacheOrigin, Command, Event, MapperState, ModelInfo};
-use crate::session::SessionWriter;
+use super::outbox::{Envelope, Outbox};
+use super::repair::Repair;
+use super::slot::{opening, Slot};
+use super::switch::{hand_over, Sides};
+use crate::metrics::probe_positions;
+use crate::model::KvCache;
+use crate::protocol::{Command, Event};
 use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
-use std::time::Instant;
-
-pub struct Slot {
-    /// Shared with the learning thread, which reads the models' shapes and RoPE and runs
-    /// the target's attention to judge an update.
-    pub(super) model: Arc<Model>,
-    pub(super) primary: KvCache,
-    pub(super) origin: CacheOrigin,
-    pub(super) truth: KvCache,
-    pub(super) grams: Vec<QueryGram>,
-    pub(super) info: ModelInfo,
-    /// The model's own cache of the conversation's first `anchor` ids (the template's
-    /// opening, the same in every conversation), computed once so that taking over never
-    /// waits for it.
-    anchor_kv: Option<(Vec<u32>, KvCache)>,
-}
-
-impl Slot {
-    pub fn new(model: Model, grams: Vec<QueryGram>, info: ModelInfo) -> Self {
-        Self {
-            primary: model.decoder.new_cache(),
-            truth: model.decoder.new_cache(),
-            origin: CacheOrigin::True,
-            model: Arc::new(model),
-            grams,
-            info,
-            anchor_kv: None,
-        }
-    }
-
-    /// The precomputed opening, when `history` starts with it.
-    pub(super) fn opening(&self, history: &[u32]) -> Option<&KvCache> {
-        let (ids, kv) = self.anchor_kv.as_ref()?;
-        history.starts_with(ids).then_some(kv)
-    }
-
-    pub(super) fn name(&self) -> String {
-        self.info.name.clone()
-    }
-}
-
-/// A command and when it was sent: the first-token latency after a switch counts from
-/// here, so time the message spent waiting for the engine is part of it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Envelope {
-    pub command: Command,
-    pub sent: Instant,
-}
-
-impl From<Command> for Envelope {
-    fn from(command: Command) -> Self {
-        Self {
-            command,
-            sent: Instant::now(),
-        }
-    }
-}
+use std::time::Duration;
 
 /// What the first turn after a switch still has to report about it.
 pub(super) struct FollowUp {
     pub(super) index: u32,
-}
-
-/// Where events go: the caller's channel, and the session file for recorded ones.
-pub struct Outbox {
-    events: Sender<Event>,
-    recorder: Option<SessionWriter>,
-}
-
-impl Outbox {
-    pub fn new(events: Sender<Event>, recorder: Option<SessionWriter>) -> Self {
-        Self { events, recorder }
-    }
-
-    pub fn emit(&mut self, e: Event) {
-        if let Some(r) = self.recorder.as_mut() {
-            if let Err(err) = r.append(&e) {
-                tracing::error!("session file: {err}");
-                let _ = self.events.send(Event::Error {
-                    message: format!("recording stopped: {err}"),
-                    fatal: false,
-                });
-                self.recorder = None;
-            }
-        }
-        let _ = self.events.send(e);
-    }
-}
-
-/// Commands that arrive while a model generates.
-pub(super) struct Inbox<'a> {
-    pub(super) commands: &'a Receiver<Envelope>,
-    pub(super) queued: &'a mut VecDeque<Envelope>,
-    pub(super) shutdown: &'a mut bool,
-}
-
-impl Inbox<'_> {
-    /// Drain what arrived; true when generation must stop now.
-    pub(super) fn poll(&mut self, out: &mut Outbox) -> bool {
-        let mut stop = false;
-        loop {
-            match self.commands.try_recv() {
-                Ok(e) => match e.command {
-                    Command::Cancel => stop = true,
-                    Command::Shutdown => {
-                        *self.shutdown = true;
-                        stop = true;
-                    }
-                    Command::Switch => {
-                        out.emit(Event::Notice {
-                            message: "switch queued: it runs when this turn is done".into(),
-                        });
-                        self.queued.push_back(e);
-                    }
-                    _ => self.queued.push_back(e),
-                },
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    *self.shutdown = true;
-                    stop = true;
-                    break;
-                }
-            }
-        }
-        stop
-    }
 }
 
 pub struct Engine {
@@ -175,35 +53,14 @@ pub struct Engine {
     pub(super) inbox: VecDeque<Envelope>,
     pub(super) shutdown: bool,
     pub(super) out: Outbox,
-    /// The learning thread, with learning on.
-    pub(super) learning: Option<super::learning::Worker>,
-    /// Per source slot: whether that direction can learn (it has saved statistics).
-    pub(super) can_learn: [bool; 2],
-    /// Per source slot: how far this conversation has been learned that way.
-    pub(super) learned_to: [usize; 2],
-    /// Per source slot: which state of the mapper is in use.
-    pub(super) mapper_state: [MapperState; 2],
-    /// Where the conversation is recorded, named with what is learned from it.
-    pub(super) session_label: String,
+    /// Learning from the conversation, on a thread of its own.
+    pub(super) learning: Learning,
     /// The active model's cache being repaired since the last switch.
-    pub(super) repair: Option<super::repair::Repair>,
+    pub(super) repair: Option<Repair>,
 }
 
 /// How often an idle engine looks for the learning thread's reply.
-const LEARNING_POLL: std::time::Duration = std::time::Duration::from_millis(50);
-
-pub(super) fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
-
-/// Milliseconds since `t` once `dev` has finished its queued work (a GPU runs kernels
-/// asynchronously; on the CPU this is a no-op).
-pub(super) fn synced_ms(dev: &candle_core::Device, t: Instant) -> f64 {
-    if let Err(e) = dev.synchronize() {
-        tracing::warn!("device synchronize: {e}");
-    }
-    ms(t)
-}
+pub(super) const LEARNING_POLL: Duration = Duration::from_millis(50);
 
 impl Engine {
     pub fn new(
@@ -236,11 +93,7 @@ impl Engine {
             inbox: VecDeque::new(),
             shutdown: false,
             out,
-            learning: None,
-            can_learn: [false; 2],
-            learned_to: [0; 2],
-            mapper_state: [MapperState::default(); 2],
-            session_label: "an unrecorded session".into(),
+            learning: Learning::off(),
             repair: None,
         }
     }
@@ -249,7 +102,7 @@ impl Engine {
     /// measurement runs whenever no command is waiting.
     pub fn run(mut self, commands: Receiver<Envelope>) {
         while !self.shutdown {
-            self.take_learned(std::time::Duration::ZERO);
+            self.take_learned(Duration::ZERO);
             let next = match self.queued.pop_front().or_else(|| self.inbox.pop_front()) {
                 Some(e) => Some(e),
                 None if self.measurement.is_some() || self.repair_wanted() => {
@@ -260,7 +113,7 @@ impl Engine {
                     }
                 }
                 // Learning replies are looked for between short waits for a command.
-                None if self.learning_busy() => match commands.recv_timeout(LEARNING_POLL) {
+                None if self.learning.busy() => match commands.recv_timeout(LEARNING_POLL) {
                     Ok(e) => Some(e),
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
                     Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
@@ -285,7 +138,7 @@ impl Engine {
         let result = match envelope.command {
             Command::Submit { text } => {
                 if let Some(m) = self.measurement.as_mut() {
-                    m.yielded_to.push(self.turn + 1);
+                    m.yielded_to(self.turn + 1);
                 }
                 self.submit(&text, envelope.sent, commands)
             }
@@ -295,7 +148,7 @@ impl Engine {
                 }
                 // Learning never holds a switch up: it maps with the mapper as it stands,
                 // taking any update that is ready now, and records which one it used.
-                self.take_learned(std::time::Duration::ZERO);
+                self.take_learned(Duration::ZERO);
                 if self.shutdown {
                     Ok(())
                 } else {
@@ -421,11 +274,43 @@ impl Engine {
     fn switch(&mut self) -> Result<(), super::EngineError> {
         // The active model is handed away from: its repair stops here.
         self.end_repair(false);
-        let Some(h) = self.handoff()? else {
+        let a = self.active;
+        let measured = self.measured_cosine[a].filter(|_| self.settings.reference);
+        let sides = Sides {
+            slots: &mut self.slots,
+            mappers: &self.mappers,
+            history: &self.conv.history,
+            settings: &self.settings,
+        };
+        let handed = hand_over(sides, a, self.switches, self.turn + 1, measured)?;
+        self.active = 1 - a;
+        let Some(h) = handed else {
+            self.out.emit(Event::Notice {
+                message: format!(
+                    "{} is active; there was no conversation to hand over",
+                    self.slots[self.active].name()
+                ),
+            });
             return Ok(());
         };
+        self.switches += 1;
+        self.follow_up = Some(FollowUp { index: h.index });
+        self.out.emit(Event::Switch {
+            index: h.index,
+            turn: h.turn,
+            from: h.names.0.clone(),
+            to: h.names.1.clone(),
+            context_tokens: h.context_tokens,
+            suffix_tokens: h.suffix_tokens,
+            timings: h.timings,
+            metrics: None,
+            gate: h.gate,
+            measurement_follows: true,
+            estimate: h.estimate,
+            mapper: (!h.reprefilled).then_some(self.learning.state(a)),
+        });
         if !h.reprefilled {
-            self.repair = Some(super::repair::Repair::new(h.target, h.index, h.turn));
+            self.repair = Some(Repair::new(h.target, h.index, h.turn));
         }
         let probes = probe_positions(h.context_tokens, self.settings.probes);
         let target = &mut self.slots[h.target];
@@ -436,7 +321,7 @@ impl Engine {
             target.truth = target.primary.try_clone_prefix(h.own_prefix)?;
         }
         let seen = target.truth.len().min(h.context_tokens);
-        let learn = self.settings.reference && self.will_learn();
+        let learn = self.settings.reference && self.learning.will_learn(self.settings.learn);
         self.measurement = Some(Measurement::new(
             h,
             seen,
@@ -446,29 +331,31 @@ impl Engine {
         ));
         Ok(())
     }
-}
 
-/// The model's own cache of the first `anchor` ids every conversation starts with (the
-/// template rendered with any first message); `None` when it cannot be made.
-fn opening(model: &Model, conv: &Conversation, anchor: usize) -> Option<(Vec<u32>, KvCache)> {
-    let template = model.template.as_ref()?;
-    let mut probe = conv.clone();
-    probe.push_user(template, &model.tokenizer, "x").ok()?;
-    let ids = probe.history.get(..anchor)?.to_vec();
-    let mut kv = model.decoder.new_cache();
-    model
-        .decoder
-        .forward(&ids, &mut kv, &ForwardOptions::cache_only())
-        .ok()?;
-    Some((ids, kv))
-}
+    /// Start the learning thread; both directions' learners are set up on it at once,
+    /// in the background: no switch waits for them.
+    pub(super) fn start_learning(&mut self, mapper_dir: PathBuf, setup: LearnSetup) {
+        let models = [
+            Arc::clone(&self.slots[0].model),
+            Arc::clone(&self.slots[1].model),
+        ];
+        self.learning
+            .start(models, mapper_dir, setup, self.settings.anchor);
+    }
 
-/// Both slots mutably: `a` first, the other second.
-pub(super) fn split(slots: &mut [Slot; 2], a: usize) -> (&mut Slot, &mut Slot) {
-    let (x, y) = slots.split_at_mut(1);
-    if a == 0 {
-        (&mut x[0], &mut y[0])
-    } else {
-        (&mut y[0], &mut x[0])
+    /// Take the learning thread's replies that are there, waiting up to `wait` for one.
+    pub(super) fn take_learned(&mut self, wait: Duration) {
+        let names = [self.slots[0].name(), self.slots[1].name()];
+        let mut cx = LearnCx {
+            mappers: &mut self.mappers,
+            names,
+            out: &mut self.out,
+        };
+        self.learning.take(wait, &mut cx);
+    }
+
+    /// Whether the learning thread has work in flight for either direction.
+    pub fn learning_in_flight(&self) -> bool {
+        self.learning.busy()
     }
 }

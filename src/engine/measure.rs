@@ -11,14 +11,15 @@
 //! primary caches (turns and pre-maps only append) and the history's first `n` ids. The
 //! next switch would change them, so a switch first lets the measurement finish.
 
-use super::core::{synced_ms, Engine, Envelope};
-use super::switch::{empty_metrics, layer_metrics, Handoff};
+use super::learning::OwnCaches;
+use super::load::LoadedMapper;
+use super::slot::Slot;
+use super::switch::{empty_metrics, estimate, layer_metrics, Handoff};
+use super::timing::synced_ms;
 use super::EngineError;
-use crate::model::{ForwardOptions, KvCache, Logits, ModelError};
-use crate::protocol::{Command, Event, SwitchMetrics, SwitchTimings};
+use crate::model::{ForwardOptions, KvCache, Logits};
+use crate::protocol::{Event, SwitchMetrics, SwitchTimings};
 use candle_core::Tensor;
-use std::cell::RefCell;
-use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
 /// A switch's measurement and how far it got.
@@ -52,7 +53,27 @@ pub struct Measurement {
     estimate: Option<crate::protocol::SwitchEstimate>,
     estimated: bool,
     /// Turns that went ahead of it.
-    pub(super) yielded_to: Vec<u32>,
+    yielded_to: Vec<u32>,
+}
+
+/// What a measurement step may touch: both slots (the target's truth grows in place
+/// when the suffix is re-prefilled), the mappers, the conversation's ids and the anchor.
+pub(super) struct MeasureCx<'a> {
+    pub slots: &'a mut [Slot; 2],
+    pub mappers: &'a [LoadedMapper; 2],
+    pub history: &'a [u32],
+    pub anchor: usize,
+}
+
+/// A finished measurement: its event, and what the engine keeps of it.
+pub(super) struct Measured {
+    pub event: Event,
+    /// The mean attention cosine measured, for the gate's next decision that way.
+    pub cosine: Option<(usize, f64)>,
+    /// Both models' own caches of the switch's ids, to learn from.
+    pub learn: Option<OwnCaches>,
+    /// The target's own cache of the switch's ids (when not learned from), for its truth.
+    pub fresh: Option<(usize, KvCache)>,
 }
 
 enum Step {
@@ -63,14 +84,6 @@ enum Step {
     Layer(usize),
     SourcePrefill,
     Done,
-}
-
-/// What the commands that arrived say the measurement should do.
-enum Poll {
-    Go,
-    Yield,
-    Cancel,
-    Stop,
 }
 
 impl Measurement {
@@ -105,6 +118,11 @@ impl Measurement {
         }
     }
 
+    /// A turn went ahead of the measurement.
+    pub(super) fn yielded_to(&mut self, turn: u32) {
+        self.yielded_to.push(turn);
+    }
+
     fn next(&self, n_layer: usize) -> Step {
         if !self.estimated {
             return Step::Estimate;
@@ -135,110 +153,22 @@ impl Measurement {
     }
 }
 
-impl Engine {
-    /// Run the pending measurement until it is done, cancelled or shut down, or, with
-    /// `may_yield`, until a message is waiting (it then stays pending).
-    pub(super) fn measure(&mut self, commands: &Receiver<Envelope>, may_yield: bool) {
-        loop {
-            match self.poll_for_measurement(commands, may_yield) {
-                Poll::Go => {}
-                Poll::Yield | Poll::Stop => return,
-                Poll::Cancel => {
-                    if let Some(job) = self.measurement.take() {
-                        self.finish_measurement(job, Some("cancelled".into()));
-                    }
-                    return;
-                }
-            }
-            let Some(mut job) = self.measurement.take() else {
-                return;
-            };
-            let drained = RefCell::new(Vec::new());
-            let stop = || {
-                while let Ok(e) = commands.try_recv() {
-                    drained.borrow_mut().push(e);
-                }
-                drained.borrow().iter().any(|e| match e.command {
-                    Command::Cancel | Command::Shutdown => true,
-                    Command::Submit { .. } => may_yield,
-                    _ => false,
-                })
-            };
-            let result = self.measure_step(&mut job, &stop);
-            // What arrived during the step is taken as if it had arrived after it.
-            self.inbox.extend(drained.into_inner());
-            match result {
-                Ok(true) => {
-                    self.finish_measurement(job, None);
-                    return;
-                }
-                Ok(false) | Err(EngineError::Model(ModelError::Interrupted)) => {
-                    self.measurement = Some(job)
-                }
-                Err(e) => {
-                    self.report(&e);
-                    self.finish_measurement(job, Some(format!("failed: {e}")));
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Take what arrived: a cancel or a shutdown ends the measurement, a bookmark or a
-    /// reference toggle is carried out at once (they touch no cache), messages and
-    /// switches wait in the queue.
-    fn poll_for_measurement(&mut self, commands: &Receiver<Envelope>, may_yield: bool) -> Poll {
-        loop {
-            let next = match self.inbox.pop_front() {
-                Some(e) => Ok(e),
-                None => commands.try_recv(),
-            };
-            match next {
-                Ok(e) => match e.command {
-                    Command::Cancel => return Poll::Cancel,
-                    Command::Shutdown => {
-                        self.shutdown = true;
-                        return Poll::Stop;
-                    }
-                    Command::Bookmark { .. }
-                    | Command::SetReference { .. }
-                    | Command::SetRepair { .. } => self.handle(e, commands),
-                    Command::Submit { .. } | Command::Switch | Command::Finish => {
-                        self.queued.push_back(e)
-                    }
-                },
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    self.shutdown = true;
-                    return Poll::Stop;
-                }
-            }
-        }
-        let message_first = self
-            .queued
-            .front()
-            .is_some_and(|e| matches!(e.command, Command::Submit { .. }));
-        if may_yield && message_first {
-            Poll::Yield
-        } else {
-            Poll::Go
-        }
-    }
-
+impl Measurement {
     /// One step of `job`; true once it is complete. A prefill gives up with
     /// [`ModelError::Interrupted`] as soon as `stop` says so.
-    fn measure_step(
+    pub(super) fn step(
         &mut self,
-        job: &mut Measurement,
+        cx: MeasureCx<'_>,
         stop: &dyn Fn() -> bool,
     ) -> Result<bool, EngineError> {
+        let job = self;
         let n = job.n;
-        let history = &self.conv.history[..n];
-        let (src, tgt) = (&self.slots[job.source], &self.slots[job.target]);
+        let history = &cx.history[..n];
+        let (src, tgt) = (&cx.slots[job.source], &cx.slots[job.target]);
         let dev = tgt.model.decoder.device();
         match job.next(tgt.model.config().n_layer) {
             Step::Estimate => {
-                job.estimate = self.estimate(job.source, n)?;
+                job.estimate = estimate(cx.slots, cx.mappers, history, cx.anchor, job.source)?;
                 job.estimated = true;
             }
             Step::MapFull => {
@@ -257,7 +187,7 @@ impl Engine {
                         cache.len()
                     )));
                 }
-                let mapper = &self.mappers[job.source].mapper;
+                let mapper = &cx.mappers[job.source].mapper;
                 let t = Instant::now();
                 let full = mapper.map_cache(
                     cache,
@@ -289,7 +219,7 @@ impl Engine {
             Step::ReprefillSuffix => {
                 let seen = job.seen;
                 if seen > 0 {
-                    let tgt = &mut self.slots[job.target];
+                    let tgt = &mut cx.slots[job.target];
                     let have = tgt.truth.len();
                     // Untouched since the handoff, the truth is extended in place (the
                     // next turn's reference path then finds it ready); a turn that went
@@ -362,55 +292,51 @@ impl Engine {
             Step::Done => return Ok(true),
         }
         Ok(matches!(
-            job.next(self.slots[job.target].model.config().n_layer),
+            job.next(cx.slots[job.target].model.config().n_layer),
             Step::Done
         ))
     }
 
-    fn finish_measurement(&mut self, mut job: Measurement, stopped: Option<String>) {
+    /// The measurement ends, complete or `stopped` (why).
+    pub(super) fn finish(mut self, stopped: Option<String>) -> Measured {
         let complete = stopped.is_none();
-        let metrics = job.metrics.take().filter(|_| complete && job.reference);
-        if let Some(cosine) = metrics.as_ref().and_then(|m| m.cosine_mean()) {
-            self.measured_cosine[job.source] = Some(cosine);
-        }
-        let learn = job.learn && metrics.is_some();
-        let fresh = job.fresh.take();
-        let own = job.source_own.take();
-        let (index, turn, source, target, n) = (job.index, job.turn, job.source, job.target, job.n);
-        let probes = std::mem::take(&mut job.probes);
-        self.out.emit(Event::SwitchMeasured {
-            index: job.index,
-            turn: job.turn,
-            timings: job.timings,
+        let metrics = self.metrics.take().filter(|_| complete && self.reference);
+        let cosine = metrics
+            .as_ref()
+            .and_then(|m| m.cosine_mean())
+            .map(|c| (self.source, c));
+        let learn = self.learn && metrics.is_some();
+        let (fresh, own) = (self.fresh.take(), self.source_own.take());
+        let event = Event::SwitchMeasured {
+            index: self.index,
+            turn: self.turn,
+            timings: self.timings,
             metrics,
-            yielded_to: job.yielded_to,
+            yielded_to: std::mem::take(&mut self.yielded_to),
             stopped,
-            estimate: job.estimate,
-        });
+            estimate: self.estimate,
+        };
+        let mut out = Measured {
+            event,
+            cosine,
+            learn: None,
+            fresh: None,
+        };
         match (fresh, own) {
             (Some(fresh), Some(own)) if learn => {
-                let pair = super::learning::OwnCaches {
-                    index,
-                    turn,
-                    source,
-                    n,
-                    probes,
+                out.learn = Some(OwnCaches {
+                    index: self.index,
+                    turn: self.turn,
+                    source: self.source,
+                    n: self.n,
+                    probes: std::mem::take(&mut self.probes),
                     target_own: fresh,
                     source_own: own,
-                };
-                if let Err(e) = self.learn_from(pair) {
-                    self.report(&e);
-                }
+                });
             }
-            // The re-prefill is the target's own cache of the first `n` ids: where the
-            // truth holds less, it saves the next reference path that work.
-            (Some((fresh, _)), _) => {
-                let truth = &mut self.slots[target].truth;
-                if truth.len() < fresh.len() {
-                    *truth = fresh;
-                }
-            }
+            (Some((fresh, _)), _) => out.fresh = Some((self.target, fresh)),
             _ => {}
         }
+        out
     }
 }

@@ -10,16 +10,21 @@ mod core;
 pub mod learning;
 pub mod load;
 mod measure;
+mod outbox;
 mod repair;
 pub mod replay;
+mod schedule;
 pub mod script;
+mod slot;
 pub mod switch;
+mod timing;
 mod turn;
 
-pub use config::{EngineConfig, Settings};
-pub use core::{Engine, Envelope, Outbox, Slot};
-pub use learning::LearnSetup;
+pub use config::{EngineConfig, LearnSetup, Settings};
+pub use core::Engine;
+pub use outbox::{Envelope, Outbox};
 pub use repair::REPAIR_CHUNK;
+pub use slot::Slot;
 
 use crate::protocol::{Command, Event, ModelInfo};
 use crate::session::{SessionHeader, SessionWriter};
@@ -237,7 +242,7 @@ pub fn build(
     let learn = config.settings.learn;
     let mut engine = Engine::new(slots, mappers, config.settings, device, out);
     if let Some(name) = config.record.as_ref().and_then(|p| p.file_name()) {
-        engine.session_label = format!("session {}", name.to_string_lossy());
+        engine.learning.session_label = format!("session {}", name.to_string_lossy());
     }
     if learn {
         engine.start_learning(load::mapper_dir(&config.mapper_dir), config.learning);

@@ -12,13 +12,12 @@
 //! prefix, which the reference path keeps), so with the reference path on only what was
 //! said after the switch's measurement is left to read.
 
-use super::core::{synced_ms, Engine, Envelope};
+use super::slot::Slot;
+use super::timing::synced_ms;
 use super::EngineError;
-use crate::model::{ForwardOptions, KvCache, Logits, ModelError};
-use crate::protocol::{CacheOrigin, Command, Event};
+use crate::model::{ForwardOptions, KvCache, Logits};
+use crate::protocol::{CacheOrigin, Event};
 use candle_core::Tensor;
-use std::cell::RefCell;
-use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
 /// Positions re-prefilled per step: long enough to run at prefill speed, short enough
@@ -26,7 +25,7 @@ use std::time::Instant;
 pub const REPAIR_CHUNK: usize = 128;
 
 /// The repair of one slot's cache after a switch.
-pub(super) struct Repair {
+pub struct Repair {
     pub(super) slot: usize,
     /// The switch it follows, its turn, and when its handoff was done.
     pub(super) index: u32,
@@ -60,62 +59,22 @@ impl Repair {
     }
 }
 
-impl Engine {
-    /// Whether there is repair work the engine would do when idle.
-    pub(super) fn repair_wanted(&self) -> bool {
-        self.settings.repair
-            && self.measurement.is_none()
-            && self.repair.as_ref().is_some_and(|r| {
-                r.slot == self.active && self.slots[r.slot].origin == CacheOrigin::Mapped
-            })
+impl Repair {
+    /// Whether the cache it repairs still needs it: `slot` is the active one and mapped.
+    pub(super) fn wanted(&self, active: usize, origin: CacheOrigin) -> bool {
+        self.slot == active && origin == CacheOrigin::Mapped
     }
 
-    /// Repair until done or until a message (or a cancel or shutdown) is waiting in
-    /// `commands`, as the engine does when idle.
-    pub fn repair_pending(&mut self, commands: &Receiver<Envelope>) {
-        while self.repair_wanted() && !self.shutdown {
-            if let Ok(e) = commands.try_recv() {
-                self.inbox.push_back(e);
-            }
-            if !self.inbox.is_empty() {
-                return;
-            }
-            if let Err(e) = self.repair_step(commands) {
-                if !matches!(e, EngineError::Model(ModelError::Interrupted)) {
-                    self.report(&e);
-                    self.end_repair(false);
-                }
-                return;
-            }
-        }
-    }
-
-    /// Whether a repair is in progress (switched to, not yet complete).
-    pub fn repair_in_progress(&self) -> bool {
-        self.repair.is_some()
-    }
-
-    /// Re-prefill the next chunk and put it in place.
-    pub(super) fn repair_step(&mut self, commands: &Receiver<Envelope>) -> Result<(), EngineError> {
-        let Some(mut job) = self.repair.take() else {
-            return Ok(());
-        };
-        let result = self.repair_chunk(&mut job, commands);
-        let done = matches!(result, Ok(true));
-        self.repair = Some(job);
-        if done {
-            self.end_repair(true);
-        }
-        result.map(|_| ())
-    }
-
-    /// True once the cache in use is the model's own.
-    fn repair_chunk(
+    /// Re-prefill the next chunk of `slot`'s conversation (`history`) and put it in
+    /// place; the progress to report, and whether the cache in use is now the model's
+    /// own. A chunk that `stop` interrupts is thrown away.
+    pub(super) fn step(
         &mut self,
-        job: &mut Repair,
-        commands: &Receiver<Envelope>,
-    ) -> Result<bool, EngineError> {
-        let slot = &mut self.slots[job.slot];
+        slot: &mut Slot,
+        history: &[u32],
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(Event, bool), EngineError> {
+        let job = self;
         let total = slot.primary.len();
         if job.exact.is_none() {
             // Its truth is its own prefill of a prefix of the same history.
@@ -126,35 +85,22 @@ impl Engine {
             });
         }
         let Some(exact) = job.exact.as_mut() else {
-            return Ok(false);
+            return Err(EngineError::Internal("no repair cache".into()));
         };
         let from = exact.len();
         let to = (from + REPAIR_CHUNK).min(total);
         if from < to {
-            let drained = RefCell::new(Vec::new());
-            let stop = || {
-                while let Ok(e) = commands.try_recv() {
-                    drained.borrow_mut().push(e);
-                }
-                drained.borrow().iter().any(|e| {
-                    matches!(
-                        e.command,
-                        Command::Submit { .. } | Command::Switch | Command::Shutdown
-                    )
-                })
-            };
             let t = Instant::now();
             let probes: Vec<usize> = (from..to).filter(|p| p % PROBE_EVERY == 0).collect();
             let read = slot.model.decoder.forward_until(
-                &self.conv.history[from..to],
+                &history[from..to],
                 exact,
                 &ForwardOptions {
                     logits: Logits::None,
                     probe_positions: probes.clone(),
                 },
-                &stop,
+                stop,
             );
-            self.inbox.extend(drained.into_inner());
             let out = match read {
                 Ok(out) => out,
                 Err(e) => {
@@ -174,35 +120,24 @@ impl Engine {
             // The exact prefix, then what it does not cover yet as it was.
             let mut spliced = exact.try_clone()?;
             if to < total {
-                let rest = (0..slot.model.config().n_layer)
-                    .map(|l| slot.primary.layer_range(l, to, total))
-                    .collect::<Result<Vec<_>, _>>()?;
-                spliced.extend_with(&rest)?;
+                spliced.extend_from(&slot.primary, to, total)?;
             }
             slot.primary = spliced;
         }
-        let name = slot.name();
-        self.out.emit(Event::RepairProgress {
-            model: name,
+        let progress = Event::RepairProgress {
+            model: slot.name(),
             repaired: to,
             total,
-        });
-        Ok(to >= total)
+        };
+        Ok((progress, to >= total))
     }
 
-    /// Say how the repair ended and forget it; a complete one makes the cache in use
-    /// the model's own (and its truth, where that held less), and is learned from.
-    pub(super) fn end_repair(&mut self, complete: bool) {
-        let Some(job) = self.repair.take() else {
-            return;
-        };
-        if job.exact.is_none() {
-            // It never ran (repair was off): there is nothing to say.
-            return;
-        }
-        let slot = &mut self.slots[job.slot];
+    /// How the repair ended (`None` when it never ran: repair was off); a complete one
+    /// makes the cache in use the model's own (and its truth, where that held less).
+    pub(super) fn end(&self, slot: &mut Slot, complete: bool) -> Option<Event> {
+        let exact = self.exact.as_ref()?;
         let total = slot.primary.len();
-        let repaired = job.exact.as_ref().map_or(0, KvCache::len).min(total);
+        let repaired = exact.len().min(total);
         if complete {
             slot.origin = CacheOrigin::True;
             if slot.truth.len() < total {
@@ -211,23 +146,15 @@ impl Engine {
                 }
             }
         }
-        let model = slot.name();
-        self.out.emit(Event::CacheRepaired {
-            index: job.index,
-            turn: job.turn,
-            model,
+        Some(Event::CacheRepaired {
+            index: self.index,
+            turn: self.turn,
+            model: slot.name(),
             repaired,
             total,
             complete,
-            after_switch_ms: job.since.elapsed().as_secs_f64() * 1e3,
-            compute_ms: job.compute_ms,
-        });
-        if complete {
-            // The repaired cache is the model's own: with the other model's own cache of
-            // the same ids it is a pair to learn from, reference path or not.
-            if let Err(e) = self.learn_from_repair(job) {
-                self.report(&e);
-            }
-        }
+            after_switch_ms: self.since.elapsed().as_secs_f64() * 1e3,
+            compute_ms: self.compute_ms,
+        })
     }
 }

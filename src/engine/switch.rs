@@ -3,18 +3,18 @@
 //! measurement later applies to it: per-layer attention-output cosine (the target's true
 //! queries at probe positions), R² of keys and values, and key-error concentration.
 
-use super::core::{split, Engine, FollowUp};
+use super::config::Settings;
+use super::load::LoadedMapper;
+use super::slot::{split, Slot};
+use super::EngineError;
 use crate::handoff::fidelity;
 use crate::handoff::{HandoffInputs, HandoffPlan};
-use crate::mapper::CacheMapper;
 use crate::metrics::QueryGram;
 use crate::model::{KvCache, Model};
 use crate::protocol::{
-    CacheOrigin, EstimateBasis, Event, GateDecision, SwitchEstimate, SwitchMetrics, SwitchTimings,
+    CacheOrigin, EstimateBasis, GateDecision, SwitchEstimate, SwitchMetrics, SwitchTimings,
 };
 use candle_core::Tensor;
-
-use super::EngineError;
 
 /// What a handoff did, for the measurement that follows it.
 pub(super) struct Handoff {
@@ -32,198 +32,208 @@ pub(super) struct Handoff {
     /// not make it again.
     pub estimated: bool,
     pub timings: SwitchTimings,
+    /// For the switch event: the models' names, the positions the target did not hold
+    /// before, the gate's decision and the estimate it rested on.
+    pub names: (String, String),
+    pub suffix_tokens: usize,
+    pub gate: Option<GateDecision>,
+    pub estimate: Option<SwitchEstimate>,
 }
 
-impl Engine {
-    /// Hand the conversation to the other model and emit `Switch`; `None` when there
-    /// was nothing to hand over. The gate decides here, from what is known before
-    /// anything is measured: the cosine last measured for this direction, or the
-    /// mapper's calibration cosine (see [`Event::Switch`]).
-    pub(super) fn handoff(&mut self) -> Result<Option<Handoff>, EngineError> {
-        let a = self.active;
-        let b = 1 - a;
-        let n = self.slots[a].primary.len();
-        let index = self.switches;
-        let (from_name, to_name) = (self.slots[a].name(), self.slots[b].name());
-        if n == 0 {
-            self.active = b;
-            self.out.emit(Event::Notice {
-                message: format!("{to_name} is active; there was no conversation to hand over"),
-            });
-            return Ok(None);
-        }
-        // The gate needs the estimate before it decides; otherwise the measurement makes
-        // it, while the engine is idle, so that it never holds up the switch.
-        let mut estimate = None;
-        if self.settings.gate.is_some() {
-            estimate = self.estimate(a, n)?;
-        }
-        let gate = self.settings.gate.map(|threshold| {
-            let predicted = estimate.and_then(|e: SwitchEstimate| e.predicted_cosine);
-            let measured = self.measured_cosine[a].filter(|_| self.settings.reference);
-            let (estimate, basis) = match (measured, predicted) {
-                (Some(m), _) => (m, EstimateBasis::Measured),
-                (None, Some(p)) => (p, EstimateBasis::Predicted),
-                (None, None) => (
-                    self.mappers[a].calibration_cosine,
-                    EstimateBasis::Calibration,
-                ),
-            };
-            let used = if estimate < threshold {
-                CacheOrigin::Reprefilled
-            } else {
-                CacheOrigin::Mapped
-            };
-            GateDecision {
-                threshold,
-                estimate,
-                used,
-                basis: Some(basis),
-            }
-        });
-        let reprefill = gate.is_some_and(|g| g.used == CacheOrigin::Reprefilled);
-        let mapper: &CacheMapper = &self.mappers[a].mapper;
-        let history = &self.conv.history[..n];
-        let (sa, sb) = split(&mut self.slots, a);
-        // The newest `tail` positions are the target's to read; what it holds of them
-        // (a pre-map, an earlier handoff) is dropped and read again. A re-prefill keeps
-        // only what the target computed itself and starts from its truth otherwise.
-        let plan = if reprefill {
-            let own = if sb.origin == CacheOrigin::True {
-                sb.primary.len()
-            } else {
-                0
-            };
-            HandoffPlan::reprefill(n).holding(own)
-        } else {
-            let plan = HandoffPlan::new(n)
-                .anchor(self.settings.anchor)
-                .tail(self.settings.tail);
-            plan.holding(sb.primary.len().min(plan.tail_start()))
-        };
-        // What the target computed itself when it was last active, up to the tail: with
-        // the reference path on it becomes the truth the measurement starts from.
-        let held = sb.primary.len().min(n - self.settings.tail.min(n));
-        let own_prefix = if self.settings.reference && sb.origin == CacheOrigin::True {
-            held
+/// What a switch may touch: both models' slots, the mappers between them, the
+/// conversation's ids and the settings.
+pub(super) struct Sides<'a> {
+    pub slots: &'a mut [Slot; 2],
+    pub mappers: &'a [LoadedMapper; 2],
+    pub history: &'a [u32],
+    pub settings: &'a Settings,
+}
+
+/// Hand the conversation held by slot `a` to the other model; `None` when there was
+/// nothing to hand over. The gate decides here, from what is known before anything is
+/// measured: `measured_cosine` (the cosine last measured this way, with the reference
+/// path on), the estimate's prediction, or the mapper's calibration cosine (see
+/// [`crate::protocol::Event::Switch`]).
+pub(super) fn hand_over(
+    sides: Sides<'_>,
+    a: usize,
+    index: u32,
+    turn: u32,
+    measured_cosine: Option<f64>,
+) -> Result<Option<Handoff>, EngineError> {
+    let b = 1 - a;
+    let Sides {
+        slots,
+        mappers,
+        history,
+        settings,
+    } = sides;
+    let n = slots[a].primary.len();
+    if n == 0 {
+        return Ok(None);
+    }
+    let history = &history[..n];
+    // The gate needs the estimate before it decides; otherwise the measurement makes
+    // it, while the engine is idle, so that it never holds up the switch.
+    let estimate = match settings.gate {
+        Some(_) => estimate(slots, mappers, history, settings.anchor, a)?,
+        None => None,
+    };
+    let gate = settings
+        .gate
+        .map(|threshold| decide(threshold, estimate, measured_cosine, &mappers[a]));
+    let reprefill = gate.is_some_and(|g| g.used == CacheOrigin::Reprefilled);
+    let names = (slots[a].name(), slots[b].name());
+    let (sa, sb) = split(slots, a);
+    // The newest `tail` positions are the target's to read; what it holds of them (a
+    // pre-map, an earlier handoff) is dropped and read again. A re-prefill keeps only
+    // what the target computed itself and starts from its truth otherwise.
+    let plan = if reprefill {
+        let own = if sb.origin == CacheOrigin::True {
+            sb.primary.len()
         } else {
             0
         };
-        let mut primary = std::mem::replace(&mut sb.primary, sb.model.decoder.new_cache());
-        // A re-prefill copies what the target's truth already holds; a map copies the
-        // precomputed opening as its anchor.
-        let exact = if reprefill {
-            Some(&sb.truth)
-        } else {
-            sb.opening(history)
-        };
-        let inputs = HandoffInputs {
-            source: &sa.model,
-            source_cache: &sa.primary,
-            target: &sb.model,
-            mapper,
-            tokens: history,
-            exact,
-        };
-        // The handoff is what the switch itself costs: the anchor the target computes and
-        // the map, or the re-prefill the gate chose.
-        let built = plan.build(&inputs, &mut primary);
-        sb.primary = primary;
-        let built = built?;
-        sb.origin = if reprefill {
-            CacheOrigin::Reprefilled
-        } else {
-            CacheOrigin::Mapped
-        };
-        let handoff_ms = built.total_ms();
-        let map_suffix_ms = (!reprefill).then_some(built.map_ms);
-        let timings = SwitchTimings {
-            source_prefill_ms: None,
-            map_full_ms: None,
-            map_suffix_ms: map_suffix_ms.filter(|_| held > 0),
-            reprefill_full_ms: None,
-            reprefill_suffix_ms: None,
-            end_to_end_ms: handoff_ms,
-        };
-        self.active = b;
-        self.switches += 1;
-        self.follow_up = Some(FollowUp { index });
-        let turn = self.turn + 1;
-        self.out.emit(Event::Switch {
-            index,
-            turn,
-            from: from_name,
-            to: to_name,
-            context_tokens: n,
-            suffix_tokens: n - held,
-            timings,
-            metrics: None,
-            gate,
-            measurement_follows: true,
-            estimate,
-            mapper: (!reprefill).then_some(self.mapper_state[a]),
-        });
-        Ok(Some(Handoff {
-            index,
-            turn,
-            source: a,
-            target: b,
-            context_tokens: n,
-            own_prefix,
-            reprefilled: reprefill,
-            estimated: self.settings.gate.is_some(),
-            timings,
-        }))
+        HandoffPlan::reprefill(n).holding(own)
+    } else {
+        let plan = HandoffPlan::new(n)
+            .anchor(settings.anchor)
+            .tail(settings.tail);
+        plan.holding(sb.primary.len().min(plan.tail_start()))
+    };
+    // What the target computed itself when it was last active, up to the tail: with
+    // the reference path on it becomes the truth the measurement starts from.
+    let held = sb.primary.len().min(n - settings.tail.min(n));
+    let own_prefix = if settings.reference && sb.origin == CacheOrigin::True {
+        held
+    } else {
+        0
+    };
+    let mut primary = std::mem::replace(&mut sb.primary, sb.model.decoder.new_cache());
+    // A re-prefill copies what the target's truth already holds; a map copies the
+    // precomputed opening as its anchor.
+    let exact = if reprefill {
+        Some(&sb.truth)
+    } else {
+        sb.opening(history)
+    };
+    let inputs = HandoffInputs {
+        source: &sa.model,
+        source_cache: &sa.primary,
+        target: &sb.model,
+        mapper: &mappers[a].mapper,
+        tokens: history,
+        exact,
+    };
+    // The handoff is what the switch itself costs: the anchor the target computes and
+    // the map, or the re-prefill the gate chose.
+    let built = plan.build(&inputs, &mut primary);
+    sb.primary = primary;
+    let built = built?;
+    sb.origin = if reprefill {
+        CacheOrigin::Reprefilled
+    } else {
+        CacheOrigin::Mapped
+    };
+    let timings = SwitchTimings {
+        source_prefill_ms: None,
+        map_full_ms: None,
+        map_suffix_ms: (!reprefill && held > 0).then_some(built.map_ms),
+        reprefill_full_ms: None,
+        reprefill_suffix_ms: None,
+        end_to_end_ms: built.total_ms(),
+    };
+    Ok(Some(Handoff {
+        index,
+        turn,
+        source: a,
+        target: b,
+        context_tokens: n,
+        own_prefix,
+        reprefilled: reprefill,
+        estimated: settings.gate.is_some(),
+        timings,
+        names,
+        suffix_tokens: n - held,
+        gate,
+        estimate,
+    }))
+}
+
+/// The gate's choice: re-prefill when the best estimate at hand is below `threshold`.
+fn decide(
+    threshold: f64,
+    estimate: Option<SwitchEstimate>,
+    measured: Option<f64>,
+    mapper: &LoadedMapper,
+) -> GateDecision {
+    let predicted = estimate.and_then(|e| e.predicted_cosine);
+    let (estimate, basis) = match (measured, predicted) {
+        (Some(m), _) => (m, EstimateBasis::Measured),
+        (None, Some(p)) => (p, EstimateBasis::Predicted),
+        (None, None) => (mapper.calibration_cosine, EstimateBasis::Calibration),
+    };
+    let used = if estimate < threshold {
+        CacheOrigin::Reprefilled
+    } else {
+        CacheOrigin::Mapped
+    };
+    GateDecision {
+        threshold,
+        estimate,
+        used,
+        basis: Some(basis),
     }
 }
 
-impl Engine {
-    /// What slot `source`'s first `n` positions say about the map before any re-prefill
-    /// (see [`crate::gate`]): their feature distance past the anchor, the round trip of
-    /// the newest of them through the other direction's mapper, and the cosine the
-    /// gate's line predicts from the estimate it was fitted on.
-    pub(super) fn estimate(
-        &self,
-        source: usize,
-        n: usize,
-    ) -> Result<Option<SwitchEstimate>, EngineError> {
-        let (m, back) = (&self.mappers[source], &self.mappers[1 - source]);
-        let (slot, other) = (&self.slots[source], &self.slots[1 - source]);
-        let from = self.settings.anchor.min(n);
-        let (src_rope, tgt_rope) = (slot.model.decoder.rope(), other.model.decoder.rope());
-        let failed =
-            |e: crate::gate::GateError| EngineError::Internal(format!("the gate's estimate: {e}"));
-        let distance = crate::gate::feature_distance(&m.mapper, &slot.primary, src_rope, from, n)
-            .map_err(failed)?;
-        let (rs, re) = crate::gate::estimate::round_trip_range(from, n);
-        let trip = crate::gate::round_trip(
-            &m.mapper,
-            &back.mapper,
-            &slot.primary,
-            &self.conv.history[..n],
-            src_rope,
-            tgt_rope,
-            rs,
-            re,
-        )
+/// What slot `source`'s first `history.len()` positions say about the map before any
+/// re-prefill (see [`crate::gate`]): their feature distance past the anchor, the round
+/// trip of the newest of them through the other direction's mapper, and the cosine the
+/// gate's line predicts from the estimate it was fitted on.
+pub(super) fn estimate(
+    slots: &[Slot; 2],
+    mappers: &[LoadedMapper; 2],
+    history: &[u32],
+    anchor: usize,
+    source: usize,
+) -> Result<Option<SwitchEstimate>, EngineError> {
+    let n = history.len();
+    let (m, back) = (&mappers[source], &mappers[1 - source]);
+    let (slot, other) = (&slots[source], &slots[1 - source]);
+    let from = anchor.min(n);
+    let (src_rope, tgt_rope) = (slot.model.decoder.rope(), other.model.decoder.rope());
+    let failed =
+        |e: crate::gate::GateError| EngineError::Internal(format!("the gate's estimate: {e}"));
+    let distance = crate::gate::feature_distance(&m.mapper, &slot.primary, src_rope, from, n)
         .map_err(failed)?;
-        if distance.is_none() && trip.is_none() {
-            return Ok(None);
-        }
-        let predicted = m.gate.as_ref().and_then(|g| {
-            let x = match g.estimator.as_str() {
-                "round_trip" => trip,
-                "feature_distance" => distance,
-                _ => None,
-            };
-            x.map(|x| g.predict(x))
-        });
-        Ok(Some(SwitchEstimate {
-            feature_distance: distance,
-            round_trip: trip,
-            predicted_cosine: predicted,
-        }))
+    let (rs, re) = crate::gate::estimate::round_trip_range(from, n);
+    let trip = crate::gate::round_trip(
+        &m.mapper,
+        &back.mapper,
+        &slot.primary,
+        history,
+        src_rope,
+        tgt_rope,
+        rs,
+        re,
+    )
+    .map_err(failed)?;
+    if distance.is_none() && trip.is_none() {
+        return Ok(None);
     }
+    let predicted = m.gate.as_ref().and_then(|g| {
+        let x = match g.estimator.as_str() {
+            "round_trip" => trip,
+            "feature_distance" => distance,
+            _ => None,
+        };
+        x.map(|x| g.predict(x))
+    });
+    Ok(Some(SwitchEstimate {
+        feature_distance: distance,
+        round_trip: trip,
+        predicted_cosine: predicted,
+    }))
 }
 
 /// No layer measured yet, room for `n_layer`.

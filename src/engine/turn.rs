@@ -4,7 +4,10 @@
 
 use super::compare::compare_tokens;
 use super::config::Settings;
-use super::core::{ms, split, Engine, Inbox, Outbox};
+use super::core::Engine;
+use super::outbox::{Inbox, Outbox};
+use super::slot::split;
+use super::timing::ms;
 use super::EngineError;
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::metrics;

@@ -12,372 +12,21 @@
 //! first switch. A pair calibrated without statistics cannot learn, which is said once
 //! and leaves the engine as it was.
 
-use super::core::{Engine, Envelope};
-use crate::data::corpus::{self, Document};
-use crate::learn::{self, ConversationPair, LearnOutcome, Opened};
-use crate::mapper::artifact;
-use crate::mapper::CacheMapper;
+mod worker;
+
+use super::config::LearnSetup;
+use super::load::LoadedMapper;
+use super::outbox::Outbox;
+use super::repair::Repair;
+use super::slot::Slot;
+use super::EngineError;
 use crate::model::{KvCache, Model};
-use crate::protocol::{CacheOrigin, Command, Event, MapperState};
+use crate::protocol::{CacheOrigin, Event, MapperState};
 use candle_core::Tensor;
 use std::path::PathBuf;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// How the engine learns, beyond whether it does (`Settings::learn`).
-#[derive(Debug, Clone)]
-pub struct LearnSetup {
-    /// Keep what is learned beside the artifacts, for the next session to start from.
-    pub keep: bool,
-    /// Start from what earlier sessions learned (else from the calibration alone).
-    pub use_learned: bool,
-    /// The text the fixed calibration slice is cut from (None: the default corpus).
-    pub slice_docs: Option<Vec<Document>>,
-}
-
-impl Default for LearnSetup {
-    fn default() -> Self {
-        Self {
-            keep: true,
-            use_learned: true,
-            slice_docs: None,
-        }
-    }
-}
-
-/// Both models' own caches of one conversation, for the learner of `source -> other`.
-pub(super) struct Job {
-    /// The slot mapped from; the learner maps its cache into the other slot's.
-    pub source: usize,
-    /// The switch whose measurement produced the caches, and its turn.
-    pub index: u32,
-    pub turn: u32,
-    /// Where the text came from, as recorded with what was learned.
-    pub label: String,
-    pub tokens: Arc<Vec<u32>>,
-    pub src: Arc<KvCache>,
-    pub tgt: Arc<KvCache>,
-    /// The target's own queries at `probes`, per layer.
-    pub queries: Arc<Vec<Tensor>>,
-    pub probes: Arc<Vec<usize>>,
-    /// The conversation is learned up to here in this direction.
-    pub from: usize,
-}
-
-/// What the learning thread is asked to do.
-pub(super) enum Task {
-    /// Set up the learner of `source -> other` (at start, so that a mapper that learned
-    /// in earlier sessions is in use from the first switch).
-    Open {
-        source: usize,
-    },
-    Learn(Job),
-}
-
-pub(super) enum Reply {
-    /// The learner is ready; `mapper` is set when it starts from what earlier sessions
-    /// learned, and is then the mapper to use instead of the calibrated one.
-    Opened {
-        source: usize,
-        mapper: Option<Box<CacheMapper>>,
-        learned_tokens: u64,
-        updates: usize,
-    },
-    /// A learning step ran; `mapper` is the new mapper in use when it was accepted.
-    Learned {
-        source: usize,
-        index: u32,
-        turn: u32,
-        outcome: Box<LearnOutcome>,
-        mapper: Option<Box<CacheMapper>>,
-        /// Where what was learned is kept, or why keeping it failed; None: not kept.
-        kept: Option<Result<PathBuf, String>>,
-    },
-    /// Too little new text, or no probe among the newest positions: nothing to learn yet.
-    NothingNew {
-        source: usize,
-    },
-    /// This direction cannot learn (no saved statistics, say); it is not asked again.
-    Unavailable {
-        source: usize,
-        reason: String,
-    },
-    Failed {
-        source: usize,
-        reason: String,
-    },
-}
-
-impl Task {
-    fn source(&self) -> usize {
-        match self {
-            Task::Open { source } => *source,
-            Task::Learn(job) => job.source,
-        }
-    }
-}
-
-impl Reply {
-    fn source(&self) -> usize {
-        match self {
-            Reply::Opened { source, .. }
-            | Reply::Learned { source, .. }
-            | Reply::NothingNew { source }
-            | Reply::Unavailable { source, .. }
-            | Reply::Failed { source, .. } => *source,
-        }
-    }
-}
-
-pub(super) struct Worker {
-    jobs: Sender<Task>,
-    replies: Receiver<Reply>,
-    /// Tasks sent and not answered, per source slot.
-    in_flight: [usize; 2],
-}
-
-impl Worker {
-    pub fn spawn(
-        models: [Arc<Model>; 2],
-        mapper_dir: PathBuf,
-        setup: LearnSetup,
-        anchor: usize,
-    ) -> Option<Self> {
-        let (jobs, job_rx) = channel::<Task>();
-        let (reply_tx, replies) = channel();
-        let mut state = State {
-            models,
-            mapper_dir,
-            setup,
-            anchor,
-            learners: [None, None],
-        };
-        std::thread::Builder::new()
-            .name("baton-learning".into())
-            .spawn(move || {
-                lower_priority();
-                let pool = background_pool();
-                for task in job_rx {
-                    let work = || match task {
-                        Task::Open { source } => state.opened(source),
-                        Task::Learn(job) => state.run(job),
-                    };
-                    let reply = match &pool {
-                        Some(p) => p.install(work),
-                        None => work(),
-                    };
-                    if reply_tx.send(reply).is_err() {
-                        break;
-                    }
-                }
-            })
-            .map_err(|e| tracing::error!("learning thread: {e}"))
-            .ok()?;
-        let mut worker = Self {
-            jobs,
-            replies,
-            in_flight: [0; 2],
-        };
-        for source in 0..2 {
-            worker.send(Task::Open { source });
-        }
-        Some(worker)
-    }
-
-    pub fn send(&mut self, task: Task) {
-        let source = task.source();
-        if self.jobs.send(task).is_ok() {
-            self.in_flight[source] += 1;
-        }
-    }
-
-    pub fn busy(&self) -> bool {
-        self.in_flight.iter().any(|&n| n > 0)
-    }
-
-    /// Whether the mapper of `source -> other` has work in flight.
-    pub fn busy_with(&self, source: usize) -> bool {
-        self.in_flight[source] > 0
-    }
-
-    /// A reply if one is there, waiting up to `wait` for it.
-    pub fn reply(&mut self, wait: Duration) -> Option<Reply> {
-        if !self.busy() {
-            return None;
-        }
-        match self.replies.recv_timeout(wait) {
-            Ok(r) => {
-                let n = &mut self.in_flight[r.source()];
-                *n = n.saturating_sub(1);
-                Some(r)
-            }
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => {
-                // The thread is gone: nothing it held will come back.
-                self.in_flight = [0; 2];
-                None
-            }
-        }
-    }
-}
-
-/// A thread pool for the solves, whose threads run at the lowest priority: on a machine
-/// with few cores the learner would otherwise take half of them from a turn that is
-/// generating (the first token after a switch came 6x later in one measured run).
-fn background_pool() -> Option<rayon::ThreadPool> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(rayon::current_num_threads())
-        .thread_name(|i| format!("baton-learning-{i}"))
-        .start_handler(|_| lower_priority())
-        .build()
-        .map_err(|e| tracing::warn!("learning thread pool: {e}"))
-        .ok()
-}
-
-/// Make the calling thread the last to get a core (Linux keeps a nice value per thread).
-fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: plain system calls on the calling thread's own id; nothing is shared.
-        let done = unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, tid, 19)
-        };
-        if done != 0 {
-            tracing::warn!("could not lower the learning thread's priority");
-        }
-    }
-}
-
-struct State {
-    models: [Arc<Model>; 2],
-    mapper_dir: PathBuf,
-    setup: LearnSetup,
-    anchor: usize,
-    /// Per source slot: the learner, or why there is none.
-    learners: [Option<Result<Opened, String>>; 2],
-}
-
-impl State {
-    fn pair(&self, source: usize) -> (Arc<Model>, Arc<Model>) {
-        (
-            Arc::clone(&self.models[source]),
-            Arc::clone(&self.models[1 - source]),
-        )
-    }
-
-    fn opened(&mut self, source: usize) -> Reply {
-        let (src, tgt) = self.pair(source);
-        let opened = self.open(&src, &tgt);
-        let reply = match &opened {
-            Ok(o) => Reply::Opened {
-                source,
-                mapper: (o.learner.learned_tokens() > 0)
-                    .then(|| Box::new(o.learner.mapper().clone())),
-                learned_tokens: o.learner.learned_tokens(),
-                updates: o.meta.steps.len(),
-            },
-            Err(reason) => Reply::Unavailable {
-                source,
-                reason: reason.clone(),
-            },
-        };
-        self.learners[source] = Some(opened);
-        reply
-    }
-
-    fn run(&mut self, job: Job) -> Reply {
-        let source = job.source;
-        let (src, tgt) = self.pair(source);
-        let opened = match self.learners[source].as_mut() {
-            Some(Ok(o)) => o,
-            Some(Err(reason)) => {
-                return Reply::Unavailable {
-                    source,
-                    reason: reason.clone(),
-                }
-            }
-            None => {
-                return Reply::Failed {
-                    source,
-                    reason: "the learner was not set up".into(),
-                }
-            }
-        };
-        let pair = ConversationPair {
-            tokens: &job.tokens,
-            src: &job.src,
-            tgt: &job.tgt,
-            queries: &job.queries,
-            probes: &job.probes,
-            from: job.from,
-        };
-        let outcome = match opened.learner.learn(&src, &tgt, &pair) {
-            Ok(Some(o)) => o,
-            Ok(None) => return Reply::NothingNew { source },
-            Err(e) => {
-                tracing::error!("learning: {e}");
-                return Reply::Failed {
-                    source,
-                    reason: e.to_string(),
-                };
-            }
-        };
-        let mut kept = None;
-        let mut mapper = None;
-        if outcome.accepted {
-            opened.meta.record(&job.label, &outcome);
-            mapper = Some(Box::new(opened.learner.mapper().clone()));
-            if self.setup.keep {
-                kept = Some(
-                    learn::store::save(&opened.dir, opened.learner.learned(), &opened.meta)
-                        .map(|()| opened.dir.clone())
-                        .map_err(|e| e.to_string()),
-                );
-            }
-        }
-        Reply::Learned {
-            source,
-            index: job.index,
-            turn: job.turn,
-            outcome: Box::new(outcome),
-            mapper,
-            kept,
-        }
-    }
-
-    fn open(&self, src: &Model, tgt: &Model) -> Result<Opened, String> {
-        let open = || -> Result<Opened, String> {
-            let (art, mapper) =
-                artifact::open_for(Some(&self.mapper_dir), src, tgt).map_err(|e| e.to_string())?;
-            let docs = match &self.setup.slice_docs {
-                Some(d) => d.clone(),
-                None => corpus::default_files()
-                    .and_then(|f| corpus::read_documents(&f))
-                    .map_err(|e| e.to_string())?,
-            };
-            let slices = learn::calibration_slices(src, tgt, &docs, self.anchor)
-                .map_err(|e| e.to_string())?;
-            learn::open(
-                src,
-                tgt,
-                &art,
-                mapper,
-                &self.mapper_dir,
-                self.setup.use_learned,
-                slices,
-                self.anchor,
-            )
-            .map_err(|e| e.to_string())
-        };
-        let opened = open();
-        if let Err(e) = &opened {
-            tracing::warn!("learning off for {}: {e}", src.identity.name);
-        }
-        opened
-    }
-}
+use worker::{Job, Reply, Task, Worker};
 
 /// Both models' own caches of a switch's first `n` ids, from its measurement: the
 /// target's re-prefill and the source's, each with its queries at `probes`.
@@ -391,64 +40,90 @@ pub(super) struct OwnCaches {
     pub source_own: (KvCache, Vec<Tensor>),
 }
 
-impl Engine {
-    /// Start the learning thread; both directions' learners are set up on it at once.
-    pub(super) fn start_learning(&mut self, mapper_dir: PathBuf, setup: LearnSetup) {
-        let models = [
-            Arc::clone(&self.slots[0].model),
-            Arc::clone(&self.slots[1].model),
-        ];
-        self.learning = Worker::spawn(models, mapper_dir, setup, self.settings.anchor);
-        self.can_learn = [self.learning.is_some(); 2];
-    }
+/// Learning as the engine sees it: the thread and, per direction (indexed by the
+/// source slot), whether it can learn, how far this conversation is learned, and which
+/// state of the mapper is in use.
+pub(super) struct Learning {
+    worker: Option<Worker>,
+    can_learn: [bool; 2],
+    learned_to: [usize; 2],
+    state: [MapperState; 2],
+    /// Where the conversation is recorded, named with what is learned from it.
+    pub(super) session_label: String,
+}
 
-    /// Whether a switch measured now would be learned from (in either direction).
-    pub(super) fn will_learn(&self) -> bool {
-        self.settings.learn && self.learning.is_some() && self.can_learn.iter().any(|&c| c)
-    }
+/// What applying the learning thread's replies may touch.
+pub(super) struct LearnCx<'a> {
+    pub mappers: &'a mut [LoadedMapper; 2],
+    pub names: [String; 2],
+    pub out: &'a mut Outbox,
+}
 
-    /// Whether the mapper of `source -> other` is being set up or taught.
-    pub(super) fn learning_with(&self, source: usize) -> bool {
-        self.learning.as_ref().is_some_and(|w| w.busy_with(source))
-    }
-
-    /// Whether the learning thread has work in flight for either direction.
-    pub fn learning_in_flight(&self) -> bool {
-        self.learning_busy()
-    }
-
-    pub(super) fn learning_busy(&self) -> bool {
-        self.learning.as_ref().is_some_and(Worker::busy)
-    }
-
-    /// Take the learning thread's replies that are there, waiting up to `wait` for one.
-    pub(super) fn take_learned(&mut self, wait: Duration) {
-        let mut wait = wait;
-        while let Some(reply) = self.learning.as_mut().and_then(|w| w.reply(wait)) {
-            self.apply_learned(reply);
-            wait = Duration::ZERO;
+impl Learning {
+    /// No learning thread: the mappers stay as they are.
+    pub fn off() -> Self {
+        Self {
+            worker: None,
+            can_learn: [false; 2],
+            learned_to: [0; 2],
+            state: [MapperState::default(); 2],
+            session_label: "an unrecorded session".into(),
         }
     }
 
-    /// Wait for what the learning thread is doing for the mapper of `source -> other`,
-    /// so that a switch that way maps with everything learned before it. Commands that
-    /// arrive meanwhile wait their turn; a shutdown stops the wait.
-    pub fn finish_learning(&mut self, source: usize, commands: &Receiver<Envelope>) {
-        while self.learning_with(source) && !self.shutdown {
-            self.take_learned(Duration::from_millis(100));
-            while let Ok(e) = commands.try_recv() {
-                match e.command {
-                    Command::Shutdown => self.shutdown = true,
-                    _ => self.inbox.push_back(e),
-                }
-            }
+    /// Start the learning thread; both directions' learners are set up on it at once, in
+    /// the background.
+    pub fn start(
+        &mut self,
+        models: [Arc<Model>; 2],
+        mapper_dir: PathBuf,
+        setup: LearnSetup,
+        anchor: usize,
+    ) {
+        self.worker = Worker::spawn(models, mapper_dir, setup, anchor);
+        self.can_learn = [self.worker.is_some(); 2];
+    }
+
+    /// Whether a switch measured now would be learned from (in either direction), with
+    /// learning `on`.
+    pub fn will_learn(&self, on: bool) -> bool {
+        on && self.worker.is_some() && self.can_learn.iter().any(|&c| c)
+    }
+
+    /// Whether the mapper of `source -> other` is being set up or taught.
+    pub fn busy_with(&self, source: usize) -> bool {
+        self.worker.as_ref().is_some_and(|w| w.busy_with(source))
+    }
+
+    pub fn busy(&self) -> bool {
+        self.worker.as_ref().is_some_and(Worker::busy)
+    }
+
+    /// The state of the mapper of `source -> other` in use.
+    pub fn state(&self, source: usize) -> MapperState {
+        self.state[source]
+    }
+
+    /// Apply the learning thread's replies that are there, waiting up to `wait` for one.
+    pub fn take(&mut self, wait: Duration, cx: &mut LearnCx<'_>) {
+        let mut wait = wait;
+        while let Some(reply) = self.worker.as_mut().and_then(|w| w.reply(wait)) {
+            self.apply(reply, cx);
+            wait = Duration::ZERO;
         }
     }
 
     /// Hand a measured switch's caches to the learning thread: the direction of the
     /// next switch (target to source) first, then the one just used, so that the next
-    /// switch is the likelier to find its own direction's update ready.
-    pub(super) fn learn_from(&mut self, own: OwnCaches) -> Result<(), super::EngineError> {
+    /// switch is the likelier to find its own direction's update ready. Each is also its
+    /// model's own cache of the first `n` ids: where a truth holds less, it saves the
+    /// next reference path that work.
+    pub fn learn_from(
+        &mut self,
+        own: OwnCaches,
+        history: &[u32],
+        slots: &mut [Slot; 2],
+    ) -> Result<(), EngineError> {
         let OwnCaches {
             index,
             turn,
@@ -461,17 +136,15 @@ impl Engine {
         let target = 1 - source;
         let (tc, tq) = target_own;
         let (sc, sq) = source_own;
-        // Each is its model's own cache of the first `n` ids: where a truth holds less,
-        // it saves the next reference path that work.
         for (slot, cache) in [(target, &tc), (source, &sc)] {
-            if self.slots[slot].truth.len() < cache.len() {
-                self.slots[slot].truth = cache.try_clone()?;
+            if slots[slot].truth.len() < cache.len() {
+                slots[slot].truth = cache.try_clone()?;
             }
         }
-        let Some(worker) = self.learning.as_mut() else {
+        let Some(worker) = self.worker.as_mut() else {
             return Ok(());
         };
-        let tokens = Arc::new(self.conv.history[..n].to_vec());
+        let tokens = Arc::new(history[..n].to_vec());
         let probes = Arc::new(probes);
         let (tc, sc) = (Arc::new(tc), Arc::new(sc));
         let ways = [(target, &tc, &sc, sq), (source, &sc, &tc, tq)];
@@ -498,24 +171,26 @@ impl Engine {
     /// Hand a completed repair to the learning thread: the repaired cache is the target's
     /// own, with its queries at the positions it kept them; the other model's own cache
     /// of a prefix (its primary if it computed it all, else its truth) is the source's.
-    pub(super) fn learn_from_repair(
+    pub fn learn_from_repair(
         &mut self,
-        job: super::repair::Repair,
-    ) -> Result<(), super::EngineError> {
+        job: &Repair,
+        history: &[u32],
+        slots: &[Slot; 2],
+    ) -> Result<(), EngineError> {
         let target = job.slot;
         let source = 1 - target;
-        if !self.settings.learn || !self.can_learn[source] || job.probes.is_empty() {
+        if !self.can_learn[source] || job.probes.is_empty() {
             return Ok(());
         }
-        let Some(worker) = self.learning.as_mut() else {
+        let Some(worker) = self.worker.as_mut() else {
             return Ok(());
         };
-        let src = &self.slots[source];
+        let src = &slots[source];
         let own = match src.origin {
             CacheOrigin::True => &src.primary,
             _ => &src.truth,
         };
-        let n = own.len().min(self.slots[target].primary.len());
+        let n = own.len().min(slots[target].primary.len());
         let keep: Vec<u32> = (0..job.probes.len())
             .filter(|&i| job.probes[i] < n)
             .map(|i| i as u32)
@@ -535,9 +210,9 @@ impl Engine {
             index: job.index,
             turn: job.turn,
             label: format!("{}, repair after switch {}", self.session_label, job.index),
-            tokens: Arc::new(self.conv.history[..n].to_vec()),
+            tokens: Arc::new(history[..n].to_vec()),
             src: Arc::new(own.try_clone_prefix(n)?),
-            tgt: Arc::new(self.slots[target].primary.try_clone_prefix(n)?),
+            tgt: Arc::new(slots[target].primary.try_clone_prefix(n)?),
             queries: Arc::new(queries),
             probes: Arc::new(probes),
             from: self.learned_to[source],
@@ -545,11 +220,8 @@ impl Engine {
         Ok(())
     }
 
-    fn direction_name(&self, source: usize) -> (String, String) {
-        (self.slots[source].name(), self.slots[1 - source].name())
-    }
-
-    fn apply_learned(&mut self, reply: Reply) {
+    fn apply(&mut self, reply: Reply, cx: &mut LearnCx<'_>) {
+        let name = |source: usize| (cx.names[source].clone(), cx.names[1 - source].clone());
         match reply {
             Reply::Opened {
                 source,
@@ -558,13 +230,13 @@ impl Engine {
                 updates,
             } => {
                 if let Some(m) = mapper {
-                    self.mappers[source].mapper = *m;
-                    self.mapper_state[source] = MapperState {
+                    cx.mappers[source].mapper = *m;
+                    self.state[source] = MapperState {
                         updates: u32::try_from(updates).unwrap_or(u32::MAX),
                         learned_tokens,
                     };
-                    let (a, b) = self.direction_name(source);
-                    self.out.emit(Event::Notice {
+                    let (a, b) = name(source);
+                    cx.out.emit(Event::Notice {
                         message: format!(
                             "mapper {a} -> {b} starts from what it learned before: {learned_tokens} positions in {updates} updates (`baton mappers --reset-learned` returns it to its calibration)"
                         ),
@@ -581,19 +253,19 @@ impl Engine {
             } => {
                 self.learned_to[source] = outcome.learned_to;
                 if let Some(m) = mapper {
-                    self.mappers[source].mapper = *m;
-                    let state = &mut self.mapper_state[source];
+                    cx.mappers[source].mapper = *m;
+                    let state = &mut self.state[source];
                     state.updates = state.updates.saturating_add(1);
                     state.learned_tokens = outcome.learned_tokens;
                 }
-                let (from, to) = self.direction_name(source);
+                let (from, to) = name(source);
                 let mut saved = false;
                 match kept {
                     Some(Ok(dir)) => {
                         tracing::info!("learned statistics kept in {}", dir.display());
                         saved = true;
                     }
-                    Some(Err(e)) => self.out.emit(Event::Error {
+                    Some(Err(e)) => cx.out.emit(Event::Error {
                         message: format!(
                             "what {from} -> {to} learned is in use but could not be kept for the next session: {e}"
                         ),
@@ -602,7 +274,7 @@ impl Engine {
                     None => {}
                 }
                 let o = *outcome;
-                self.out.emit(Event::MapperLearned {
+                cx.out.emit(Event::MapperLearned {
                     index,
                     turn,
                     from,
@@ -626,14 +298,14 @@ impl Engine {
             }
             Reply::Unavailable { source, reason } => {
                 self.can_learn[source] = false;
-                let (a, b) = self.direction_name(source);
-                self.out.emit(Event::Notice {
+                let (a, b) = name(source);
+                cx.out.emit(Event::Notice {
                     message: format!("{a} -> {b} does not learn: {reason}"),
                 });
             }
             Reply::Failed { source, reason } => {
-                let (a, b) = self.direction_name(source);
-                self.out.emit(Event::Error {
+                let (a, b) = name(source);
+                cx.out.emit(Event::Error {
                     message: format!(
                         "learning {a} -> {b} failed (the mapper is as it was): {reason}"
                     ),

@@ -1,0 +1,348 @@
+//! The learning thread: it sets up each direction's learner (in the background, at
+//! start) and runs the learning steps it is sent, one at a time at the lowest priority,
+//! replying with what changed.
+
+use crate::data::corpus;
+use crate::engine::config::LearnSetup;
+use crate::learn::{self, ConversationPair, LearnOutcome, Opened};
+use crate::mapper::artifact;
+use crate::mapper::CacheMapper;
+use crate::model::{KvCache, Model};
+use candle_core::Tensor;
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Both models' own caches of one conversation, for the learner of `source -> other`.
+pub(crate) struct Job {
+    /// The slot mapped from; the learner maps its cache into the other slot's.
+    pub source: usize,
+    /// The switch whose measurement produced the caches, and its turn.
+    pub index: u32,
+    pub turn: u32,
+    /// Where the text came from, as recorded with what was learned.
+    pub label: String,
+    pub tokens: Arc<Vec<u32>>,
+    pub src: Arc<KvCache>,
+    pub tgt: Arc<KvCache>,
+    /// The target's own queries at `probes`, per layer.
+    pub queries: Arc<Vec<Tensor>>,
+    pub probes: Arc<Vec<usize>>,
+    /// The conversation is learned up to here in this direction.
+    pub from: usize,
+}
+
+/// What the learning thread is asked to do.
+pub(crate) enum Task {
+    /// Set up the learner of `source -> other` (at start, so that a mapper that learned
+    /// in earlier sessions is in use from the first switch).
+    Open {
+        source: usize,
+    },
+    Learn(Job),
+}
+
+pub(crate) enum Reply {
+    /// The learner is ready; `mapper` is set when it starts from what earlier sessions
+    /// learned, and is then the mapper to use instead of the calibrated one.
+    Opened {
+        source: usize,
+        mapper: Option<Box<CacheMapper>>,
+        learned_tokens: u64,
+        updates: usize,
+    },
+    /// A learning step ran; `mapper` is the new mapper in use when it was accepted.
+    Learned {
+        source: usize,
+        index: u32,
+        turn: u32,
+        outcome: Box<LearnOutcome>,
+        mapper: Option<Box<CacheMapper>>,
+        /// Where what was learned is kept, or why keeping it failed; None: not kept.
+        kept: Option<Result<PathBuf, String>>,
+    },
+    /// Too little new text, or no probe among the newest positions: nothing to learn yet.
+    NothingNew {
+        source: usize,
+    },
+    /// This direction cannot learn (no saved statistics, say); it is not asked again.
+    Unavailable {
+        source: usize,
+        reason: String,
+    },
+    Failed {
+        source: usize,
+        reason: String,
+    },
+}
+
+impl Task {
+    fn source(&self) -> usize {
+        match self {
+            Task::Open { source } => *source,
+            Task::Learn(job) => job.source,
+        }
+    }
+}
+
+impl Reply {
+    fn source(&self) -> usize {
+        match self {
+            Reply::Opened { source, .. }
+            | Reply::Learned { source, .. }
+            | Reply::NothingNew { source }
+            | Reply::Unavailable { source, .. }
+            | Reply::Failed { source, .. } => *source,
+        }
+    }
+}
+
+pub(crate) struct Worker {
+    jobs: Sender<Task>,
+    replies: Receiver<Reply>,
+    /// Tasks sent and not answered, per source slot.
+    in_flight: [usize; 2],
+}
+
+impl Worker {
+    pub fn spawn(
+        models: [Arc<Model>; 2],
+        mapper_dir: PathBuf,
+        setup: LearnSetup,
+        anchor: usize,
+    ) -> Option<Self> {
+        let (jobs, job_rx) = channel::<Task>();
+        let (reply_tx, replies) = channel();
+        let mut state = State {
+            models,
+            mapper_dir,
+            setup,
+            anchor,
+            learners: [None, None],
+        };
+        std::thread::Builder::new()
+            .name("baton-learning".into())
+            .spawn(move || {
+                lower_priority();
+                let pool = background_pool();
+                for task in job_rx {
+                    let work = || match task {
+                        Task::Open { source } => state.opened(source),
+                        Task::Learn(job) => state.run(job),
+                    };
+                    let reply = match &pool {
+                        Some(p) => p.install(work),
+                        None => work(),
+                    };
+                    if reply_tx.send(reply).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| tracing::error!("learning thread: {e}"))
+            .ok()?;
+        let mut worker = Self {
+            jobs,
+            replies,
+            in_flight: [0; 2],
+        };
+        for source in 0..2 {
+            worker.send(Task::Open { source });
+        }
+        Some(worker)
+    }
+
+    pub fn send(&mut self, task: Task) {
+        let source = task.source();
+        if self.jobs.send(task).is_ok() {
+            self.in_flight[source] += 1;
+        }
+    }
+
+    pub fn busy(&self) -> bool {
+        self.in_flight.iter().any(|&n| n > 0)
+    }
+
+    /// Whether the mapper of `source -> other` has work in flight.
+    pub fn busy_with(&self, source: usize) -> bool {
+        self.in_flight[source] > 0
+    }
+
+    /// A reply if one is there, waiting up to `wait` for it.
+    pub fn reply(&mut self, wait: Duration) -> Option<Reply> {
+        if !self.busy() {
+            return None;
+        }
+        match self.replies.recv_timeout(wait) {
+            Ok(r) => {
+                let n = &mut self.in_flight[r.source()];
+                *n = n.saturating_sub(1);
+                Some(r)
+            }
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                // The thread is gone: nothing it held will come back.
+                self.in_flight = [0; 2];
+                None
+            }
+        }
+    }
+}
+
+/// A thread pool for the solves, whose threads run at the lowest priority: on a machine
+/// with few cores the learner would otherwise take half of them from a turn that is
+/// generating (the first token after a switch came 6x later in one measured run).
+fn background_pool() -> Option<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(rayon::current_num_threads())
+        .thread_name(|i| format!("baton-learning-{i}"))
+        .start_handler(|_| lower_priority())
+        .build()
+        .map_err(|e| tracing::warn!("learning thread pool: {e}"))
+        .ok()
+}
+
+/// Make the calling thread the last to get a core (Linux keeps a nice value per thread).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain system calls on the calling thread's own id; nothing is shared.
+        let done = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, 19)
+        };
+        if done != 0 {
+            tracing::warn!("could not lower the learning thread's priority");
+        }
+    }
+}
+
+struct State {
+    models: [Arc<Model>; 2],
+    mapper_dir: PathBuf,
+    setup: LearnSetup,
+    anchor: usize,
+    /// Per source slot: the learner, or why there is none.
+    learners: [Option<Result<Opened, String>>; 2],
+}
+
+impl State {
+    fn pair(&self, source: usize) -> (Arc<Model>, Arc<Model>) {
+        (
+            Arc::clone(&self.models[source]),
+            Arc::clone(&self.models[1 - source]),
+        )
+    }
+
+    fn opened(&mut self, source: usize) -> Reply {
+        let (src, tgt) = self.pair(source);
+        let opened = self.open(&src, &tgt);
+        let reply = match &opened {
+            Ok(o) => Reply::Opened {
+                source,
+                mapper: (o.learner.learned_tokens() > 0)
+                    .then(|| Box::new(o.learner.mapper().clone())),
+                learned_tokens: o.learner.learned_tokens(),
+                updates: o.meta.steps.len(),
+            },
+            Err(reason) => Reply::Unavailable {
+                source,
+                reason: reason.clone(),
+            },
+        };
+        self.learners[source] = Some(opened);
+        reply
+    }
+
+    fn run(&mut self, job: Job) -> Reply {
+        let source = job.source;
+        let (src, tgt) = self.pair(source);
+        let opened = match self.learners[source].as_mut() {
+            Some(Ok(o)) => o,
+            Some(Err(reason)) => {
+                return Reply::Unavailable {
+                    source,
+                    reason: reason.clone(),
+                }
+            }
+            None => {
+                return Reply::Failed {
+                    source,
+                    reason: "the learner was not set up".into(),
+                }
+            }
+        };
+        let pair = ConversationPair {
+            tokens: &job.tokens,
+            src: &job.src,
+            tgt: &job.tgt,
+            queries: &job.queries,
+            probes: &job.probes,
+            from: job.from,
+        };
+        let outcome = match opened.learner.learn(&src, &tgt, &pair) {
+            Ok(Some(o)) => o,
+            Ok(None) => return Reply::NothingNew { source },
+            Err(e) => {
+                tracing::error!("learning: {e}");
+                return Reply::Failed {
+                    source,
+                    reason: e.to_string(),
+                };
+            }
+        };
+        let mut kept = None;
+        let mut mapper = None;
+        if outcome.accepted {
+            opened.meta.record(&job.label, &outcome);
+            mapper = Some(Box::new(opened.learner.mapper().clone()));
+            if self.setup.keep {
+                kept = Some(
+                    learn::store::save(&opened.dir, opened.learner.learned(), &opened.meta)
+                        .map(|()| opened.dir.clone())
+                        .map_err(|e| e.to_string()),
+                );
+            }
+        }
+        Reply::Learned {
+            source,
+            index: job.index,
+            turn: job.turn,
+            outcome: Box::new(outcome),
+            mapper,
+            kept,
+        }
+    }
+
+    fn open(&self, src: &Model, tgt: &Model) -> Result<Opened, String> {
+        let open = || -> Result<Opened, String> {
+            let (art, mapper) =
+                artifact::open_for(Some(&self.mapper_dir), src, tgt).map_err(|e| e.to_string())?;
+            let docs = match &self.setup.slice_docs {
+                Some(d) => d.clone(),
+                None => corpus::default_files()
+                    .and_then(|f| corpus::read_documents(&f))
+                    .map_err(|e| e.to_string())?,
+            };
+            let slices = learn::calibration_slices(src, tgt, &docs, self.anchor)
+                .map_err(|e| e.to_string())?;
+            learn::open(
+                src,
+                tgt,
+                &art,
+                mapper,
+                &self.mapper_dir,
+                self.setup.use_learned,
+                slices,
+                self.anchor,
+            )
+            .map_err(|e| e.to_string())
+        };
+        let opened = open();
+        if let Err(e) = &opened {
+            tracing::warn!("learning off for {}: {e}", src.identity.name);
+        }
+        opened
+    }
+}

@@ -1,0 +1,272 @@
+//! The engine's background work, scheduled between commands: the pending switch
+//! measurement, the repair of the active model's mapped cache, and the learning
+//! thread's replies. Each job owns its state and takes one step at a time through a
+//! narrow view of the caches; here the engine decides when a step runs, what may
+//! interrupt it, and what its result changes.
+//!
+//! A step looks at the commands that arrive while it runs: a measurement stops for a
+//! cancel or a shutdown (and, when it may yield, for a message), a repair chunk for a
+//! message, a switch or a shutdown. What arrived during a step is taken as if it had
+//! arrived after it.
+
+use super::core::Engine;
+use super::measure::MeasureCx;
+use super::outbox::Envelope;
+use super::EngineError;
+use crate::model::ModelError;
+use crate::protocol::Command;
+use std::cell::RefCell;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Duration;
+
+/// What the commands that arrived say the measurement should do.
+enum Poll {
+    Go,
+    Yield,
+    Cancel,
+    Stop,
+}
+
+/// Drains `commands` into a list and says whether one of them should stop the step in
+/// progress.
+struct Watch<'a> {
+    commands: &'a Receiver<Envelope>,
+    drained: RefCell<Vec<Envelope>>,
+    stops: fn(&Command, bool) -> bool,
+    may_yield: bool,
+}
+
+impl Watch<'_> {
+    fn stop(&self) -> bool {
+        while let Ok(e) = self.commands.try_recv() {
+            self.drained.borrow_mut().push(e);
+        }
+        self.drained
+            .borrow()
+            .iter()
+            .any(|e| (self.stops)(&e.command, self.may_yield))
+    }
+}
+
+fn stops_measurement(c: &Command, may_yield: bool) -> bool {
+    match c {
+        Command::Cancel | Command::Shutdown => true,
+        Command::Submit { .. } => may_yield,
+        _ => false,
+    }
+}
+
+fn stops_repair(c: &Command, _: bool) -> bool {
+    matches!(
+        c,
+        Command::Submit { .. } | Command::Switch | Command::Shutdown
+    )
+}
+
+impl Engine {
+    /// Run the pending measurement until it is done, cancelled or shut down, or, with
+    /// `may_yield`, until a message is waiting (it then stays pending).
+    pub(super) fn measure(&mut self, commands: &Receiver<Envelope>, may_yield: bool) {
+        loop {
+            match self.poll_for_measurement(commands, may_yield) {
+                Poll::Go => {}
+                Poll::Yield | Poll::Stop => return,
+                Poll::Cancel => {
+                    if let Some(job) = self.measurement.take() {
+                        self.finish_measurement(job, Some("cancelled".into()));
+                    }
+                    return;
+                }
+            }
+            let Some(mut job) = self.measurement.take() else {
+                return;
+            };
+            let watch = Watch {
+                commands,
+                drained: RefCell::new(Vec::new()),
+                stops: stops_measurement,
+                may_yield,
+            };
+            let cx = MeasureCx {
+                slots: &mut self.slots,
+                mappers: &self.mappers,
+                history: &self.conv.history,
+                anchor: self.settings.anchor,
+            };
+            let result = job.step(cx, &|| watch.stop());
+            self.inbox.extend(watch.drained.into_inner());
+            match result {
+                Ok(true) => {
+                    self.finish_measurement(job, None);
+                    return;
+                }
+                Ok(false) | Err(EngineError::Model(ModelError::Interrupted)) => {
+                    self.measurement = Some(job)
+                }
+                Err(e) => {
+                    self.report(&e);
+                    self.finish_measurement(job, Some(format!("failed: {e}")));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Take what arrived: a cancel or a shutdown ends the measurement, a bookmark or a
+    /// setting's toggle is carried out at once (they touch no cache), messages and
+    /// switches wait in the queue.
+    fn poll_for_measurement(&mut self, commands: &Receiver<Envelope>, may_yield: bool) -> Poll {
+        loop {
+            let next = match self.inbox.pop_front() {
+                Some(e) => Ok(e),
+                None => commands.try_recv(),
+            };
+            match next {
+                Ok(e) => match e.command {
+                    Command::Cancel => return Poll::Cancel,
+                    Command::Shutdown => {
+                        self.shutdown = true;
+                        return Poll::Stop;
+                    }
+                    Command::Bookmark { .. }
+                    | Command::SetReference { .. }
+                    | Command::SetRepair { .. } => self.handle(e, commands),
+                    Command::Submit { .. } | Command::Switch | Command::Finish => {
+                        self.queued.push_back(e)
+                    }
+                },
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.shutdown = true;
+                    return Poll::Stop;
+                }
+            }
+        }
+        let message_first = self
+            .queued
+            .front()
+            .is_some_and(|e| matches!(e.command, Command::Submit { .. }));
+        if may_yield && message_first {
+            Poll::Yield
+        } else {
+            Poll::Go
+        }
+    }
+
+    fn finish_measurement(&mut self, job: super::measure::Measurement, stopped: Option<String>) {
+        let measured = job.finish(stopped);
+        if let Some((source, cosine)) = measured.cosine {
+            self.measured_cosine[source] = Some(cosine);
+        }
+        self.out.emit(measured.event);
+        if let Some(own) = measured.learn {
+            if let Err(e) = self
+                .learning
+                .learn_from(own, &self.conv.history, &mut self.slots)
+            {
+                self.report(&e);
+            }
+        } else if let Some((target, fresh)) = measured.fresh {
+            // The re-prefill is the target's own cache of the switch's ids: where the
+            // truth holds less, it saves the next reference path that work.
+            let truth = &mut self.slots[target].truth;
+            if truth.len() < fresh.len() {
+                *truth = fresh;
+            }
+        }
+    }
+
+    /// Whether there is repair work the engine would do when idle.
+    pub(super) fn repair_wanted(&self) -> bool {
+        self.settings.repair
+            && self.measurement.is_none()
+            && self
+                .repair
+                .as_ref()
+                .is_some_and(|r| r.wanted(self.active, self.slots[r.slot].origin))
+    }
+
+    /// Repair until done or until a message (or a cancel or shutdown) is waiting in
+    /// `commands`, as the engine does when idle.
+    pub fn repair_pending(&mut self, commands: &Receiver<Envelope>) {
+        while self.repair_wanted() && !self.shutdown {
+            if let Ok(e) = commands.try_recv() {
+                self.inbox.push_back(e);
+            }
+            if !self.inbox.is_empty() {
+                return;
+            }
+            if let Err(e) = self.repair_step(commands) {
+                if !matches!(e, EngineError::Model(ModelError::Interrupted)) {
+                    self.report(&e);
+                    self.end_repair(false);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Whether a repair is in progress (switched to, not yet complete).
+    pub fn repair_in_progress(&self) -> bool {
+        self.repair.is_some()
+    }
+
+    /// Re-prefill the next chunk and put it in place.
+    pub(super) fn repair_step(&mut self, commands: &Receiver<Envelope>) -> Result<(), EngineError> {
+        let Some(mut job) = self.repair.take() else {
+            return Ok(());
+        };
+        let watch = Watch {
+            commands,
+            drained: RefCell::new(Vec::new()),
+            stops: stops_repair,
+            may_yield: true,
+        };
+        let slot = &mut self.slots[job.slot];
+        let result = job.step(slot, &self.conv.history, &|| watch.stop());
+        self.inbox.extend(watch.drained.into_inner());
+        self.repair = Some(job);
+        let (progress, done) = result?;
+        self.out.emit(progress);
+        if done {
+            self.end_repair(true);
+        }
+        Ok(())
+    }
+
+    /// Say how the repair ended and forget it; a complete one is learned from: the
+    /// repaired cache is the model's own and, with the other model's own cache of the
+    /// same ids, a pair to learn from, reference path or not.
+    pub(super) fn end_repair(&mut self, complete: bool) {
+        let Some(job) = self.repair.take() else {
+            return;
+        };
+        let Some(event) = job.end(&mut self.slots[job.slot], complete) else {
+            return;
+        };
+        self.out.emit(event);
+        if complete && self.settings.learn {
+            let learned = self
+                .learning
+                .learn_from_repair(&job, &self.conv.history, &self.slots);
+            if let Err(e) = learned {
+                self.report(&e);
+            }
+        }
+    }
+
+    /// Wait for what the learning thread is doing for the mapper of `source -> other`.
+    /// Commands that arrive meanwhile wait their turn; a shutdown stops the wait. Only
+    /// `Finish` and tests wait: a switch never does.
+    pub fn finish_learning(&mut self, source: usize, commands: &Receiver<Envelope>) {
+        while self.learning.busy_with(source) && !self.shutdown {
+            self.take_learned(Duration::from_millis(100));
+            while let Ok(e) = commands.try_recv() {
+                match e.command {
+                    Command::Shutdown => self.shutdown = true,
+                    _ => self.inbox.push_back(e),
+                }
+            }
+        }
+    }
+}
