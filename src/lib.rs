@@ -10,6 +10,7 @@ pub mod engine;
 pub mod eval;
 pub mod fetch;
 pub mod gate;
+pub mod headless;
 pub mod kernels;
 pub mod learn;
 pub mod logging;

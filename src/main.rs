@@ -72,7 +72,8 @@ fn run(cli: Cli) -> Result<()> {
 /// and missing mappers calibrated by the engine, with progress on screen; a first run
 /// gets a quick mapper and a note saying how to fit the full one.
 fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> {
-    use baton::engine::{script::Script, EngineConfig};
+    use baton::engine::EngineConfig;
+    use baton::headless::Script;
     let mut cfg = EngineConfig::new([a.pair.source.clone(), a.pair.target.clone()], dev.clone());
     cfg.mapper_dir = a.pair.mapper_dir.clone();
     cfg.calibrate_missing = Some(baton::calibrate::CalibrateOptions::quick());
@@ -572,7 +573,8 @@ fn report_cmd(a: ReportArgs) -> Result<()> {
 }
 
 fn run_cmd(a: RunArgs, dev: &Device) -> Result<()> {
-    use baton::engine::{replay, script, EngineConfig};
+    use baton::engine::EngineConfig;
+    use baton::headless::{replay, script};
     let script = script::Script::load(&a.script)?;
     let mut cfg = EngineConfig::new([a.pair.source.clone(), a.pair.target.clone()], dev.clone());
     // Learning is on unless the script or the command line turns it off.
@@ -594,7 +596,7 @@ fn run_cmd(a: RunArgs, dev: &Device) -> Result<()> {
 }
 
 fn replay_cmd(a: ReplayArgs, dev: &Device) -> Result<()> {
-    use baton::engine::replay;
+    use baton::headless::replay;
     let recorded = session::read_session(&a.session)?;
     for w in &recorded.warnings {
         eprintln!("warning: {w}");

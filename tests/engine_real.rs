@@ -9,7 +9,8 @@
 mod common;
 
 use baton::calibrate::CalibrateOptions;
-use baton::engine::{self, script, EngineConfig, EngineHandle};
+use baton::engine::{self, EngineConfig, EngineHandle};
+use baton::headless::script;
 use baton::protocol::{CacheOrigin, Command, Event, PathKind, StopKind};
 use baton::session::{diff_sessions, read_session, DiffOptions, Report};
 use candle_core::Device;

@@ -9,7 +9,8 @@ mod common;
 
 use baton::calibrate::{calibrate, save_fitted, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::data::corpus::Document;
-use baton::engine::{self, load, script, Engine, EngineConfig, EngineHandle, Envelope, Settings};
+use baton::engine::{self, load, Engine, EngineConfig, EngineHandle, Envelope, Settings};
+use baton::headless::script;
 use baton::mapper::artifact::CorpusInfo;
 use baton::model::Model;
 use baton::protocol::{CacheOrigin, Command, Event, PathKind, StopKind, SwitchMetrics};

@@ -11,8 +11,6 @@ pub mod learning;
 pub mod load;
 mod measure;
 mod repair;
-pub mod replay;
-pub mod script;
 pub mod switch;
 mod turn;
 

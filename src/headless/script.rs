@@ -16,7 +16,7 @@
 //! bookmark = "first answer after the switch"
 //! ```
 
-use super::Settings;
+use crate::engine::Settings;
 use crate::protocol::{Command, Event};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
