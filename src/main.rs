@@ -88,7 +88,7 @@ fn workbench_cmd(a: cli::WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> 
     let steps = match demo {
         true => {
             let s = Script::demo()?;
-            s.settings.apply(&mut cfg.settings);
+            cfg.settings.apply(&s.settings);
             Some(s.steps)
         }
         false => None,
@@ -577,9 +577,7 @@ fn run_cmd(a: RunArgs, dev: &Device) -> Result<()> {
     use baton::headless::{replay, script};
     let script = script::Script::load(&a.script)?;
     let mut cfg = EngineConfig::new([a.pair.source.clone(), a.pair.target.clone()], dev.clone());
-    // Learning is on unless the script or the command line turns it off.
-    cfg.settings.learn = true;
-    script.settings.apply(&mut cfg.settings);
+    cfg.settings.apply(&script.settings);
     a.apply(&mut cfg.settings);
     cfg.learning.keep = !a.no_keep_learned;
     cfg.mapper_dir = a.pair.mapper_dir.clone();

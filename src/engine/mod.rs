@@ -14,7 +14,7 @@ mod repair;
 pub mod switch;
 mod turn;
 
-pub use config::{EngineConfig, Settings};
+pub use config::{EngineConfig, Settings, SettingsOverrides};
 pub use core::{Engine, Envelope, Outbox, Slot};
 pub use learning::LearnSetup;
 pub use repair::REPAIR_CHUNK;
