@@ -401,75 +401,22 @@ fn calibrate_cmd(a: CalibrateArgs, dev: &Device) -> Result<()> {
 }
 
 fn mappers_cmd(a: MappersArgs) -> Result<()> {
-    use baton::calibrate::saved_stats;
-    use baton::learn::store;
-    use baton::mapper::artifact;
-    let list = artifact::list(&fetch::cache_root());
-    // What each mapper's saved statistics hold, read from their description only.
-    let stats_of = |p: &std::path::Path, m: &artifact::MapperMeta| {
-        let dir = p.parent().unwrap_or(std::path::Path::new("."));
-        saved_stats::read_meta(&saved_stats::stats_dir_in(dir, &m.source, &m.target))
-    };
-    let learned_dir = |p: &std::path::Path, m: &artifact::MapperMeta| {
-        let dir = p.parent().unwrap_or(std::path::Path::new("."));
-        store::learned_dir_in(dir, &m.source, &m.target)
-    };
+    use baton::console::mappers::{reset_learned, MapperListing};
+    let root = fetch::cache_root();
     if a.reset_learned {
-        let mut forgot = 0;
-        for (p, m) in &list {
-            if let Ok(m) = m {
-                if store::reset(&learned_dir(p, m))? {
-                    println!("{}: back to its calibration", m.direction);
-                    forgot += 1;
-                }
-            }
-        }
+        let forgot = reset_learned(&root, &mut |direction| {
+            println!("{direction}: back to its calibration")
+        })?;
         if forgot == 0 {
             println!("no mapper has learned anything: nothing to reset");
         }
         return Ok(());
     }
+    let listing = MapperListing::read(&root);
     if a.json {
-        let mut rows = Vec::new();
-        for row in artifact::listing(&list) {
-            let mut v = serde_json::to_value(&row)?;
-            if let (Some(m), Some(obj)) = (row.meta, v.as_object_mut()) {
-                let stats = match stats_of(row.path, m) {
-                    Ok(s) => serde_json::to_value(s)?,
-                    Err(e) => serde_json::json!({ "error": e.to_string() }),
-                };
-                obj.insert("stats".into(), stats);
-                let learned = match store::read_meta(&learned_dir(row.path, m)) {
-                    Ok(l) => serde_json::to_value(l)?,
-                    Err(e) => serde_json::json!({ "error": e.to_string() }),
-                };
-                obj.insert("learned".into(), learned);
-            }
-            rows.push(v);
-        }
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-        return Ok(());
-    }
-    if list.is_empty() {
-        println!("no mappers yet: run `baton calibrate` (default pair: qwen2.5-coder-0.5b and qwen2.5-coder-1.5b)");
-    }
-    for (p, m) in list {
-        match m {
-            Ok(m) => {
-                println!("{}", m.list_line(&p));
-                match stats_of(&p, &m) {
-                    Ok(Some(s)) => println!("    {}", s.summary()),
-                    Ok(None) => {}
-                    Err(e) => println!("    {e}"),
-                }
-                match store::read_meta(&learned_dir(&p, &m)) {
-                    Ok(Some(l)) => println!("    {}", l.summary()),
-                    Ok(None) => {}
-                    Err(e) => println!("    {e}"),
-                }
-            }
-            Err(e) => println!("unreadable: {e}"),
-        }
+        println!("{}", serde_json::to_string_pretty(&listing)?);
+    } else {
+        print!("{listing}");
     }
     Ok(())
 }
