@@ -11,6 +11,7 @@ pub mod eval;
 pub mod fetch;
 pub mod gate;
 pub mod handoff;
+pub mod headless;
 pub mod kernels;
 pub mod learn;
 pub mod logging;

@@ -9,7 +9,8 @@
 mod common;
 
 use baton::calibrate::CalibrateOptions;
-use baton::engine::{self, script, EngineConfig, EngineHandle};
+use baton::engine::{self, EngineConfig, EngineHandle};
+use baton::headless::script;
 use baton::protocol::{CacheOrigin, Command, Event, PathKind, StopKind};
 use baton::session::{diff_sessions, read_session, DiffOptions, Report};
 use candle_core::Device;
@@ -37,6 +38,8 @@ fn config(max_tokens: usize, record: Option<PathBuf>) -> EngineConfig {
     cfg.mapper_dir = Some(baton::fetch::cache_root().join("test-mappers-int8"));
     cfg.calibrate_missing = Some(small_calibration());
     cfg.settings.max_tokens = max_tokens;
+    // The replay is compared with the recording: no mapper changes between them.
+    cfg.settings.learn = false;
     cfg.record = record;
     cfg
 }
@@ -92,7 +95,7 @@ fn a_scripted_conversation_records_reports_and_replays_identically() {
     let first = dir.path().join("first.jsonl");
     let script = script::Script::parse(SCRIPT, "inline").unwrap();
     let mut cfg = config(12, Some(first.clone()));
-    script.settings.apply(&mut cfg.settings);
+    cfg.settings.apply(&script.settings);
     let handle = start(cfg.clone());
     script::run_steps(
         &script.steps,

@@ -9,7 +9,8 @@ mod common;
 
 use baton::calibrate::{calibrate, save_fitted, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::data::corpus::Document;
-use baton::engine::{self, load, script, Engine, EngineConfig, EngineHandle, Envelope, Settings};
+use baton::engine::{self, load, Engine, EngineConfig, EngineHandle, Envelope, Settings};
+use baton::headless::script;
 use baton::mapper::artifact::CorpusInfo;
 use baton::model::Model;
 use baton::protocol::{CacheOrigin, Command, Event, PathKind, StopKind, SwitchMetrics};
@@ -107,6 +108,8 @@ fn rig(settings: impl FnOnce(&mut Settings)) -> Rig {
     let calibration = [m01.calibration_cosine, m10.calibration_cosine];
     let mut config = EngineConfig::new(["a".into(), "b".into()], Device::Cpu);
     config.settings.max_tokens = 6;
+    // These tests study the handoff itself; the learning ones turn it on.
+    config.settings.learn = false;
     settings(&mut config.settings);
     let (etx, events) = channel();
     let engine = engine::build(a, b, [m01, m10], config, etx).unwrap();

@@ -10,7 +10,7 @@
 
 mod common;
 
-use baton::engine::script::Script;
+use baton::headless::Script;
 use baton::model::ModelConfig;
 use baton::protocol::{Event, ModelInfo};
 use baton::session::{parse_session, SessionHeader, SessionWriter};

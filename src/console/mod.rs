@@ -1,11 +1,12 @@
 //! What the headless commands show on a plain terminal: progress bars for long phases
-//! ([`bars`]), a conversation as plain lines ([`events`]) and a model's description
-//! ([`info`]). The workbench draws its own
+//! ([`bars`]), a conversation as plain lines ([`events`]), a model's description
+//! ([`info`]) and the mappers in the cache ([`mappers`]). The workbench draws its own
 //! screen and uses none of this.
 
 pub mod bars;
 pub mod events;
 pub mod info;
+pub mod mappers;
 
 pub use bars::PhaseBars;
 pub use events::EventPrinter;

@@ -34,7 +34,9 @@ pub struct Settings {
     pub tail: usize,
     /// Learn from the conversation at every measured switch (reference path on): both
     /// models' own caches are added to the mappers' statistics and solved again in the
-    /// background; an update is taken only if its held-out cosine does not drop.
+    /// background; an update is taken only if its held-out cosine does not drop. On by
+    /// default; a session header without it was recorded before learning existed, and
+    /// reads as off.
     #[serde(default)]
     pub learn: bool,
     /// Repair in the background: while idle after a switch, the active model re-prefills
@@ -56,9 +58,98 @@ impl Default for Settings {
             probes: 32,
             anchor: crate::mapper::apply::DEFAULT_ANCHOR,
             tail: 0,
-            learn: false,
+            learn: true,
             repair: false,
         }
+    }
+}
+
+impl Settings {
+    /// These settings with what `o` sets put over them; what it leaves out stays.
+    pub fn apply(&mut self, o: &SettingsOverrides) {
+        let SettingsOverrides {
+            max_tokens,
+            gate,
+            premap,
+            reference,
+            tail,
+            learn,
+            repair,
+            system,
+        } = o;
+        if let Some(v) = *max_tokens {
+            self.max_tokens = v;
+        }
+        if let Some(v) = *gate {
+            self.gate = Some(v);
+        }
+        if let Some(v) = *premap {
+            self.premap = v;
+        }
+        if let Some(v) = *reference {
+            self.reference = v;
+        }
+        if let Some(v) = *tail {
+            self.tail = v;
+        }
+        if let Some(v) = *learn {
+            self.learn = v;
+        }
+        if let Some(v) = *repair {
+            self.repair = v;
+        }
+        if let Some(v) = system {
+            self.system_prompt = Some(v.clone());
+        }
+    }
+}
+
+/// The settings a conversation may be started with, each one left out or set: the flags
+/// of `baton workbench`, `baton demo` and `baton run`, and the top-level keys of a script
+/// (see [`crate::headless::script`]). What is left out keeps its value in
+/// [`Settings::default`]; [`Settings::apply`] puts the rest over it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct SettingsOverrides {
+    /// Longest answer, in tokens (default 256).
+    #[arg(long, value_parser = at_least_one)]
+    pub max_tokens: Option<usize>,
+    /// Re-prefill instead of mapping when the switch's fidelity estimate (mean
+    /// attention cosine) is below this.
+    #[arg(long, value_name = "COSINE")]
+    pub gate: Option<f64>,
+    /// Map the inactive model's cache after every turn, so a switch finds it ready.
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub premap: Option<bool>,
+    /// Start with the re-prefilled reference path off (Ctrl-R toggles it); a script's
+    /// `reference = false`.
+    #[arg(long = "no-reference", num_args = 0, default_missing_value = "false")]
+    pub reference: Option<bool>,
+    /// At a switch, the target reads the newest N tokens of the conversation itself
+    /// instead of receiving them mapped: a longer handoff for the facts said last
+    /// (default 0).
+    #[arg(long, value_name = "N")]
+    pub tail: Option<usize>,
+    /// Do not learn from the conversation: the mappers stay as calibrated (what they
+    /// learned in earlier sessions is not used either); a script's `learn = false`.
+    #[arg(long = "no-learn", num_args = 0, default_missing_value = "false")]
+    pub learn: Option<bool>,
+    /// Repair in the background: while idle after a switch, the active model re-prefills
+    /// the conversation into its own cache, replacing mapped positions (Ctrl-P toggles).
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub repair: Option<bool>,
+    /// The system prompt the conversation starts with.
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+}
+
+/// A count that must be at least 1 (0 would mean nothing to do, or divide by zero); a
+/// value parser for flags.
+pub fn at_least_one(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{v}` is not a count: {e}")),
     }
 }
 
@@ -112,5 +203,28 @@ impl Default for LearnSetup {
             use_learned: true,
             slice_docs: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_replace_what_they_set_and_keep_the_rest() {
+        let mut s = Settings::default();
+        assert!(s.learn && s.reference && !s.premap && !s.repair);
+        s.apply(&SettingsOverrides::default());
+        assert_eq!(s, Settings::default());
+        s.apply(&SettingsOverrides {
+            learn: Some(false),
+            tail: Some(16),
+            system: Some("hi".into()),
+            ..Default::default()
+        });
+        assert!(!s.learn);
+        assert_eq!(s.tail, 16);
+        assert_eq!(s.system_prompt.as_deref(), Some("hi"));
+        assert_eq!(s.max_tokens, Settings::default().max_tokens);
     }
 }

@@ -12,15 +12,13 @@ pub mod load;
 mod measure;
 mod outbox;
 mod repair;
-pub mod replay;
 mod schedule;
-pub mod script;
 mod slot;
 pub mod switch;
 mod timing;
 mod turn;
 
-pub use config::{EngineConfig, LearnSetup, Settings};
+pub use config::{EngineConfig, LearnSetup, Settings, SettingsOverrides};
 pub use core::Engine;
 pub use outbox::{Envelope, Outbox};
 pub use repair::REPAIR_CHUNK;

@@ -140,6 +140,8 @@ pub fn rig_with(dir: &Path, setup: impl FnOnce(&mut EngineConfig)) -> Rig {
     let mut config = EngineConfig::new(["a".into(), "b".into()], Device::Cpu);
     config.mapper_dir = Some(mappers);
     config.settings.max_tokens = 24;
+    // Learning only where `setup` asks for it.
+    config.settings.learn = false;
     setup(&mut config);
     let (etx, events) = channel();
     let engine = engine::build(a, b, [m01, m10], config, etx).unwrap();

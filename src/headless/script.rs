@@ -2,7 +2,7 @@
 //! to run them under) that drives the engine without a terminal UI.
 //!
 //! ```toml
-//! reference = true      # optional settings, see `ScriptSettings`
+//! reference = true      # optional settings, see `SettingsOverrides`
 //! max_tokens = 96
 //! tail = 32            # the target reads the newest 32 tokens itself at a switch
 //!
@@ -16,7 +16,7 @@
 //! bookmark = "first answer after the switch"
 //! ```
 
-use super::Settings;
+use crate::engine::SettingsOverrides;
 use crate::protocol::{Command, Event};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -38,51 +38,6 @@ pub enum ScriptError {
     Engine(String),
 }
 
-/// Settings a script may set; anything left out keeps the engine's default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScriptSettings {
-    pub reference: Option<bool>,
-    pub gate: Option<f64>,
-    pub premap: Option<bool>,
-    pub max_tokens: Option<usize>,
-    pub system: Option<String>,
-    pub tail: Option<usize>,
-    /// Learn from the conversation at each measured switch.
-    pub learn: Option<bool>,
-    /// Repair the active model's cache in the background after a switch.
-    pub repair: Option<bool>,
-}
-
-impl ScriptSettings {
-    pub fn apply(&self, s: &mut Settings) {
-        if let Some(v) = self.reference {
-            s.reference = v;
-        }
-        if let Some(v) = self.gate {
-            s.gate = Some(v);
-        }
-        if let Some(v) = self.premap {
-            s.premap = v;
-        }
-        if let Some(v) = self.max_tokens {
-            s.max_tokens = v;
-        }
-        if let Some(v) = &self.system {
-            s.system_prompt = Some(v.clone());
-        }
-        if let Some(v) = self.tail {
-            s.tail = v;
-        }
-        if let Some(v) = self.learn {
-            s.learn = v;
-        }
-        if let Some(v) = self.repair {
-            s.repair = v;
-        }
-    }
-}
-
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawStep {
@@ -92,37 +47,32 @@ struct RawStep {
     reference: Option<bool>,
 }
 
-/// The file's layout: settings at the top level beside the steps (serde's flatten would
-/// accept misspelled settings silently, so the fields are spelled out here).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawScript {
-    reference: Option<bool>,
-    gate: Option<f64>,
-    premap: Option<bool>,
-    max_tokens: Option<usize>,
-    system: Option<String>,
-    tail: Option<usize>,
-    learn: Option<bool>,
-    repair: Option<bool>,
-    #[serde(default)]
-    step: Vec<RawStep>,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct Script {
-    pub settings: ScriptSettings,
+    /// The settings at the top of the file.
+    pub settings: SettingsOverrides,
     pub steps: Vec<Command>,
 }
 
 impl Script {
     pub fn parse(text: &str, path: &str) -> Result<Self, ScriptError> {
-        let raw: RawScript = toml::from_str(text).map_err(|e| ScriptError::Parse {
+        let bad = |reason: String| ScriptError::Parse {
             path: path.to_string(),
-            reason: e.to_string(),
-        })?;
-        let mut steps = Vec::with_capacity(raw.step.len());
-        for (i, s) in raw.step.into_iter().enumerate() {
+            reason,
+        };
+        // The settings sit at the top level beside the steps. serde's flatten would accept
+        // a misspelled setting silently, so the steps are taken out and the rest is read
+        // as the settings, which refuse an unknown key.
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let raw_steps: Vec<RawStep> = match table.remove("step") {
+            Some(v) => v.try_into().map_err(|e| bad(format!("[[step]]: {e}")))?,
+            None => Vec::new(),
+        };
+        let settings: SettingsOverrides = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| bad(e.to_string()))?;
+        let mut steps = Vec::with_capacity(raw_steps.len());
+        for (i, s) in raw_steps.into_iter().enumerate() {
             let index = i + 1;
             let mut found = Vec::new();
             if let Some(text) = s.user {
@@ -166,19 +116,7 @@ impl Script {
                 reason: "no [[step]] entries: add at least one `[[step]] user = \"...\"`".into(),
             });
         }
-        Ok(Self {
-            settings: ScriptSettings {
-                reference: raw.reference,
-                gate: raw.gate,
-                premap: raw.premap,
-                max_tokens: raw.max_tokens,
-                system: raw.system,
-                tail: raw.tail,
-                learn: raw.learn,
-                repair: raw.repair,
-            },
-            steps,
-        })
+        Ok(Self { settings, steps })
     }
 
     /// The demo conversation, built in so `baton demo` works from any directory.
@@ -341,10 +279,36 @@ mod tests {
                 Command::SetReference { enabled: true },
             ]
         );
-        let mut settings = Settings::default();
-        s.settings.apply(&mut settings);
+        let mut settings = crate::engine::Settings::default();
+        settings.apply(&s.settings);
         assert!(!settings.reference);
         assert_eq!(settings.max_tokens, 12);
+    }
+
+    #[test]
+    fn every_setting_a_script_may_set_is_read_and_a_misspelled_one_is_named() {
+        let s = Script::parse(
+            "reference = false\ngate = 0.9\npremap = true\nmax_tokens = 12\nsystem = \"be brief\"\ntail = 32\nlearn = false\nrepair = true\n[[step]]\nuser = \"hi\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            s.settings,
+            SettingsOverrides {
+                max_tokens: Some(12),
+                gate: Some(0.9),
+                premap: Some(true),
+                reference: Some(false),
+                tail: Some(32),
+                learn: Some(false),
+                repair: Some(true),
+                system: Some("be brief".into()),
+            }
+        );
+        let e = Script::parse("no_reference = true\n[[step]]\nuser = \"a\"\n", "t").unwrap_err();
+        assert!(e.to_string().contains("no_reference"), "{e}");
+        let e = Script::parse("tail = \"x\"\n[[step]]\nuser = \"a\"\n", "t").unwrap_err();
+        assert!(e.to_string().contains("t is not valid TOML"), "{e}");
     }
 
     #[test]

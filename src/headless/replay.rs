@@ -3,7 +3,7 @@
 //! numbers can be compared with the recording's.
 
 use super::script::{self, ScriptError};
-use super::{EngineConfig, Settings};
+use crate::engine::{self, EngineConfig, Settings};
 use crate::fetch::Manifest;
 use crate::protocol::{Command, Event, ModelInfo};
 use crate::session::Session;
@@ -64,7 +64,7 @@ pub fn run_headless(
     steps: &[Command],
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<(), ScriptError> {
-    let handle = super::spawn(cfg);
+    let handle = engine::spawn(cfg);
     script::wait_ready(&handle.events, on_event)?;
     tracing::info!(steps = steps.len(), "running headless steps");
     script::run_steps(steps, &|c| handle.send(c), &handle.events, on_event)?;

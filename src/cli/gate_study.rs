@@ -1,0 +1,110 @@
+//! `baton gate-study`: switches over varied text measured beside the gate's estimates,
+//! and the line the gate predicts the attention cosine with.
+
+use super::common::{at_least_one, print_json, PairArgs};
+use anyhow::Result;
+use baton::eval::gate_study::{self, GateStudy, StudySwitch};
+use baton::gate::fit;
+use baton::mapper::artifact::{self, ModelRef};
+use candle_core::Device;
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct GateStudyArgs {
+    #[command(flatten)]
+    pub pair: PairArgs,
+    /// Switches to measure (at least 50 for a line worth keeping).
+    #[arg(long, default_value_t = 60, value_parser = at_least_one)]
+    pub switches: usize,
+    /// Draw the estimates against the measured cosine (.svg or .png).
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
+    /// Do not keep the fitted line beside the artifact.
+    #[arg(long)]
+    pub no_save: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
+    use baton::data::corpus;
+    let (src, tgt) = a.pair.open(dev)?;
+    let dir = baton::engine::load::mapper_dir(&a.pair.mappers.mapper_dir);
+    let (_, forward) = artifact::open_for(Some(&dir), &src, &tgt)?;
+    let (_, reverse) = artifact::open_for(Some(&dir), &tgt, &src)?;
+    let docs = corpus::read_documents(&corpus::default_files()?)?;
+    let windows = gate_study::study_windows(&tgt, &docs, a.switches)?;
+    eprintln!(
+        "{} switches over {} kinds of text",
+        windows.len(),
+        docs.len() + 1
+    );
+    let anchor = baton::mapper::apply::DEFAULT_ANCHOR;
+    let study = gate_study::study(
+        &src,
+        &tgt,
+        &forward,
+        &reverse,
+        &windows,
+        anchor,
+        &mut print_switch,
+    )?;
+    print_study(&study);
+    match &study.fit {
+        Some(f) => {
+            eprintln!("the gate keeps the line from {}", f.estimator);
+            if !a.no_save {
+                let path = fit::path_in(
+                    &dir,
+                    &ModelRef::new(&src.identity, src.config()),
+                    &ModelRef::new(&tgt.identity, tgt.config()),
+                );
+                fit::save(&path, f)?;
+                eprintln!("kept in {}", path.display());
+            }
+        }
+        None => eprintln!("no gate line: too few switches to fit one"),
+    }
+    if let Some(p) = &a.plot {
+        baton::plot::gate::write_gate_plot(&study, p)?;
+        eprintln!("plot written to {}", p.display());
+    }
+    if a.json {
+        print_json(&study)?;
+    }
+    Ok(())
+}
+
+fn print_switch(i: usize, s: &StudySwitch) {
+    eprintln!(
+        "{:>3} {:<24} {:>4} tokens  distance {}  round trip {}  cosine {:.3}  agreement {:.3}",
+        i + 1,
+        s.text,
+        s.tokens,
+        s.feature_distance.map_or("-".into(), |d| format!("{d:.3}")),
+        s.round_trip.map_or("-".into(), |d| format!("{d:.3}")),
+        s.cosine,
+        s.agreement
+    )
+}
+
+/// The correlations and the fitted lines.
+fn print_study(study: &GateStudy) {
+    let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:+.3}"));
+    for c in &study.correlations {
+        eprintln!(
+            "{}: with the attention cosine Pearson {} Spearman {}; with next-token agreement Pearson {} Spearman {}",
+            c.estimator,
+            show(c.pearson_cosine),
+            show(c.spearman_cosine),
+            show(c.pearson_agreement),
+            show(c.spearman_agreement)
+        );
+    }
+    for f in &study.lines {
+        eprintln!(
+            "line from {}: cosine ≈ {:.4} {:+.4} × estimate (fitted on {}, checked on {}: r {:.3}, mean absolute error {:.3})",
+            f.estimator, f.intercept, f.slope, f.fitted_on, f.checked_on, f.held_out_r, f.held_out_mae
+        );
+    }
+}

@@ -1,0 +1,38 @@
+//! `baton mappers`: the mapper artifacts in the cache dir, or forget what they learned.
+
+use super::common::print_json;
+use anyhow::Result;
+use baton::console::mappers::{reset_learned, MapperListing};
+use baton::fetch;
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct MappersArgs {
+    /// Print the listing as JSON (format `baton.mappers`).
+    #[arg(long)]
+    pub json: bool,
+    /// Forget what the mappers learned from conversations, returning each to its
+    /// calibration (the calibration's own statistics stay).
+    #[arg(long)]
+    pub reset_learned: bool,
+}
+
+pub fn mappers(a: MappersArgs) -> Result<()> {
+    let root = fetch::cache_root();
+    if a.reset_learned {
+        let forgot = reset_learned(&root, &mut |direction| {
+            println!("{direction}: back to its calibration")
+        })?;
+        if forgot == 0 {
+            println!("no mapper has learned anything: nothing to reset");
+        }
+        return Ok(());
+    }
+    let listing = MapperListing::read(&root);
+    if a.json {
+        print_json(&listing)?;
+    } else {
+        print!("{listing}");
+    }
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! Command-line surface: a file per command, each with its flags and the function that
+//! calls the library and prints; what several commands share is in [`common`].
+
+mod bench;
+mod bench_model;
+mod calibrate;
+mod common;
+mod eval;
+mod fetch;
+mod gate_study;
+mod generate;
+mod info;
+mod mappers;
+mod replay;
+mod report;
+mod run;
+#[cfg(test)]
+mod tests;
+mod workbench;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use common::DeviceArg;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "baton",
+    version,
+    about = "Hand a conversation from one language model to another without a second prefill",
+    long_about = "baton maps one model's KV cache into another's (same tokenizer family) with a fitted \
+linear mapper, and measures it against a real re-prefill. Run with no arguments for the default job."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Where to run: `cpu`, or `cuda` / `cuda:N` (needs a build with --features cuda).
+    #[arg(long, global = true, default_value = "cpu")]
+    pub device: DeviceArg,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Download models and data into the cache dir (checksummed; nothing is fetched twice).
+    Fetch(fetch::FetchArgs),
+    /// Show a model's architecture, KV geometry, rope, tokenizer fingerprint and checksum.
+    Info(info::InfoArgs),
+    /// Generate text from a prompt, streaming, then report prefill and decode speed.
+    Generate(generate::GenerateArgs),
+    /// Time prefill and decode of baton's decoder next to candle-transformers' own
+    /// quantized model on the same file, in one run.
+    BenchModel(bench_model::BenchModelArgs),
+    /// Fit the KV-cache mappers between two models (both directions unless --direction).
+    Calibrate(calibrate::CalibrateArgs),
+    /// List the mapper artifacts in the cache dir.
+    Mappers(mappers::MappersArgs),
+    /// Measure a calibrated mapper on held-out text: R², attention cosine, next-token
+    /// agreement, KL and perplexities against the target's own prefill.
+    Eval(eval::EvalArgs),
+    /// Summarise a recorded session file: switch latencies and speed-ups, attention
+    /// cosine, token agreement, gate decisions; optionally plot the drift across turns.
+    Report(report::ReportArgs),
+    /// Run a scripted conversation (TOML: user messages and switches) without the
+    /// terminal UI, and record it as a session file.
+    Run(run::RunArgs),
+    /// Re-run a recorded session's messages and switches on the current models and
+    /// mappers, and report where the new run differs from the recording.
+    Replay(replay::ReplayArgs),
+    /// The terminal workbench (what `baton` with no arguments opens): chat, switch
+    /// models with Tab, and watch the handoff's cost and fidelity live.
+    Workbench(workbench::WorkbenchArgs),
+    /// Play the scripted demo conversation in the workbench, pausing at every switch.
+    Demo(workbench::WorkbenchArgs),
+    /// Time mapping against re-prefill across context lengths, both directions, in
+    /// one run: source prefill, full and suffix re-prefill, full and suffix map, switch
+    /// end to end; with the fitted growth per token and the mapper's FLOPs and bytes.
+    Bench(bench::BenchArgs),
+    /// Measure switches over varied text (code, prose, other languages, chat) beside the
+    /// estimates the gate can have without a re-prefill, report their correlation with
+    /// the measured attention cosine and agreement, and keep the line the gate predicts
+    /// the cosine with.
+    GateStudy(gate_study::GateStudyArgs),
+}
+
+/// Carry out the command line.
+pub fn run(cli: Cli) -> Result<()> {
+    let dev = cli.device.open()?;
+    match cli.command {
+        None => workbench::workbench(workbench::WorkbenchArgs::defaults(), &dev, false),
+        Some(Command::Fetch(a)) => fetch::fetch(a),
+        Some(Command::Info(a)) => info::info(a, &dev),
+        Some(Command::Generate(a)) => generate::generate(a, &dev),
+        Some(Command::BenchModel(a)) => bench_model::bench_model(a),
+        Some(Command::Calibrate(a)) => calibrate::calibrate(a, &dev),
+        Some(Command::Mappers(a)) => mappers::mappers(a),
+        Some(Command::Eval(a)) => eval::eval(a, &dev),
+        Some(Command::Report(a)) => report::report(a),
+        Some(Command::Run(a)) => run::run(a, &dev),
+        Some(Command::Replay(a)) => replay::replay(a, &dev),
+        Some(Command::Workbench(a)) => workbench::workbench(a, &dev, false),
+        Some(Command::Demo(a)) => workbench::workbench(a, &dev, true),
+        Some(Command::Bench(a)) => bench::bench(a, &dev),
+        Some(Command::GateStudy(a)) => gate_study::gate_study(a, &dev),
+    }
+}

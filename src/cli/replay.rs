@@ -1,0 +1,55 @@
+//! `baton replay`: a recorded session's commands again on this build, and where the new
+//! run differs from the recording.
+
+use super::common::{print_json, record_path, MapperDirArgs};
+use anyhow::Result;
+use baton::headless::replay;
+use baton::session;
+use candle_core::Device;
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The recorded session file; its header names the models.
+    pub session: std::path::PathBuf,
+    #[command(flatten)]
+    pub mappers: MapperDirArgs,
+    /// Where to record the new run (default: sessions/<start time>.jsonl).
+    #[arg(long)]
+    pub record: Option<std::path::PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn replay(a: ReplayArgs, dev: &Device) -> Result<()> {
+    let recorded = session::read_session(&a.session)?;
+    for w in &recorded.warnings {
+        eprintln!("warning: {w}");
+    }
+    let mut cfg = replay::replay_config(&recorded, &a.session, dev.clone())?;
+    cfg.mapper_dir = a.mappers.mapper_dir.clone();
+    // A replay learns as the recording did, but keeps nothing: it is a measurement.
+    cfg.learning.keep = false;
+    let record = record_path(a.record.as_deref())?;
+    cfg.record = Some(record.clone());
+    let steps = replay::replay_steps(&recorded);
+    eprintln!(
+        "replaying {} commands from {}",
+        steps.len(),
+        a.session.display()
+    );
+    replay::run_headless(cfg, &steps, &mut |e| {
+        if let baton::protocol::Event::Error { message, .. } = e {
+            eprintln!("error: {message}");
+        }
+    })?;
+    let replayed = session::read_session(&record)?;
+    let diff = session::diff_sessions(&recorded, &replayed, &session::DiffOptions::default());
+    if a.json {
+        print_json(&diff)?;
+    } else {
+        print!("{diff}");
+    }
+    eprintln!("new run recorded to {}", record.display());
+    Ok(())
+}

@@ -1,0 +1,27 @@
+//! `baton run`: a scripted conversation without the terminal UI, recorded as a session.
+
+use super::common::{record_path, ConversationArgs};
+use anyhow::Result;
+use baton::headless::{run_headless, Script};
+use candle_core::Device;
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The script (see assets/demo.toml); the command line's settings go over its own.
+    #[arg(long)]
+    pub script: std::path::PathBuf,
+    #[command(flatten)]
+    pub conversation: ConversationArgs,
+}
+
+pub fn run(a: RunArgs, dev: &Device) -> Result<()> {
+    let script = Script::load(&a.script)?;
+    let mut cfg = a.conversation.engine_config(dev, Some(&script.settings));
+    let record = record_path(a.conversation.record.as_deref())?;
+    cfg.record = Some(record.clone());
+    let mut printer = baton::console::EventPrinter::new();
+    run_headless(cfg, &script.steps, &mut |e| printer.print(e))?;
+    eprintln!("session recorded to {}", record.display());
+    Ok(())
+}
