@@ -154,147 +154,161 @@ impl Measurement {
 }
 
 impl Measurement {
-    /// One step of `job`; true once it is complete. A prefill gives up with
-    /// [`ModelError::Interrupted`] as soon as `stop` says so.
+    /// One step of the measurement; true once it is complete. A prefill gives up with
+    /// [`crate::model::ModelError::Interrupted`] as soon as `stop` says so.
     pub(super) fn step(
         &mut self,
         cx: MeasureCx<'_>,
         stop: &dyn Fn() -> bool,
     ) -> Result<bool, EngineError> {
-        let job = self;
-        let n = job.n;
-        let history = &cx.history[..n];
-        let (src, tgt) = (&cx.slots[job.source], &cx.slots[job.target]);
-        let dev = tgt.model.decoder.device();
-        match job.next(tgt.model.config().n_layer) {
+        let n_layer = cx.slots[self.target].model.config().n_layer;
+        let history = &cx.history[..self.n];
+        match self.next(n_layer) {
             Step::Estimate => {
-                job.estimate = estimate(cx.slots, cx.mappers, history, cx.anchor, job.source)?;
-                job.estimated = true;
+                self.estimate = estimate(cx.slots, cx.mappers, history, cx.anchor, self.source)?;
+                self.estimated = true;
             }
-            Step::MapFull => {
-                // The source may hold more than `n` positions by now (a pre-map): map a
-                // copy of exactly the switch's, so the time is that of the whole cache.
-                let copy;
-                let cache = if src.primary.len() == n {
-                    &src.primary
-                } else {
-                    copy = src.primary.try_clone_prefix(n)?;
-                    &copy
-                };
-                if cache.len() != n {
-                    return Err(EngineError::Internal(format!(
-                        "the source cache holds {} positions, the switch handed over {n}",
-                        cache.len()
-                    )));
-                }
-                let mapper = &cx.mappers[job.source].mapper;
-                let t = Instant::now();
-                let full = mapper.map_cache(
-                    cache,
-                    history,
-                    src.model.decoder.rope(),
-                    tgt.model.decoder.rope(),
-                )?;
-                job.timings.map_full_ms = Some(synced_ms(dev, t));
-                job.map_full_done = true;
-                if job.reprefilled && job.reference {
-                    job.mapped_full = Some(full);
-                }
-            }
+            Step::MapFull => self.map_full(&cx, history)?,
             Step::ReprefillFull => {
+                let tgt = &cx.slots[self.target];
                 let t = Instant::now();
-                let mut fresh = tgt.model.decoder.new_cache();
-                let out = tgt.model.decoder.forward_until(
-                    history,
-                    &mut fresh,
-                    &ForwardOptions {
-                        logits: Logits::None,
-                        probe_positions: job.probes.clone(),
-                    },
-                    stop,
-                )?;
-                job.timings.reprefill_full_ms = Some(synced_ms(dev, t));
-                job.fresh = Some((fresh, out.queries));
+                let fresh = self.prefill_with_probes(tgt, history, stop)?;
+                self.timings.reprefill_full_ms = Some(synced_ms(tgt.model.decoder.device(), t));
+                self.fresh = Some(fresh);
             }
             Step::ReprefillSuffix => {
-                let seen = job.seen;
-                if seen > 0 {
-                    let tgt = &mut cx.slots[job.target];
-                    let have = tgt.truth.len();
-                    // Untouched since the handoff, the truth is extended in place (the
-                    // next turn's reference path then finds it ready); a turn that went
-                    // first has extended it already, so a copy of its start is timed.
-                    let mut copy = None;
-                    if have > seen {
-                        copy = Some(tgt.truth.try_clone_prefix(seen)?);
-                    }
-                    if have >= seen {
-                        let cache = copy.as_mut().unwrap_or(&mut tgt.truth);
-                        let t = Instant::now();
-                        if seen < n {
-                            let done = tgt.model.decoder.forward_until(
-                                &history[seen..],
-                                cache,
-                                &ForwardOptions::cache_only(),
-                                stop,
-                            );
-                            if done.is_err() {
-                                // The truth must not keep half a suffix.
-                                cache.truncate(seen);
-                            }
-                            done?;
-                        }
-                        job.timings.reprefill_suffix_ms =
-                            Some(synced_ms(tgt.model.decoder.device(), t));
-                    }
-                }
-                job.suffix_done = true;
+                self.reprefill_suffix(&mut cx.slots[self.target], history, stop)?;
+                self.suffix_done = true;
             }
-            Step::Layer(l) => {
-                let Some((fresh, queries)) = &job.fresh else {
-                    return Err(EngineError::Internal(
-                        "no re-prefill to compare with".into(),
-                    ));
-                };
-                let mapped = job.mapped_full.as_ref().unwrap_or(&tgt.primary);
-                let gram = tgt
-                    .grams
-                    .get(l)
-                    .ok_or_else(|| EngineError::Internal(format!("no query Gram for layer {l}")))?;
-                let metrics = job
-                    .metrics
-                    .get_or_insert_with(|| empty_metrics(tgt.model.config().n_layer));
-                layer_metrics(
-                    &tgt.model,
-                    gram,
-                    fresh,
-                    mapped,
-                    n,
-                    queries,
-                    &job.probes,
-                    l,
-                    metrics,
-                )?;
-            }
+            Step::Layer(l) => self.layer(&cx.slots[self.target], l)?,
             Step::SourcePrefill => {
-                let mut own = src.model.decoder.new_cache();
-                let out = src.model.decoder.forward_until(
-                    history,
-                    &mut own,
-                    &ForwardOptions {
-                        logits: Logits::None,
-                        probe_positions: job.probes.clone(),
-                    },
-                    stop,
-                )?;
-                job.source_own = Some((own, out.queries));
+                let own = self.prefill_with_probes(&cx.slots[self.source], history, stop)?;
+                self.source_own = Some(own);
             }
             Step::Done => return Ok(true),
         }
-        Ok(matches!(
-            job.next(cx.slots[job.target].model.config().n_layer),
-            Step::Done
-        ))
+        Ok(matches!(self.next(n_layer), Step::Done))
+    }
+
+    /// The whole handed-over cache mapped again, timed.
+    fn map_full(&mut self, cx: &MeasureCx<'_>, history: &[u32]) -> Result<(), EngineError> {
+        let n = self.n;
+        let (src, tgt) = (&cx.slots[self.source], &cx.slots[self.target]);
+        // The source may hold more than `n` positions by now (a pre-map): map a copy of
+        // exactly the switch's, so the time is that of the whole cache.
+        let copy;
+        let cache = if src.primary.len() == n {
+            &src.primary
+        } else {
+            copy = src.primary.try_clone_prefix(n)?;
+            &copy
+        };
+        if cache.len() != n {
+            return Err(EngineError::Internal(format!(
+                "the source cache holds {} positions, the switch handed over {n}",
+                cache.len()
+            )));
+        }
+        let mapper = &cx.mappers[self.source].mapper;
+        let t = Instant::now();
+        let full = mapper.map_cache(
+            cache,
+            history,
+            src.model.decoder.rope(),
+            tgt.model.decoder.rope(),
+        )?;
+        self.timings.map_full_ms = Some(synced_ms(tgt.model.decoder.device(), t));
+        self.map_full_done = true;
+        if self.reprefilled && self.reference {
+            self.mapped_full = Some(full);
+        }
+        Ok(())
+    }
+
+    /// `slot`'s own prefill of `history`, with its queries at the probes.
+    fn prefill_with_probes(
+        &self,
+        slot: &Slot,
+        history: &[u32],
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(KvCache, Vec<Tensor>), EngineError> {
+        let mut own = slot.model.decoder.new_cache();
+        let out = slot.model.decoder.forward_until(
+            history,
+            &mut own,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: self.probes.clone(),
+            },
+            stop,
+        )?;
+        Ok((own, out.queries))
+    }
+
+    /// The target re-prefilling only what its truth had not seen at the handoff, timed.
+    fn reprefill_suffix(
+        &mut self,
+        tgt: &mut Slot,
+        history: &[u32],
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(), EngineError> {
+        let (seen, n) = (self.seen, self.n);
+        let have = tgt.truth.len();
+        if seen == 0 || have < seen {
+            return Ok(());
+        }
+        // Untouched since the handoff, the truth is extended in place (the next turn's
+        // reference path then finds it ready); a turn that went first has extended it
+        // already, so a copy of its start is timed.
+        let mut copy = None;
+        if have > seen {
+            copy = Some(tgt.truth.try_clone_prefix(seen)?);
+        }
+        let cache = copy.as_mut().unwrap_or(&mut tgt.truth);
+        let t = Instant::now();
+        if seen < n {
+            let done = tgt.model.decoder.forward_until(
+                &history[seen..],
+                cache,
+                &ForwardOptions::cache_only(),
+                stop,
+            );
+            if done.is_err() {
+                // The truth must not keep half a suffix.
+                cache.truncate(seen);
+            }
+            done?;
+        }
+        self.timings.reprefill_suffix_ms = Some(synced_ms(tgt.model.decoder.device(), t));
+        Ok(())
+    }
+
+    /// Layer `l`'s measures of the handed-over cache against the re-prefilled one.
+    fn layer(&mut self, tgt: &Slot, l: usize) -> Result<(), EngineError> {
+        let Some((fresh, queries)) = &self.fresh else {
+            return Err(EngineError::Internal(
+                "no re-prefill to compare with".into(),
+            ));
+        };
+        let mapped = self.mapped_full.as_ref().unwrap_or(&tgt.primary);
+        let gram = tgt
+            .grams
+            .get(l)
+            .ok_or_else(|| EngineError::Internal(format!("no query Gram for layer {l}")))?;
+        let n_layer = tgt.model.config().n_layer;
+        let metrics = self.metrics.get_or_insert_with(|| empty_metrics(n_layer));
+        layer_metrics(
+            &tgt.model,
+            gram,
+            fresh,
+            mapped,
+            self.n,
+            queries,
+            &self.probes,
+            l,
+            metrics,
+        )?;
+        Ok(())
     }
 
     /// The measurement ends, complete or `stopped` (why).

@@ -85,22 +85,7 @@ pub(super) fn hand_over(
     let reprefill = gate.is_some_and(|g| g.used == CacheOrigin::Reprefilled);
     let names = (slots[a].name(), slots[b].name());
     let (sa, sb) = split(slots, a);
-    // The newest `tail` positions are the target's to read; what it holds of them (a
-    // pre-map, an earlier handoff) is dropped and read again. A re-prefill keeps only
-    // what the target computed itself and starts from its truth otherwise.
-    let plan = if reprefill {
-        let own = if sb.origin == CacheOrigin::True {
-            sb.primary.len()
-        } else {
-            0
-        };
-        HandoffPlan::reprefill(n).holding(own)
-    } else {
-        let plan = HandoffPlan::new(n)
-            .anchor(settings.anchor)
-            .tail(settings.tail);
-        plan.holding(sb.primary.len().min(plan.tail_start()))
-    };
+    let plan = plan_for(sb, n, reprefill, settings);
     // What the target computed itself when it was last active, up to the tail: with
     // the reference path on it becomes the truth the measurement starts from.
     let held = sb.primary.len().min(n - settings.tail.min(n));
@@ -158,6 +143,25 @@ pub(super) fn hand_over(
         gate,
         estimate,
     }))
+}
+
+/// The target's cache after the switch. The newest `tail` positions are the target's to
+/// read; what it holds of them (a pre-map, an earlier handoff) is dropped and read again.
+/// A re-prefill keeps only what the target computed itself and starts from its truth
+/// otherwise.
+fn plan_for(target: &Slot, n: usize, reprefill: bool, settings: &Settings) -> HandoffPlan {
+    if reprefill {
+        let own = if target.origin == CacheOrigin::True {
+            target.primary.len()
+        } else {
+            0
+        };
+        return HandoffPlan::reprefill(n).holding(own);
+    }
+    let plan = HandoffPlan::new(n)
+        .anchor(settings.anchor)
+        .tail(settings.tail);
+    plan.holding(target.primary.len().min(plan.tail_start()))
 }
 
 /// The gate's choice: re-prefill when the best estimate at hand is below `threshold`.

@@ -37,6 +37,13 @@ struct PathRun {
     prompt_tokens: usize,
 }
 
+/// The turn being answered, when its message was sent, and where commands arrive.
+struct TurnCx<'a> {
+    turn: u32,
+    sent: Instant,
+    commands: &'a Receiver<super::Envelope>,
+}
+
 /// Where a generation's tokens go and where its commands come from.
 struct Stream<'a, 'b> {
     turn: u32,
@@ -146,6 +153,9 @@ impl Engine {
         });
     }
 
+    /// Answer the user's `text` on the active model: the shown (mapped) path first, then,
+    /// with the reference path on and a cache that is not the model's own, the
+    /// comparison that must never delay it.
     pub(super) fn submit(
         &mut self,
         text: &str,
@@ -162,73 +172,23 @@ impl Engine {
         let template = self.slots[a].model.chat_template()?.clone();
         self.conv
             .push_user(&template, &self.slots[a].model.tokenizer, text)?;
-        let prompt_len = self.conv.len();
         let follow_up = self.follow_up.take();
         // The shadow path runs whenever the shown path's cache is not the model's own.
         let reference = self.settings.reference && self.slots[a].origin != CacheOrigin::True;
-        let origin = self.slots[a].origin;
-        let model_name = self.slots[a].name();
-        self.out.emit(Event::TurnStarted {
-            turn,
-            path: PathKind::Mapped,
-            model: model_name.clone(),
-            cache: origin,
-        });
         let pending_from = self.slots[a].primary.len();
-        let primary_run = {
-            let slot = &mut self.slots[a];
-            let pending = &self.conv.history[pending_from..prompt_len];
-            let mut inbox = Inbox {
-                commands,
-                queued: &mut self.queued,
-                shutdown: &mut self.shutdown,
-            };
-            let stream = Stream {
-                turn,
-                path: PathKind::Mapped,
-                sent,
-                out: &mut self.out,
-                inbox: &mut inbox,
-            };
-            generate_on(
-                &slot.model,
-                &mut slot.primary,
-                pending,
-                &self.settings,
-                stream,
-            )?
+        let cx = TurnCx {
+            turn,
+            sent,
+            commands,
         };
-        self.emit_generation(PathKind::Mapped, a, &primary_run);
-        let cancelled = primary_run.stop == StopReason::Cancelled;
-        let reply_ids = primary_run.ids.clone();
+        let shown = self.generate_path(&cx, PathKind::Mapped)?;
+        let cancelled = shown.stop == StopReason::Cancelled;
         let compare = reference && !cancelled && !self.shutdown;
-
-        // Bring the reference cache up to where the primary stood before this turn, so
-        // both see the same pending ids (and the teacher-forced comparison the same
-        // inputs); the primary's first `pending_from` positions are as they were.
-        let mut agreement = None;
-        if compare {
-            let slot = &mut self.slots[a];
-            if slot.truth.len() > pending_from {
-                slot.truth.truncate(pending_from);
-            }
-            let gap = &self.conv.history[slot.truth.len()..pending_from];
-            if !gap.is_empty() {
-                slot.model
-                    .decoder
-                    .forward(gap, &mut slot.truth, &ForwardOptions::cache_only())?;
-            }
-            let pending = &self.conv.history[pending_from..prompt_len];
-            if follow_up.is_some() && pending.len() > 1 {
-                let before = slot.primary.try_clone_prefix(pending_from)?;
-                agreement = Some(teacher_forced(
-                    &slot.model,
-                    before,
-                    &mut slot.truth,
-                    &pending[..pending.len() - 1],
-                )?);
-            }
-        }
+        let agreement = if compare {
+            self.catch_up_truth(pending_from, follow_up.is_some())?
+        } else {
+            None
+        };
         if let Some(f) = follow_up {
             self.out.emit(Event::SwitchFollowUp {
                 index: f.index,
@@ -236,48 +196,14 @@ impl Engine {
                 top1_agreement: agreement.map(|a| a.top1),
                 kl: agreement.map(|a| a.kl),
                 positions: agreement.map(|a| a.positions).unwrap_or(0),
-                first_token_ms: primary_run.timings.first_token_ms,
-                end_to_end_ms: primary_run.since_sent_ms,
+                first_token_ms: shown.timings.first_token_ms,
+                end_to_end_ms: shown.since_sent_ms,
             });
         }
-
         if compare {
-            self.out.emit(Event::TurnStarted {
-                turn,
-                path: PathKind::Reference,
-                model: model_name,
-                cache: CacheOrigin::Reprefilled,
-            });
-            let run = {
-                let slot = &mut self.slots[a];
-                let pending = &self.conv.history[slot.truth.len()..prompt_len];
-                let mut inbox = Inbox {
-                    commands,
-                    queued: &mut self.queued,
-                    shutdown: &mut self.shutdown,
-                };
-                let stream = Stream {
-                    turn,
-                    path: PathKind::Reference,
-                    sent,
-                    out: &mut self.out,
-                    inbox: &mut inbox,
-                };
-                let r = generate_on(
-                    &slot.model,
-                    &mut slot.truth,
-                    pending,
-                    &self.settings,
-                    stream,
-                )?;
-                // The shadow's own answer is not part of the conversation: keep its cache
-                // a prefix of the shown history.
-                slot.truth.truncate(prompt_len);
-                r
-            };
-            self.emit_generation(PathKind::Reference, a, &run);
+            let run = self.generate_path(&cx, PathKind::Reference)?;
             if run.stop != StopReason::Cancelled {
-                let (identical, first_difference, agreement) = compare_tokens(&reply_ids, &run.ids);
+                let (identical, first_difference, agreement) = compare_tokens(&shown.ids, &run.ids);
                 self.out.emit(Event::TurnComparison {
                     turn,
                     identical,
@@ -287,12 +213,87 @@ impl Engine {
             }
         }
         let tok = self.slots[a].model.tokenizer.clone();
-        self.conv.push_reply(&tok, &reply_ids)?;
+        self.conv.push_reply(&tok, &shown.ids)?;
         self.out.emit(Event::Done { turn });
         if self.settings.premap && !self.shutdown {
             self.premap()?;
         }
         Ok(())
+    }
+
+    /// One path's answer to the conversation so far, on the active model: the shown
+    /// path generates on its primary cache, the reference path on its truth, whose own
+    /// answer is then dropped (it is not part of the conversation).
+    fn generate_path(&mut self, cx: &TurnCx<'_>, path: PathKind) -> Result<PathRun, EngineError> {
+        let a = self.active;
+        let prompt_len = self.conv.len();
+        let cache = match path {
+            PathKind::Mapped => self.slots[a].origin,
+            PathKind::Reference => CacheOrigin::Reprefilled,
+        };
+        self.out.emit(Event::TurnStarted {
+            turn: cx.turn,
+            path,
+            model: self.slots[a].name(),
+            cache,
+        });
+        let slot = &mut self.slots[a];
+        let kv = match path {
+            PathKind::Mapped => &mut slot.primary,
+            PathKind::Reference => &mut slot.truth,
+        };
+        let pending = &self.conv.history[kv.len()..prompt_len];
+        let mut inbox = Inbox {
+            commands: cx.commands,
+            queued: &mut self.queued,
+            shutdown: &mut self.shutdown,
+        };
+        let stream = Stream {
+            turn: cx.turn,
+            path,
+            sent: cx.sent,
+            out: &mut self.out,
+            inbox: &mut inbox,
+        };
+        let run = generate_on(&slot.model, kv, pending, &self.settings, stream)?;
+        if path == PathKind::Reference {
+            kv.truncate(prompt_len);
+        }
+        self.emit_generation(path, a, &run);
+        Ok(run)
+    }
+
+    /// Bring the active model's truth up to where the primary stood before this turn
+    /// (`pending_from`), so both see the same pending ids, and, on the first turn after a
+    /// switch, measure the teacher-forced agreement of the two on the user's message.
+    fn catch_up_truth(
+        &mut self,
+        pending_from: usize,
+        after_switch: bool,
+    ) -> Result<Option<metrics::NextTokenAgreement>, EngineError> {
+        let prompt_len = self.conv.len();
+        let slot = &mut self.slots[self.active];
+        if slot.truth.len() > pending_from {
+            slot.truth.truncate(pending_from);
+        }
+        let gap = &self.conv.history[slot.truth.len()..pending_from];
+        if !gap.is_empty() {
+            slot.model
+                .decoder
+                .forward(gap, &mut slot.truth, &ForwardOptions::cache_only())?;
+        }
+        let pending = &self.conv.history[pending_from..prompt_len];
+        if !after_switch || pending.len() < 2 {
+            return Ok(None);
+        }
+        let before = slot.primary.try_clone_prefix(pending_from)?;
+        let agreement = teacher_forced(
+            &slot.model,
+            before,
+            &mut slot.truth,
+            &pending[..pending.len() - 1],
+        )?;
+        Ok(Some(agreement))
     }
 
     /// Map the newest part of the active cache into the inactive model's, so that the
