@@ -7,22 +7,11 @@ use super::view;
 use crate::protocol::Command;
 
 impl App {
-    /// Why a command cannot go to the engine now, if it cannot.
-    fn engine_unavailable(&self) -> Option<&'static str> {
-        if self.engine_stopped {
-            Some("the engine has stopped: press q to quit")
-        } else if !self.ready {
-            Some("the models are still loading")
-        } else {
-            None
-        }
-    }
-
     pub(crate) fn submit_input(&mut self) -> Vec<Effect> {
         if self.input.text().trim().is_empty() {
             return vec![];
         }
-        if let Some(why) = self.engine_unavailable() {
+        if let Some(why) = self.phase.unavailable() {
             self.say(Level::Warn, why);
             return vec![];
         }
@@ -33,14 +22,14 @@ impl App {
             );
             return vec![];
         }
-        if self.turn_running {
+        if self.phase.answering() {
             self.say(
                 Level::Warn,
                 "a turn is running: wait for it to finish, or press Esc to cancel it",
             );
             return vec![];
         }
-        if self.switches_pending > 0 {
+        if self.phase.switches_pending() > 0 {
             self.say(Level::Warn, "a switch is running: wait for it to finish");
             return vec![];
         }
@@ -49,16 +38,15 @@ impl App {
     }
 
     pub(crate) fn start_turn(&mut self, text: String) -> Vec<Effect> {
-        self.turn_running = true;
+        self.phase.turn_sent();
         self.turn_announced = false;
-        self.cancelling = false;
         self.scroll_top = None;
         self.status = None;
         vec![Effect::Send(Command::Submit { text })]
     }
 
     pub(crate) fn request_switch(&mut self) -> Vec<Effect> {
-        if let Some(why) = self.engine_unavailable() {
+        if let Some(why) = self.phase.unavailable() {
             self.say(Level::Warn, why);
             return vec![];
         }
@@ -73,7 +61,7 @@ impl App {
         let to = self
             .other_model()
             .map_or_else(|| "the other model".to_string(), |m| m.name.clone());
-        if self.turn_running {
+        if self.phase.answering() {
             self.say(
                 Level::Info,
                 format!("switch queued: hands over to {to} when this turn is done"),
@@ -81,7 +69,7 @@ impl App {
         } else {
             self.say(Level::Info, format!("handing the conversation to {to}…"));
         }
-        self.switches_pending += 1;
+        self.phase.switch_sent();
         vec![Effect::Send(Command::Switch)]
     }
 
@@ -116,17 +104,16 @@ impl App {
     }
 
     pub(crate) fn cancel(&mut self) -> Vec<Effect> {
-        if self.turn_running && !self.engine_stopped {
-            if self.cancelling {
+        if self.phase.answering() {
+            if !self.phase.cancel_requested() {
                 return vec![];
             }
-            self.cancelling = true;
             self.say(Level::Info, "cancelling: what was generated so far is kept");
             return vec![Effect::Send(Command::Cancel)];
         }
-        if self.switches_pending > 0 {
+        if self.phase.switches_pending() > 0 {
             self.say(Level::Info, "a switch cannot be cancelled; it ends shortly");
-        } else if let Some(s) = self.measuring().filter(|_| !self.engine_stopped) {
+        } else if let Some(s) = self.measuring().filter(|_| !self.phase.stopped()) {
             let text = format!(
                 "cancelling the measurement of switch #{}: the handoff stands",
                 s.index + 1
@@ -140,7 +127,7 @@ impl App {
     }
 
     pub(crate) fn start_bookmark(&mut self) -> Vec<Effect> {
-        if let Some(why) = self.engine_unavailable() {
+        if let Some(why) = self.phase.unavailable() {
             self.say(Level::Warn, why);
             return vec![];
         }
@@ -161,7 +148,7 @@ impl App {
     }
 
     pub(crate) fn request_quit(&mut self) -> Vec<Effect> {
-        if self.turn_running && !self.engine_stopped {
+        if self.phase.answering() {
             self.overlay = Overlay::ConfirmQuit;
             return vec![];
         }
@@ -170,7 +157,7 @@ impl App {
 
     pub(crate) fn quit_now(&mut self) -> Vec<Effect> {
         let mut fx = Vec::new();
-        if self.turn_running && !self.engine_stopped {
+        if self.phase.answering() {
             fx.push(Effect::Send(Command::Cancel));
         }
         fx.push(Effect::Send(Command::Shutdown));

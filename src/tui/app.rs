@@ -5,6 +5,7 @@
 use super::demo::Demo;
 use super::input::LineInput;
 use super::keys::Key;
+use super::phase::Phase;
 use super::view;
 use crate::protocol::{Command, Event, MapperInfo, ModelInfo};
 
@@ -106,8 +107,8 @@ pub(crate) struct StatusMessage {
 pub struct App {
     pub(crate) info: AppInfo,
     pub(crate) size: (u16, u16),
-    pub(crate) ready: bool,
-    pub(crate) loading: Option<LoadingProgress>,
+    /// Loading, taking commands (idle, answering, switching) or stopped.
+    pub(crate) phase: Phase,
     pub(crate) models: Vec<ModelInfo>,
     pub(crate) active: usize,
     pub(crate) device: String,
@@ -133,13 +134,7 @@ pub struct App {
     /// announced yet (until then the latest turn is the previous one).
     pub(crate) latest_turn: u32,
     pub(crate) turn_announced: bool,
-    pub(crate) turn_running: bool,
-    pub(crate) cancelling: bool,
-    /// Switches sent and not yet answered (the engine runs them in order).
-    pub(crate) switches_pending: u32,
     pub(crate) status: Option<StatusMessage>,
-    pub(crate) fatal: Option<String>,
-    pub(crate) engine_stopped: bool,
     pub(crate) recording_stopped: bool,
     pub(crate) layer_view: LayerView,
     pub(crate) demo: Option<Demo>,
@@ -155,8 +150,7 @@ impl App {
             repaired: None,
             info,
             size: (view::MIN_WIDTH, view::MIN_HEIGHT),
-            ready: false,
-            loading: None,
+            phase: Phase::default(),
             models: Vec::new(),
             active: 0,
             device: String::new(),
@@ -172,12 +166,7 @@ impl App {
             context_tokens: 0,
             latest_turn: 0,
             turn_announced: false,
-            turn_running: false,
-            cancelling: false,
-            switches_pending: 0,
             status: None,
-            fatal: None,
-            engine_stopped: false,
             recording_stopped: false,
             layer_view: LayerView::default(),
             demo: None,
@@ -256,14 +245,14 @@ impl App {
         self.reference
     }
 
-    /// Whether the engine is generating or switching.
     /// The message of the error that stopped the engine, if one did.
     pub fn fatal_error(&self) -> Option<&str> {
-        self.fatal.as_deref()
+        self.phase.fatal()
     }
 
+    /// Whether the engine is generating or switching.
     pub fn busy(&self) -> bool {
-        self.turn_running || self.switches_pending > 0
+        self.phase.busy()
     }
 
     /// The switch whose measurement the engine has yet to report. It runs while the

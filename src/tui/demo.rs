@@ -55,7 +55,7 @@ impl App {
             waiting: None,
             paused_after: None,
         });
-        if self.ready && !self.busy() && !self.engine_stopped {
+        if self.phase.idle() {
             self.demo_next()
         } else {
             vec![]

@@ -30,14 +30,12 @@ impl App {
                 done,
                 total,
                 eta_seconds,
-            } => {
-                self.loading = Some(LoadingProgress {
-                    stage: stage.clone(),
-                    done: *done,
-                    total: *total,
-                    eta_seconds: *eta_seconds,
-                });
-            }
+            } => self.phase.progress(LoadingProgress {
+                stage: stage.clone(),
+                done: *done,
+                total: *total,
+                eta_seconds: *eta_seconds,
+            }),
             Event::Ready {
                 models,
                 active,
@@ -48,8 +46,7 @@ impl App {
                 self.active = (*active).min(models.len().saturating_sub(1));
                 self.mappers = mappers.clone();
                 self.device = device.clone();
-                self.ready = true;
-                self.loading = None;
+                self.phase.ready();
             }
             Event::UserMessage { turn, text } => {
                 self.latest_turn = *turn;
@@ -122,7 +119,7 @@ impl App {
                 mapper: _,
             } => {
                 self.repaired = None;
-                self.switches_pending = self.switches_pending.saturating_sub(1);
+                self.phase.switch_answered();
                 self.set_active_by_name(to);
                 self.context_tokens = *context_tokens;
                 self.switches.push(SwitchRecord {
@@ -246,7 +243,7 @@ impl App {
                 // The engine answers a switch with nothing to hand over by a notice that
                 // names the model now active.
                 if message.contains("no conversation to hand over") {
-                    self.switches_pending = self.switches_pending.saturating_sub(1);
+                    self.phase.switch_answered();
                     if let Some((name, _)) = message.split_once(" is active") {
                         self.set_active_by_name(name);
                     }
@@ -262,16 +259,12 @@ impl App {
             }
             Event::Error { message, fatal } => self.error(message, *fatal),
             Event::Done { .. } => {
-                self.turn_running = false;
-                if self.cancelling {
-                    self.cancelling = false;
+                if self.phase.turn_done() {
                     self.say(Level::Info, "cancelled");
                 }
             }
             Event::ShutDown => {
-                self.engine_stopped = true;
-                self.turn_running = false;
-                self.switches_pending = 0;
+                self.phase.stop(None);
                 self.say(Level::Warn, "the engine has shut down: press q to quit");
             }
         }
@@ -325,10 +318,7 @@ impl App {
 
     fn error(&mut self, message: &str, fatal: bool) {
         if fatal {
-            self.fatal = Some(message.to_string());
-            self.engine_stopped = true;
-            self.turn_running = false;
-            self.switches_pending = 0;
+            self.phase.stop(Some(message.to_string()));
             self.overlay = Overlay::None;
             self.demo = None;
             self.say(Level::Error, format!("engine stopped: {message}"));
@@ -338,11 +328,8 @@ impl App {
         // error ends the command the engine was running.
         if message.starts_with("recording stopped") {
             self.recording_stopped = true;
-        } else if self.turn_running {
-            self.turn_running = false;
-            self.cancelling = false;
         } else {
-            self.switches_pending = self.switches_pending.saturating_sub(1);
+            self.phase.command_failed();
         }
         self.say(Level::Error, message);
     }

@@ -11,6 +11,7 @@ mod events;
 mod input;
 mod keys;
 pub mod panels;
+mod phase;
 mod records;
 #[cfg(test)]
 mod tests;

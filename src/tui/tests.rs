@@ -361,7 +361,7 @@ fn a_fatal_error_shows_and_quitting_still_works() {
             fatal: true,
         },
     );
-    assert!(app.fatal.is_some());
+    assert!(app.fatal_error().is_some());
     assert!(!app.busy());
     typed(&mut app, "x");
     assert_eq!(code(&mut app, KeyCode::Enter), vec![]);

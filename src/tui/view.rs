@@ -85,7 +85,7 @@ pub fn render(frame: &mut Frame, app: &App) {
         );
         return;
     };
-    if !app.ready {
+    if !app.phase.loaded() {
         panels::loading::render(frame, area, app);
     } else {
         panels::transcript::render(frame, a.transcript, app);

@@ -78,11 +78,11 @@ pub fn render_demo_pause(frame: &mut Frame, area: Rect, app: &App) {
 }
 
 pub fn render_fatal(frame: &mut Frame, area: Rect, app: &App) {
-    let Some(message) = &app.fatal else {
+    let Some(message) = app.fatal_error() else {
         return;
     };
     let lines = vec![
-        Line::from(Span::styled(message.clone(), BOLD)),
+        Line::from(Span::styled(message.to_string(), BOLD)),
         Line::default(),
         Line::from("The engine has stopped. Press q to quit."),
     ];

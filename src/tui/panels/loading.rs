@@ -18,7 +18,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         lines.extend(wrap(&[(note, Style::new().fg(WARN))], text_width));
         lines.push(Line::default());
     }
-    if let Some(err) = &app.fatal {
+    if let Some(err) = app.fatal_error() {
         lines.extend(wrap(&[(err, BOLD.fg(BAD))], text_width));
         lines.push(Line::default());
         lines.push(Line::from(Span::styled(
@@ -37,9 +37,9 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         Constraint::Min(0),
     ])
     .areas(body);
-    let (title, ratio, label) = match &app.loading {
+    let (title, ratio, label) = match app.phase.loading_progress() {
         // Nothing is working any more: the gauge must not look as if it were.
-        _ if app.fatal.is_some() => ("could not start".to_string(), 0.0, "stopped".to_string()),
+        _ if app.phase.stopped() => ("could not start".to_string(), 0.0, "stopped".to_string()),
         Some(p) => {
             let ratio = if p.total > 0 {
                 (p.done as f64 / p.total as f64).clamp(0.0, 1.0)

@@ -34,17 +34,17 @@ pub fn render_message(frame: &mut Frame, area: Rect, app: &App) {
 }
 
 fn activity(app: &App) -> Option<String> {
-    if app.engine_stopped {
+    if app.phase.stopped() {
         return None;
     }
-    if app.turn_running {
+    if app.phase.answering() {
         let reference = app
             .pair
             .as_ref()
             .filter(|p| app.turn_announced && p.turn == app.latest_turn)
             .is_some_and(|p| p.mapped.stop.is_some() && p.reference.is_some());
         let model = app.active_model().map_or("the model", |m| m.name.as_str());
-        return Some(if app.cancelling {
+        return Some(if app.phase.cancelling() {
             "cancelling…".into()
         } else if reference {
             format!("{model} re-prefills for the reference answer · Esc cancels")
@@ -52,7 +52,7 @@ fn activity(app: &App) -> Option<String> {
             format!("{model} is answering · Esc cancels")
         });
     }
-    if app.switches_pending > 0 {
+    if app.phase.switches_pending() > 0 {
         return Some("handing over…".into());
     }
     app.measuring()
@@ -113,7 +113,7 @@ fn status_line(app: &App, fit: Fit) -> Line<'static> {
             format!("demo step {}/{}", d.step(), d.total),
             BOLD.fg(Color::Cyan),
         ));
-    } else if app.info.demo && app.ready {
+    } else if app.info.demo && app.phase.loaded() {
         spans.push(sep());
         spans.push(Span::styled("demo over", Style::new().fg(Color::Cyan)));
     }
