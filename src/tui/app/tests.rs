@@ -2,12 +2,13 @@
 
 mod measuring;
 
-use super::app::{Entry, Overlay};
 use super::*;
 use crate::protocol::{
     CacheOrigin, Command, Event, GenerationTimings, MapperInfo, ModelInfo, PathKind, StopKind,
     SwitchMetrics, SwitchTimings,
 };
+use crate::tui::records::PathText;
+use crate::tui::KeyCode;
 
 fn model(name: &str) -> ModelInfo {
     ModelInfo {
@@ -275,7 +276,7 @@ fn a_bookmark_note_leaves_the_message_alone() {
     key(&mut app, Key::ctrl('b'));
     typed(&mut app, "dropped");
     assert_eq!(code(&mut app, KeyCode::Esc), vec![]);
-    assert!(app.bookmark.is_none());
+    assert!(!app.input.note_open());
     assert_eq!(app.input_text(), "half a thought");
     event(
         &mut app,
@@ -442,9 +443,7 @@ fn tokens_stream_into_the_transcript_and_the_reference_only_beside_it() {
     );
     event(&mut app, token(2, PathKind::Reference, "Hey", 7));
     let pair = app.pair.clone().expect("a turn pair");
-    let texts = |p: &super::app::PathText| -> Vec<String> {
-        p.pieces.iter().map(|x| x.text.clone()).collect()
-    };
+    let texts = |p: &PathText| -> Vec<String> { p.pieces.iter().map(|x| x.text.clone()).collect() };
     assert_eq!(texts(&pair.mapped), ["Hel", "lo"]);
     assert_eq!(
         pair.reference.as_ref().map(texts),
@@ -561,9 +560,12 @@ fn paging_up_pins_the_transcript_and_paging_down_follows_again() {
             },
         );
     }
-    assert_eq!(app.scroll_top, None);
+    assert_eq!(app.transcript_panel.scroll_top(), None);
     code(&mut app, KeyCode::PageUp);
-    let pinned = app.scroll_top.expect("pinned after PgUp");
+    let pinned = app
+        .transcript_panel
+        .scroll_top()
+        .expect("pinned after PgUp");
     event(
         &mut app,
         Event::UserMessage {
@@ -571,13 +573,13 @@ fn paging_up_pins_the_transcript_and_paging_down_follows_again() {
             text: "more".into(),
         },
     );
-    assert_eq!(app.scroll_top, Some(pinned));
+    assert_eq!(app.transcript_panel.scroll_top(), Some(pinned));
     app.update(Msg::Scroll(-1000));
-    assert_eq!(app.scroll_top, Some(0));
+    assert_eq!(app.transcript_panel.scroll_top(), Some(0));
     code(&mut app, KeyCode::PageDown);
-    assert!(app.scroll_top.is_some_and(|t| t > 0));
+    assert!(app.transcript_panel.scroll_top().is_some_and(|t| t > 0));
     app.update(Msg::Scroll(1000));
-    assert_eq!(app.scroll_top, None);
+    assert_eq!(app.transcript_panel.scroll_top(), None);
 }
 
 fn demo_steps() -> Vec<Command> {
