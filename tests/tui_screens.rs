@@ -199,6 +199,13 @@ fn run() -> Vec<Event> {
         61,
     ));
     e.push(Event::Done { turn: 1 });
+    first_switch_and_turn_2(&mut e);
+    second_switch_and_turn_3(&mut e);
+    e
+}
+
+/// The first switch, measured before the next message, and turn 2 with its reference.
+fn first_switch_and_turn_2(e: &mut Vec<Event>) {
     // The presenter types slowly: the first switch is measured before the next message.
     let (handoff, measured) = switch(
         0,
@@ -255,6 +262,11 @@ fn run() -> Vec<Event> {
         agreement: 1.0,
     });
     e.push(Event::Done { turn: 2 });
+}
+
+/// The second switch, turn 3 whose reference answer differs, then the switch's
+/// measurement, which waited for the turn.
+fn second_switch_and_turn_3(e: &mut Vec<Event>) {
     // The next message follows at once: the second switch is measured after its turn.
     let (handoff, measured) = switch(
         1,
@@ -343,7 +355,6 @@ fn run() -> Vec<Event> {
     });
     e.push(Event::Done { turn: 3 });
     e.push(measured);
-    e
 }
 
 /// The run up to the end of turn 3, before the second switch's measurement arrives.
