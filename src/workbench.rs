@@ -1,22 +1,24 @@
 //! The workbench runner: the terminal, the engine thread and the UI state machine
-//! joined. Input and engine events are drained as they come; the screen is redrawn at
-//! most ~30 times a second, never once per token. The terminal is restored on every
-//! way out: normal exit, Ctrl-C (as a key or as a signal) and panic.
+//! joined. The runner blocks on one channel that merges terminal input, engine events,
+//! frames and interrupts (see `inputs`), hands each to the app, and redraws at most ~30
+//! times a second, never once per token; while nothing changes and nothing animates it
+//! sleeps. The terminal is restored on every way out: normal exit, Ctrl-C (as a key or
+//! as a signal) and panic.
+
+mod inputs;
 
 use crate::engine::{self, EngineConfig};
-use crate::protocol::{Command, Event};
+use crate::protocol::Command;
 use crate::tui::{self, App, AppInfo, Effect, Msg};
-use crossterm::event::{self as cevent, Event as CEvent, KeyEventKind, MouseEventKind};
+use crossterm::event as cevent;
 use crossterm::execute;
 use crossterm::terminal::{
     disable_raw_mode, enable_raw_mode, EnterAlternateScreen, LeaveAlternateScreen,
 };
+use inputs::{Input, Inputs};
 use ratatui::backend::CrosstermBackend;
 use ratatui::Terminal;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::TryRecvError;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -61,14 +63,14 @@ impl Drop for TerminalGuard {
     }
 }
 
+/// The shortest time between two frames: at most ~30 redraws a second.
 const FRAME: Duration = Duration::from_millis(33);
 /// How long leaving waits for the engine to record the end of the session: a turn stops
 /// at its next token or half layer, so this is only reached while a model still loads
 /// (nothing is recorded then).
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
+/// How often the busy indicator turns.
 const TICK: Duration = Duration::from_millis(250);
-/// Engine events handled per loop pass at most, so input stays responsive under a burst.
-const EVENTS_PER_PASS: usize = 4096;
 
 pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
     use std::io::IsTerminal;
@@ -76,12 +78,6 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
         return Err(WorkbenchError::NotATerminal);
     }
     let record_path = opts.engine.record.as_ref().map(|p| p.display().to_string());
-    let interrupted = Arc::new(AtomicBool::new(false));
-    {
-        let flag = interrupted.clone();
-        // A second handler (e.g. in tests) is refused; the key binding still works.
-        let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
-    }
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         restore_terminal();
@@ -99,11 +95,21 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
     )?;
     let mut terminal = Terminal::new(CrosstermBackend::new(stdout))?;
     terminal.clear()?;
+    // Made after the guard, so that it is dropped (its reader stopped) before the
+    // terminal is restored.
+    let mut inputs = Inputs::new(FRAME);
+    {
+        let tx = inputs.sender();
+        // A second handler (e.g. in tests) is refused; the key binding still works.
+        let _ = ctrlc::set_handler(move || {
+            let _ = tx.send(Input::Interrupt);
+        });
+    }
 
     let reference = opts.engine.settings.reference;
     let tail = opts.engine.settings.tail;
     let repair = opts.engine.settings.repair;
-    let handle = engine::spawn(opts.engine);
+    let mut handle = engine::spawn(opts.engine);
     let mut app = App::new(AppInfo {
         record_path,
         demo: opts.demo.is_some(),
@@ -121,59 +127,24 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
             }
         }
     }
-    let mut last_draw = Instant::now() - FRAME;
-    let mut last_tick = Instant::now();
-    let mut quit = false;
-    while !quit {
-        let mut effects = Vec::new();
-        if cevent::poll(Duration::from_millis(15))? {
-            match cevent::read()? {
-                CEvent::Key(k) if k.kind != KeyEventKind::Release => {
-                    effects.extend(app.update(Msg::Key(k.into())))
-                }
-                CEvent::Mouse(m) => match m.kind {
-                    MouseEventKind::ScrollUp => effects.extend(app.update(Msg::Scroll(-3))),
-                    MouseEventKind::ScrollDown => effects.extend(app.update(Msg::Scroll(3))),
-                    _ => {}
-                },
-                CEvent::Resize(w, h) => effects.extend(app.update(Msg::Resize(w, h))),
-                CEvent::Paste(text) => effects.extend(app.update(Msg::Paste(text))),
-                _ => {}
-            }
-        }
-        for _ in 0..EVENTS_PER_PASS {
-            match handle.events.try_recv() {
-                Ok(e) => effects.extend(app.update(Msg::Engine(e))),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => break,
-            }
-        }
-        if last_tick.elapsed() >= TICK {
-            effects.extend(app.update(Msg::Tick));
-            last_tick = Instant::now();
-        }
-        if interrupted.swap(false, Ordering::SeqCst) {
-            // A signal from outside is a request to leave, like Ctrl-C on the keyboard.
-            effects.extend(app.update(Msg::Key(tui::Key::ctrl('c'))));
-        }
-        for e in effects {
-            match e {
-                Effect::Send(c) => handle.send(c),
-                Effect::Quit => quit = true,
-            }
-        }
-        if app.needs_redraw() && last_draw.elapsed() >= FRAME {
-            terminal.draw(|f| tui::render(f, &app))?;
-            app.mark_drawn();
-            last_draw = Instant::now();
-        }
-    }
+    // The forwarder owns the engine's receiver; the handle keeps a closed one.
+    let events = std::mem::replace(&mut handle.events, std::sync::mpsc::channel().1);
+    inputs.forward_engine(events)?;
+    inputs.read_terminal()?;
+    serve(
+        &mut app,
+        &mut inputs,
+        |c| handle.send(c),
+        |app| terminal.draw(|f| tui::render(f, app)).map(|_| ()),
+    )?;
     // The engine stops at its next token or command, records what was on screen (a
     // turn cut short is recorded as cancelled) and the end of the session; leaving
     // before that would lose both. A model still loading is left behind after
     // SHUTDOWN_WAIT (artifacts are written atomically, session lines are synced).
+    inputs.close();
     handle.send(Command::Shutdown);
-    wait_for_shutdown(&handle.events, SHUTDOWN_WAIT);
+    inputs.wait_for_shutdown(SHUTDOWN_WAIT);
+    drop(inputs);
     drop(terminal);
     match app.fatal_error() {
         Some(message) => Err(WorkbenchError::EngineStopped(message.to_string())),
@@ -181,17 +152,169 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
     }
 }
 
-/// Read `events` until the engine says it shut down, its thread is gone, or `limit`
-/// passes; true when it shut down.
-pub fn wait_for_shutdown(events: &std::sync::mpsc::Receiver<Event>, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
+/// Serve `app` until it quits: wait for the next input, hand it to the app, carry out
+/// the commands that come back with `send`, and `draw` the app when it changed, at most
+/// once per [`FRAME`]. Frames are asked for only while a change waits to be drawn or
+/// something animates; otherwise this sleeps until an input arrives.
+fn serve(
+    app: &mut App,
+    inputs: &mut Inputs,
+    mut send: impl FnMut(Command),
+    mut draw: impl FnMut(&App) -> std::io::Result<()>,
+) -> Result<(), WorkbenchError> {
+    let mut last_draw: Option<Instant> = None;
+    let mut last_tick = Instant::now();
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match events.recv_timeout(left) {
-            Ok(Event::ShutDown) => return true,
-            Ok(_) => continue,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return true,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return false,
+        if app.needs_redraw() && last_draw.is_none_or(|t| t.elapsed() >= FRAME) {
+            draw(app)?;
+            app.mark_drawn();
+            last_draw = Some(Instant::now());
         }
+        inputs.want_frames(app.needs_redraw() || app.animating());
+        let msg = match inputs.recv() {
+            Input::Terminal(msg) => Some(msg),
+            Input::TerminalFailed(e) => return Err(e.into()),
+            Input::Engine(e) => Some(Msg::Engine(e)),
+            // The app learns of a stopped engine from its events; a vanished one only
+            // ends the wait for its shutdown.
+            Input::EngineGone => None,
+            Input::Frame if last_tick.elapsed() >= TICK => {
+                last_tick = Instant::now();
+                Some(Msg::Tick)
+            }
+            Input::Frame => None,
+            // A signal from outside is a request to leave, like Ctrl-C on the keyboard.
+            Input::Interrupt => Some(Msg::Key(tui::Key::ctrl('c'))),
+        };
+        let mut quit = false;
+        for e in msg.map(|m| app.update(m)).unwrap_or_default() {
+            match e {
+                Effect::Send(c) => send(c),
+                Effect::Quit => quit = true,
+            }
+        }
+        if quit {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Event, PathKind};
+    use crate::tui::{Key, KeyCode};
+    use std::sync::mpsc::Sender;
+
+    fn ready() -> Input {
+        Input::Engine(Event::Ready {
+            models: vec![],
+            active: 0,
+            mappers: vec![],
+            device: "cpu".into(),
+        })
+    }
+
+    fn key(k: Key) -> Input {
+        Input::Terminal(Msg::Key(k))
+    }
+
+    /// Send `inputs` after `delay`, from another thread.
+    fn later(tx: Sender<Input>, delay: Duration, inputs: Vec<Input>) {
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            for i in inputs {
+                let _ = tx.send(i);
+            }
+        });
+    }
+
+    /// Serve a fresh app until it quits; the commands sent and the number of draws.
+    fn serve_counting(inputs: &mut Inputs) -> (Result<(), WorkbenchError>, Vec<Command>, usize) {
+        let mut app = App::new(AppInfo::default());
+        let (mut sent, mut draws) = (Vec::new(), 0);
+        let result = serve(
+            &mut app,
+            inputs,
+            |c| sent.push(c),
+            |_| {
+                draws += 1;
+                Ok(())
+            },
+        );
+        (result, sent, draws)
+    }
+
+    #[test]
+    fn a_burst_of_tokens_costs_a_few_frames_and_a_quit_shuts_the_engine_down() {
+        let mut inputs = Inputs::new(FRAME);
+        let tx = inputs.sender();
+        tx.send(ready()).unwrap();
+        for id in 0..2000 {
+            let text = "x".to_string();
+            let path = PathKind::Mapped;
+            tx.send(Input::Engine(Event::Token {
+                turn: 1,
+                path,
+                text,
+                id,
+            }))
+            .unwrap();
+        }
+        tx.send(key(Key::ctrl('c'))).unwrap();
+        let t0 = Instant::now();
+        let (result, sent, draws) = serve_counting(&mut inputs);
+        result.unwrap();
+        let most = (t0.elapsed().as_millis() / FRAME.as_millis()) as usize + 2;
+        assert!((1..=most).contains(&draws), "{draws} draws, at most {most}");
+        assert_eq!(sent, vec![Command::Shutdown]);
+    }
+
+    #[test]
+    fn a_change_is_drawn_when_its_frame_comes_and_an_idle_screen_is_left_alone() {
+        let mut inputs = Inputs::new(FRAME);
+        let tx = inputs.sender();
+        tx.send(ready()).unwrap();
+        later(tx, FRAME * 8, vec![key(Key::ctrl('c'))]);
+        let (result, _, draws) = serve_counting(&mut inputs);
+        result.unwrap();
+        // The first screen, then the ready one once a frame came; nothing while idle.
+        assert_eq!(draws, 2);
+    }
+
+    #[test]
+    fn a_running_turn_keeps_the_indicator_turning() {
+        let mut inputs = Inputs::new(FRAME);
+        let tx = inputs.sender();
+        tx.send(ready()).unwrap();
+        tx.send(key(Key::char('h'))).unwrap();
+        tx.send(key(Key::plain(KeyCode::Enter))).unwrap();
+        later(tx, TICK * 3, vec![key(Key::ctrl('c')), key(Key::char('y'))]);
+        let (result, sent, draws) = serve_counting(&mut inputs);
+        result.unwrap();
+        assert_eq!(
+            sent,
+            vec![
+                Command::Submit { text: "h".into() },
+                Command::Cancel,
+                Command::Shutdown
+            ]
+        );
+        // At least two turns of the indicator besides the typing.
+        assert!(draws >= 4, "{draws} draws");
+    }
+
+    #[test]
+    fn an_interrupt_quits_like_ctrl_c_and_a_terminal_failure_ends_the_loop() {
+        let mut inputs = Inputs::new(FRAME);
+        inputs.sender().send(Input::Interrupt).unwrap();
+        let (result, sent, _) = serve_counting(&mut inputs);
+        result.unwrap();
+        assert_eq!(sent, vec![Command::Shutdown]);
+        let e = std::io::Error::other("gone");
+        inputs.sender().send(Input::TerminalFailed(e)).unwrap();
+        let (result, sent, _) = serve_counting(&mut inputs);
+        assert!(matches!(result, Err(WorkbenchError::Terminal(_))));
+        assert!(sent.is_empty());
     }
 }

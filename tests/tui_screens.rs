@@ -6,7 +6,7 @@ use baton::protocol::{
     CacheOrigin, Command, Event, GenerationTimings, MapperInfo, ModelInfo, PathKind, StopKind,
     SwitchMetrics, SwitchTimings,
 };
-use baton::tui::{panels, render, App, AppInfo, Effect, Key, KeyCode, Msg};
+use baton::tui::{render, render_panel, App, AppInfo, Effect, Key, KeyCode, Msg, Panel};
 use ratatui::backend::TestBackend;
 use ratatui::layout::Rect;
 use ratatui::style::Color;
@@ -199,6 +199,13 @@ fn run() -> Vec<Event> {
         61,
     ));
     e.push(Event::Done { turn: 1 });
+    first_switch_and_turn_2(&mut e);
+    second_switch_and_turn_3(&mut e);
+    e
+}
+
+/// The first switch, measured before the next message, and turn 2 with its reference.
+fn first_switch_and_turn_2(e: &mut Vec<Event>) {
     // The presenter types slowly: the first switch is measured before the next message.
     let (handoff, measured) = switch(
         0,
@@ -255,6 +262,11 @@ fn run() -> Vec<Event> {
         agreement: 1.0,
     });
     e.push(Event::Done { turn: 2 });
+}
+
+/// The second switch, turn 3 whose reference answer differs, then the switch's
+/// measurement, which waited for the turn.
+fn second_switch_and_turn_3(e: &mut Vec<Event>) {
     // The next message follows at once: the second switch is measured after its turn.
     let (handoff, measured) = switch(
         1,
@@ -343,7 +355,6 @@ fn run() -> Vec<Event> {
     });
     e.push(Event::Done { turn: 3 });
     e.push(measured);
-    e
 }
 
 /// The run up to the end of turn 3, before the second switch's measurement arrives.
@@ -382,13 +393,10 @@ fn screen(app: &App, width: u16, height: u16) -> Terminal<TestBackend> {
     draw(width, height, |f| render(f, app))
 }
 
-fn panel(
-    app: &App,
-    width: u16,
-    height: u16,
-    f: fn(&mut Frame, Rect, &App),
-) -> Terminal<TestBackend> {
-    draw(width, height, |frame| f(frame, frame.area(), app))
+fn panel(app: &App, width: u16, height: u16, which: Panel) -> Terminal<TestBackend> {
+    draw(width, height, |frame| {
+        render_panel(frame, frame.area(), app, which)
+    })
 }
 
 #[test]
@@ -412,13 +420,13 @@ fn whole_screen_at_the_minimum_size() {
 #[test]
 fn transcript_panel() {
     let app = app_after_run(100, 30);
-    insta::assert_snapshot!(panel(&app, 70, 40, panels::transcript::render).backend());
+    insta::assert_snapshot!(panel(&app, 70, 40, Panel::Transcript).backend());
 }
 
 #[test]
 fn latency_panel() {
     let app = app_after_run(100, 30);
-    insta::assert_snapshot!(panel(&app, 60, 18, panels::latency::render).backend());
+    insta::assert_snapshot!(panel(&app, 60, 18, Panel::Latency).backend());
 }
 
 #[test]
@@ -426,24 +434,21 @@ fn layer_panel_in_each_view() {
     let mut app = app_after_run(100, 30);
     insta::assert_snapshot!(
         "layers_cosine",
-        panel(&app, 70, 12, panels::layers::render).backend()
+        panel(&app, 70, 12, Panel::Layers).backend()
     );
     app.update(Msg::Key(Key::ctrl('l')));
-    insta::assert_snapshot!(
-        "layers_r2",
-        panel(&app, 70, 12, panels::layers::render).backend()
-    );
+    insta::assert_snapshot!("layers_r2", panel(&app, 70, 12, Panel::Layers).backend());
     app.update(Msg::Key(Key::ctrl('l')));
     insta::assert_snapshot!(
         "layers_concentration",
-        panel(&app, 70, 12, panels::layers::render).backend()
+        panel(&app, 70, 12, Panel::Layers).backend()
     );
 }
 
 #[test]
 fn side_by_side_panel_marks_the_first_difference() {
     let app = app_after_run(100, 30);
-    let terminal = panel(&app, 90, 8, panels::side_by_side::render);
+    let terminal = panel(&app, 90, 8, Panel::SideBySide);
     insta::assert_snapshot!(terminal.backend());
     // Token 7 is " and" on the mapped side and " then" on the reference side.
     let buffer = terminal.backend().buffer();
@@ -462,9 +467,9 @@ fn status_lines() {
     let full = |f: &mut Frame| {
         let a = f.area();
         let row = |y| Rect::new(0, y, a.width, 1);
-        panels::status::render_message(f, row(0), &app);
-        panels::status::render_status(f, row(1), &app);
-        panels::status::render_hints(f, row(2), &app);
+        render_panel(f, row(0), &app, Panel::Message);
+        render_panel(f, row(1), &app, Panel::Status);
+        render_panel(f, row(2), &app, Panel::Hints);
     };
     insta::assert_snapshot!("status_wide", draw(140, 3, full).backend());
     insta::assert_snapshot!("status_narrow", draw(80, 3, full).backend());
@@ -483,7 +488,7 @@ fn the_status_line_names_a_tail_when_one_is_set() {
         }
         let shown = draw(140, 1, |f: &mut Frame| {
             let r = f.area();
-            panels::status::render_status(f, r, &app)
+            render_panel(f, r, &app, Panel::Status)
         });
         format!("{:?}", shown.backend())
     };
@@ -511,7 +516,7 @@ fn the_status_line_shows_how_far_the_repair_got() {
         }
         let shown = draw(140, 1, |f: &mut Frame| {
             let r = f.area();
-            panels::status::render_status(f, r, &app)
+            render_panel(f, r, &app, Panel::Status)
         });
         format!("{:?}", shown.backend())
     };
@@ -533,7 +538,7 @@ fn bookmark_entry_keeps_the_message() {
     for c in "drift starts here".chars() {
         app.update(Msg::Key(Key::char(c)));
     }
-    insta::assert_snapshot!(panel(&app, 100, 3, panels::input_box::render).backend());
+    insta::assert_snapshot!(panel(&app, 100, 3, Panel::Input).backend());
     app.update(Msg::Key(Key::plain(KeyCode::Esc)));
     assert_eq!(app.input_text(), "Summarise the difference");
 }
@@ -657,9 +662,9 @@ fn too_small_terminal() {
 #[test]
 fn while_measuring_the_handoff_shows_and_the_rest_says_measuring() {
     let app = app_before_the_last_measurement(100, 30);
-    let latency = panel(&app, 60, 18, panels::latency::render);
+    let latency = panel(&app, 60, 18, Panel::Latency);
     insta::assert_snapshot!("latency_panel_measuring", latency.backend());
-    let layers = panel(&app, 70, 12, panels::layers::render);
+    let layers = panel(&app, 70, 12, Panel::Layers);
     insta::assert_snapshot!("layers_measuring", layers.backend());
     let text = |t: &Terminal<TestBackend>| -> String {
         t.backend()
@@ -684,7 +689,7 @@ fn while_measuring_the_handoff_shows_and_the_rest_says_measuring() {
     let mut app = app;
     let last = run().pop().expect("the run ends with a measurement");
     app.update(Msg::Engine(last));
-    let latency = text(&panel(&app, 60, 18, panels::latency::render));
+    let latency = text(&panel(&app, 60, 18, Panel::Latency));
     assert!(
         latency.contains("121.0 ms") && !latency.contains("measuring"),
         "{latency}"
@@ -733,16 +738,16 @@ fn no_size_panics() {
             app.update(Msg::Resize(w, h));
             app.update(Msg::Key(Key::plain(KeyCode::PageUp)));
             screen(&app, w, h);
-            for f in [
-                panels::transcript::render,
-                panels::latency::render,
-                panels::layers::render,
-                panels::side_by_side::render,
-                panels::input_box::render,
-                panels::status::render_status,
-                panels::help::render,
+            for which in [
+                Panel::Transcript,
+                Panel::Latency,
+                Panel::Layers,
+                Panel::SideBySide,
+                Panel::Input,
+                Panel::Status,
+                Panel::Help,
             ] {
-                panel(&app, w, h, f);
+                panel(&app, w, h, which);
             }
         }
     }

@@ -1,14 +1,32 @@
 //! The workbench's state and the one function that changes it: [`App::update`] takes a
 //! key, an engine event, a scroll, a resize or a tick and answers with the commands to
 //! send. Nothing here touches the terminal, so every behaviour is testable as data.
+//!
+//! The app holds what the engine reported and where the session stands ([`Phase`]); the
+//! panels it draws with keep their own view state (scroll, measure, typed text, notice)
+//! and are handed the rest when drawn ([`view`]).
 
-use super::demo::Demo;
-use super::input::LineInput;
+mod actions;
+mod demo;
+mod events;
+mod keymap;
+#[cfg(test)]
+mod tests;
+mod view;
+
+pub use view::{render, render_panel, Panel};
+
 use super::keys::Key;
-use super::view;
+use super::layout::{self, Areas};
+use super::panels::input_box::InputBox;
+use super::panels::layers::{LayerView, Layers};
+use super::panels::status::{Level, MessageLine};
+use super::panels::transcript::{Conversation, Transcript};
+use super::phase::Phase;
+use super::records::{Entry, SwitchRecord, TurnPair};
 use crate::protocol::{Command, Event, MapperInfo, ModelInfo};
-
-pub(crate) use super::records::*;
+use demo::Demo;
+use ratatui::layout::Rect;
 
 /// What the workbench knows before the engine says anything.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,89 +80,49 @@ pub enum Effect {
     Quit,
 }
 
-/// Which per-layer measure the layer panel shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LayerView {
-    #[default]
-    Cosine,
-    R2,
-    Concentration,
-}
-
-impl LayerView {
-    pub fn next(self) -> Self {
-        match self {
-            Self::Cosine => Self::R2,
-            Self::R2 => Self::Concentration,
-            Self::Concentration => Self::Cosine,
-        }
-    }
-}
-
+/// What covers the screen until a key closes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Overlay {
+enum Overlay {
     None,
     Help,
     ConfirmQuit,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Level {
-    Info,
-    Warn,
-    Error,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct StatusMessage {
-    pub text: String,
-    pub level: Level,
-}
-
 /// The workbench: everything the screen shows, and what the engine is busy with.
 #[derive(Debug, Clone)]
 pub struct App {
-    pub(crate) info: AppInfo,
-    pub(crate) size: (u16, u16),
-    pub(crate) ready: bool,
-    pub(crate) loading: Option<LoadingProgress>,
-    pub(crate) models: Vec<ModelInfo>,
-    pub(crate) active: usize,
-    pub(crate) device: String,
-    pub(crate) mappers: Vec<MapperInfo>,
-    pub(crate) reference: bool,
-    pub(crate) repair: bool,
+    info: AppInfo,
+    size: (u16, u16),
+    /// Loading, taking commands (idle, answering, switching) or stopped.
+    phase: Phase,
+    models: Vec<ModelInfo>,
+    active: usize,
+    device: String,
+    mappers: Vec<MapperInfo>,
+    reference: bool,
+    repair: bool,
     /// The active model's cache repaired so far, of its length, since the last switch.
-    pub(crate) repaired: Option<(usize, usize)>,
-    pub(crate) input: LineInput,
-    /// The bookmark note being typed; the message keeps its own buffer meanwhile.
-    pub(crate) bookmark: Option<LineInput>,
-    pub(crate) overlay: Overlay,
+    repaired: Option<(usize, usize)>,
+    overlay: Overlay,
     /// The confirmation was opened by a typed `q`: any key but y/n/Esc types on, the `q`
     /// included, so a message starting with q loses nothing.
-    pub(crate) quit_from_q: bool,
-    pub(crate) transcript: Vec<Entry>,
-    /// The first transcript line shown; `None` follows the newest text.
-    pub(crate) scroll_top: Option<usize>,
-    pub(crate) pair: Option<TurnPair>,
-    pub(crate) switches: Vec<SwitchRecord>,
-    pub(crate) context_tokens: usize,
+    quit_from_q: bool,
+    transcript: Vec<Entry>,
+    pair: Option<TurnPair>,
+    switches: Vec<SwitchRecord>,
+    context_tokens: usize,
     /// The newest turn the engine has announced, and whether the turn sent last has been
     /// announced yet (until then the latest turn is the previous one).
-    pub(crate) latest_turn: u32,
-    pub(crate) turn_announced: bool,
-    pub(crate) turn_running: bool,
-    pub(crate) cancelling: bool,
-    /// Switches sent and not yet answered (the engine runs them in order).
-    pub(crate) switches_pending: u32,
-    pub(crate) status: Option<StatusMessage>,
-    pub(crate) fatal: Option<String>,
-    pub(crate) engine_stopped: bool,
-    pub(crate) recording_stopped: bool,
-    pub(crate) layer_view: LayerView,
-    pub(crate) demo: Option<Demo>,
-    pub(crate) spinner: usize,
+    latest_turn: u32,
+    turn_announced: bool,
+    recording_stopped: bool,
+    demo: Option<Demo>,
     dirty: bool,
+    // The panels that keep view state of their own.
+    input: InputBox,
+    transcript_panel: Transcript,
+    layers: Layers,
+    message_line: MessageLine,
 }
 
 impl App {
@@ -154,35 +132,27 @@ impl App {
             repair: info.repair,
             repaired: None,
             info,
-            size: (view::MIN_WIDTH, view::MIN_HEIGHT),
-            ready: false,
-            loading: None,
+            size: (layout::MIN_WIDTH, layout::MIN_HEIGHT),
+            phase: Phase::default(),
             models: Vec::new(),
             active: 0,
             device: String::new(),
             mappers: Vec::new(),
-            input: LineInput::default(),
-            bookmark: None,
             overlay: Overlay::None,
             quit_from_q: false,
             transcript: Vec::new(),
-            scroll_top: None,
             pair: None,
             switches: Vec::new(),
             context_tokens: 0,
             latest_turn: 0,
             turn_announced: false,
-            turn_running: false,
-            cancelling: false,
-            switches_pending: 0,
-            status: None,
-            fatal: None,
-            engine_stopped: false,
             recording_stopped: false,
-            layer_view: LayerView::default(),
             demo: None,
-            spinner: 0,
             dirty: true,
+            input: InputBox::default(),
+            transcript_panel: Transcript::default(),
+            layers: Layers::default(),
+            message_line: MessageLine::default(),
         }
     }
 
@@ -190,8 +160,8 @@ impl App {
         match msg {
             Msg::Tick => {
                 // Only a busy screen changes with time; an idle one is not redrawn.
-                if self.busy() || self.measuring().is_some() {
-                    self.spinner = self.spinner.wrapping_add(1);
+                if self.animating() {
+                    self.message_line.tick();
                     self.dirty = true;
                 }
                 vec![]
@@ -215,10 +185,7 @@ impl App {
             }
             Msg::Paste(text) => {
                 self.dirty = true;
-                match self.bookmark.as_mut() {
-                    Some(note) => note.insert_str(&text),
-                    None => self.input.insert_str(&text),
-                }
+                self.input.paste(&text);
                 vec![]
             }
         }
@@ -234,14 +201,21 @@ impl App {
         self.dirty = false;
     }
 
+    /// Whether something on screen moves with time (the busy indicator): the runner
+    /// needs to send [`Msg::Tick`]s only then. A stopped engine shows no indicator, even
+    /// with a measurement left unfinished.
+    pub fn animating(&self) -> bool {
+        self.busy() || (self.measuring().is_some() && !self.phase.stopped())
+    }
+
     /// The message being typed.
     pub fn input_text(&self) -> &str {
-        self.input.text()
+        self.input.message()
     }
 
     /// The line the status bar shows for notices, warnings and errors.
     pub fn status_text(&self) -> Option<&str> {
-        self.status.as_ref().map(|s| s.text.as_str())
+        self.message_line.text()
     }
 
     pub fn context_tokens(&self) -> usize {
@@ -249,57 +223,51 @@ impl App {
     }
 
     pub fn layer_view(&self) -> LayerView {
-        self.layer_view
+        self.layers.measure()
     }
 
     pub fn reference_enabled(&self) -> bool {
         self.reference
     }
 
-    /// Whether the engine is generating or switching.
     /// The message of the error that stopped the engine, if one did.
     pub fn fatal_error(&self) -> Option<&str> {
-        self.fatal.as_deref()
+        self.phase.fatal()
     }
 
+    /// Whether the engine is generating or switching.
     pub fn busy(&self) -> bool {
-        self.turn_running || self.switches_pending > 0
+        self.phase.busy()
     }
 
     /// The switch whose measurement the engine has yet to report. It runs while the
     /// engine is otherwise idle and gives way to a message, so it never blocks one.
-    pub(crate) fn measuring(&self) -> Option<&SwitchRecord> {
+    fn measuring(&self) -> Option<&SwitchRecord> {
         self.switches.last().filter(|s| s.measuring())
     }
 
-    pub(crate) fn active_model(&self) -> Option<&ModelInfo> {
+    fn active_model(&self) -> Option<&ModelInfo> {
         self.models.get(self.active)
     }
 
-    pub(crate) fn other_model(&self) -> Option<&ModelInfo> {
+    fn other_model(&self) -> Option<&ModelInfo> {
         self.models.get(1 - self.active.min(1))
     }
 
-    /// A model's name shortened against the other model's, for narrow places.
-    pub(crate) fn short_name(&self, name: &str) -> String {
-        let [a, b] = match self.models.as_slice() {
-            [a, b] => [a, b],
-            _ => return name.to_string(),
-        };
-        let (sa, sb) = super::panels::short_names(&a.name, &b.name);
-        if name == a.name {
-            sa
-        } else if name == b.name {
-            sb
-        } else {
-            name.to_string()
-        }
+    fn say(&mut self, level: Level, text: impl Into<String>) {
+        self.message_line.say(level, text);
     }
 
-    pub(crate) fn say(&mut self, level: Level, text: impl Into<String>) {
-        self.status = Some(StatusMessage {
-            text: text.into(),
-            level,
-        });
+    /// Where the panels are at the current size; `None` when the screen is too small.
+    fn areas(&self) -> Option<Areas> {
+        layout::layout(Rect::new(0, 0, self.size.0, self.size.1))
+    }
+
+    /// The transcript as its panel draws it.
+    fn conversation(&self) -> Conversation<'_> {
+        Conversation {
+            entries: &self.transcript,
+            switches: &self.switches,
+        }
     }
 }

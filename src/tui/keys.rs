@@ -1,9 +1,5 @@
-//! Keys as the workbench understands them, and what each one does. The state machine
-//! takes this small type rather than crossterm's, so it can be driven from tests without
-//! a terminal.
-
-use super::app::{App, Effect, Overlay};
-use super::input::LineInput;
+//! Keys as the workbench understands them. The state machine takes this small type
+//! rather than crossterm's, so it can be driven from tests without a terminal.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyCode {
@@ -48,7 +44,7 @@ impl Key {
         }
     }
 
-    fn is_ctrl(&self, c: char) -> bool {
+    pub fn is_ctrl(&self, c: char) -> bool {
         self.ctrl && self.code == KeyCode::Char(c)
     }
 }
@@ -81,113 +77,6 @@ impl From<crossterm::event::KeyEvent> for Key {
         // AltGr arrives as Ctrl+Alt on some systems and must stay a typed character.
         let ctrl = e.modifiers.contains(M::CONTROL) && !e.modifiers.contains(M::ALT);
         Self { code, ctrl }
-    }
-}
-
-impl App {
-    pub(crate) fn on_key(&mut self, key: Key) -> Vec<Effect> {
-        if self.overlay == Overlay::ConfirmQuit {
-            self.overlay = Overlay::None;
-            let from_q = std::mem::take(&mut self.quit_from_q);
-            return match key.code {
-                KeyCode::Char('y' | 'Y') => self.quit_now(),
-                KeyCode::Char('c') if key.ctrl => self.quit_now(),
-                KeyCode::Char('n' | 'N') | KeyCode::Esc => vec![],
-                _ if from_q => {
-                    self.input.insert('q');
-                    self.on_main_key(key)
-                }
-                _ => vec![],
-            };
-        }
-        if key.is_ctrl('c') {
-            return self.request_quit();
-        }
-        if key.code == KeyCode::Other {
-            return vec![];
-        }
-        if self.overlay == Overlay::Help {
-            self.overlay = Overlay::None;
-            return vec![];
-        }
-        if self.demo_paused() {
-            if key.code == KeyCode::Char('q') && !key.ctrl && self.input.is_empty() {
-                return self.request_quit();
-            }
-            return self.demo_continue();
-        }
-        if let Some(note) = self.bookmark.as_mut() {
-            return match key.code {
-                KeyCode::Enter => self.finish_bookmark(),
-                KeyCode::Esc => {
-                    self.bookmark = None;
-                    vec![]
-                }
-                _ => {
-                    edit(note, key);
-                    vec![]
-                }
-            };
-        }
-        self.on_main_key(key)
-    }
-
-    fn on_main_key(&mut self, key: Key) -> Vec<Effect> {
-        if key.ctrl {
-            return match key.code {
-                KeyCode::Char('r') => self.toggle_reference(),
-                KeyCode::Char('p') => self.toggle_repair(),
-                KeyCode::Char('b') => self.start_bookmark(),
-                KeyCode::Char('l') => {
-                    self.layer_view = self.layer_view.next();
-                    vec![]
-                }
-                _ => vec![],
-            };
-        }
-        match key.code {
-            KeyCode::Enter => self.submit_input(),
-            KeyCode::Tab => self.request_switch(),
-            KeyCode::Esc => self.cancel(),
-            KeyCode::F(1) => {
-                self.overlay = Overlay::Help;
-                vec![]
-            }
-            KeyCode::PageUp => self.scroll_pages(-1),
-            KeyCode::PageDown => self.scroll_pages(1),
-            KeyCode::Up => self.scroll_lines(-1),
-            KeyCode::Down => self.scroll_lines(1),
-            // With an empty input `?` cannot be part of a message yet, so it opens help.
-            KeyCode::Char('?') if self.input.is_empty() => {
-                self.overlay = Overlay::Help;
-                vec![]
-            }
-            // Always asked: the q may be the first letter of a message, and any key but
-            // y/n/Esc goes on typing it.
-            KeyCode::Char('q') if self.input.is_empty() => {
-                self.overlay = Overlay::ConfirmQuit;
-                self.quit_from_q = true;
-                vec![]
-            }
-            _ => {
-                edit(&mut self.input, key);
-                vec![]
-            }
-        }
-    }
-}
-
-/// The editing keys shared by the message and the bookmark note.
-fn edit(input: &mut LineInput, key: Key) {
-    match key.code {
-        KeyCode::Char(c) if !key.ctrl => input.insert(c),
-        KeyCode::Backspace => input.backspace(),
-        KeyCode::Delete => input.delete(),
-        KeyCode::Left => input.left(),
-        KeyCode::Right => input.right(),
-        KeyCode::Home => input.home(),
-        KeyCode::End => input.end(),
-        _ => {}
     }
 }
 

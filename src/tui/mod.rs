@@ -3,20 +3,20 @@
 //! mode, the event loop, the engine's channel) belongs to the runner, which feeds
 //! [`Msg`]s in, carries out the [`Effect`]s that come back, and redraws when
 //! [`App::needs_redraw`] says so.
+//!
+//! Dependencies run one way: `app` uses the panels, the panels use the leaf modules
+//! (`layout`, `records`, `input`, `keys`, `wrap`) and never the app.
 
-mod actions;
 mod app;
-mod demo;
-mod events;
 mod input;
 mod keys;
-pub mod panels;
+mod layout;
+mod panels;
+mod phase;
 mod records;
-#[cfg(test)]
-mod tests;
-mod view;
 mod wrap;
 
-pub use app::{App, AppInfo, Effect, LayerView, Msg};
+pub use app::{render, render_panel, App, AppInfo, Effect, Msg, Panel};
 pub use keys::{Key, KeyCode};
-pub use view::{render, MIN_HEIGHT, MIN_WIDTH};
+pub use layout::{MIN_HEIGHT, MIN_WIDTH};
+pub use panels::layers::LayerView;

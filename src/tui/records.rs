@@ -44,7 +44,7 @@ pub(crate) enum Entry {
         text: String,
     },
     Reply(Reply),
-    /// Indexes [`App::switches`].
+    /// Indexes the list of switches kept beside the transcript.
     Switch(usize),
     Bookmark {
         turn: u32,

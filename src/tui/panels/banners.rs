@@ -1,9 +1,9 @@
 //! Boxes that cover part of the screen until a key is pressed: the quit question, the
 //! demo's pause after a switch, and a fatal engine error.
 
-use super::{fmt_factor, BAD, BOLD};
-use crate::tui::app::App;
-use crate::tui::view::centered;
+use super::{fmt_factor, Names, BAD, BOLD};
+use crate::tui::layout::centered;
+use crate::tui::records::SwitchRecord;
 use ratatui::layout::{Alignment, Rect};
 use ratatui::style::{Color, Style};
 use ratatui::text::{Line, Span};
@@ -25,8 +25,9 @@ fn banner(frame: &mut Frame, area: Rect, lines: Vec<Line<'static>>, color: Color
     );
 }
 
-pub fn render_confirm_quit(frame: &mut Frame, area: Rect, app: &App) {
-    let lines = if app.busy() {
+/// The quit question; `busy` while the engine is answering or switching.
+pub(crate) fn render_confirm_quit(frame: &mut Frame, area: Rect, busy: bool) {
+    let lines = if busy {
         vec![
             Line::from(Span::styled("A turn is still running. Quit anyway?", BOLD)),
             Line::from("y quits (the turn is cancelled) · any other key stays"),
@@ -46,12 +47,15 @@ pub fn render_confirm_quit(frame: &mut Frame, area: Rect, app: &App) {
     );
 }
 
-/// Fills `area` (the rows of the input) while the demo waits for the presenter.
-pub fn render_demo_pause(frame: &mut Frame, area: Rect, app: &App) {
-    let Some(at) = app.demo.as_ref().and_then(|d| d.paused_after) else {
-        return;
-    };
-    let Some(s) = app.switches.get(at) else {
+/// Fills `area` (the rows of the input) while the demo waits for the presenter after
+/// switch `paused_after`.
+pub(crate) fn render_demo_pause(
+    frame: &mut Frame,
+    area: Rect,
+    paused_after: Option<&SwitchRecord>,
+    names: Names,
+) {
+    let Some(s) = paused_after else {
         return;
     };
     let speedup = match s.timings.speedup_full() {
@@ -64,8 +68,8 @@ pub fn render_demo_pause(frame: &mut Frame, area: Rect, app: &App) {
             format!(
                 "switch #{}: {} → {}{speedup}",
                 s.index + 1,
-                app.short_name(&s.from),
-                app.short_name(&s.to)
+                names.short(&s.from),
+                names.short(&s.to)
             ),
             BOLD,
         )),
@@ -77,12 +81,13 @@ pub fn render_demo_pause(frame: &mut Frame, area: Rect, app: &App) {
     banner(frame, area, lines, Color::Cyan, "demo paused");
 }
 
-pub fn render_fatal(frame: &mut Frame, area: Rect, app: &App) {
-    let Some(message) = &app.fatal else {
+/// The error that stopped the engine, if one did.
+pub(crate) fn render_fatal(frame: &mut Frame, area: Rect, fatal: Option<&str>) {
+    let Some(message) = fatal else {
         return;
     };
     let lines = vec![
-        Line::from(Span::styled(message.clone(), BOLD)),
+        Line::from(Span::styled(message.to_string(), BOLD)),
         Line::default(),
         Line::from("The engine has stopped. Press q to quit."),
     ];

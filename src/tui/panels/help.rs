@@ -1,8 +1,7 @@
 //! Every key, over the rest of the screen.
 
 use super::{panel, BOLD, DIM};
-use crate::tui::app::App;
-use crate::tui::view::centered;
+use crate::tui::layout::centered;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Clear, Paragraph, Wrap};
@@ -47,7 +46,7 @@ const KEYS: [(&str, &str); 12] = [
     ("demo", "after each switch the demo waits: any key goes on"),
 ];
 
-pub fn render(frame: &mut Frame, area: Rect, _app: &App) {
+pub(crate) fn render(frame: &mut Frame, area: Rect) {
     let mut lines: Vec<Line> = KEYS
         .iter()
         .map(|(k, d)| {

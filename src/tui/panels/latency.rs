@@ -4,9 +4,9 @@
 //! the map and re-prefill times once the switch's measurement reports them.
 
 use super::columns::{self, Column};
-use super::{big_text, fmt_factor, fmt_ms, panel, BAD, BOLD, DIM, MAP, REPREFILL};
-use crate::tui::app::{App, Measure, SwitchRecord};
-use crate::tui::view::inner;
+use super::{big_text, fmt_factor, fmt_ms, panel, Names, BAD, BOLD, DIM, MAP, REPREFILL};
+use crate::tui::layout::inner;
+use crate::tui::records::{Measure, SwitchRecord};
 use crate::tui::wrap::wrap;
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Style};
@@ -18,8 +18,9 @@ use unicode_width::UnicodeWidthStr;
 const LABEL: usize = 14;
 const VALUE: usize = 9;
 
-pub fn render(frame: &mut Frame, area: Rect, app: &App) {
-    let Some(s) = app.switches.last() else {
+/// The newest of `switches` in detail, and the speed-up of each below it.
+pub(crate) fn render(frame: &mut Frame, area: Rect, switches: &[SwitchRecord], names: Names) {
+    let Some(s) = switches.last() else {
         let body = inner(area);
         let text = wrap(
             &[(
@@ -44,7 +45,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
     let w = body.width as usize;
     let mut lines = vec![Line::from(vec![
         Span::styled(
-            format!("{} → {}", app.short_name(&s.from), app.short_name(&s.to)),
+            format!("{} → {}", names.short(&s.from), names.short(&s.to)),
             BOLD,
         ),
         Span::styled(
@@ -70,7 +71,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         height: body.height - used,
         ..body
     };
-    render_history(frame, history, app);
+    render_history(frame, history, switches);
 }
 
 fn bars(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
@@ -229,9 +230,8 @@ fn pack(parts: &[String], width: usize) -> Vec<String> {
 }
 
 /// The full speed-up of every switch, newest on the right.
-fn render_history(frame: &mut Frame, area: Rect, app: &App) {
-    let speedups: Vec<Option<f64>> = app
-        .switches
+fn render_history(frame: &mut Frame, area: Rect, switches: &[SwitchRecord]) {
+    let speedups: Vec<Option<f64>> = switches
         .iter()
         .map(|s| s.timings.speedup_full().filter(|x| x.is_finite()))
         .collect();
@@ -268,7 +268,7 @@ fn render_history(frame: &mut Frame, area: Rect, app: &App) {
     let max = shown.iter().flatten().fold(1.0, |m: f64, x| m.max(*x));
     let title = Line::from(vec![
         Span::styled("speed-up per switch", BOLD),
-        Span::styled(format!(" · {} so far", app.switches.len()), DIM),
+        Span::styled(format!(" · {} so far", switches.len()), DIM),
     ]);
     let buf = frame.buffer_mut();
     buf.set_line(area.x, area.y, &title, area.width);

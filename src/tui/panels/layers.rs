@@ -4,8 +4,8 @@
 use super::columns::{self, Column};
 use super::{fmt_percent, panel, BAD, BOLD, DIM};
 use crate::protocol::SwitchMetrics;
-use crate::tui::app::{App, LayerView, Measure, SwitchRecord};
-use crate::tui::view::inner;
+use crate::tui::layout::inner;
+use crate::tui::records::{Measure, SwitchRecord};
 use crate::tui::wrap::wrap;
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -14,6 +14,75 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 use ratatui::Frame;
 use unicode_width::UnicodeWidthStr;
+
+/// Which per-layer measure the layer panel shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LayerView {
+    #[default]
+    Cosine,
+    R2,
+    Concentration,
+}
+
+impl LayerView {
+    pub fn next(self) -> Self {
+        match self {
+            Self::Cosine => Self::R2,
+            Self::R2 => Self::Concentration,
+            Self::Concentration => Self::Cosine,
+        }
+    }
+}
+
+/// The layer panel. It keeps which measure it shows (Ctrl-L cycles them); the switch to
+/// show is handed to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Layers {
+    measure: LayerView,
+}
+
+impl Layers {
+    pub fn measure(&self) -> LayerView {
+        self.measure
+    }
+
+    pub fn next_measure(&mut self) {
+        self.measure = self.measure.next();
+    }
+
+    /// Draw the per-layer fidelity of `last`, the newest switch.
+    pub fn draw(&self, frame: &mut Frame, area: Rect, last: Option<&SwitchRecord>) {
+        let Some(s) = last else {
+            empty(
+                frame,
+                area,
+                "No switch yet: the per-layer fidelity of the mapped cache shows here after one.",
+            );
+            return;
+        };
+        match &s.metrics {
+            Some(m) => chart(frame, area, self.measure, s, m),
+            None => empty(frame, area, &unmeasured(s)),
+        }
+    }
+}
+
+/// Why the newest switch has no per-layer metrics.
+fn unmeasured(s: &SwitchRecord) -> String {
+    match &s.measure {
+        Measure::Pending => format!(
+            "Measuring the per-layer fidelity of switch #{}… (your next message goes first)",
+            s.index + 1
+        ),
+        Measure::Stopped(why) => {
+            format!("No per-layer metrics for this switch: its measurement {why}.")
+        }
+        Measure::Done => {
+            "No per-layer metrics for this switch: they need the reference path (Ctrl-R)."
+                .to_string()
+        }
+    }
+}
 
 /// Which way is better for a measure, so the worst layer can be marked.
 #[derive(Clone, Copy)]
@@ -30,35 +99,10 @@ struct Series<'a> {
     better: Better,
 }
 
-pub fn render(frame: &mut Frame, area: Rect, app: &App) {
-    let Some(s) = app.switches.last() else {
-        empty(
-            frame,
-            area,
-            "No switch yet: the per-layer fidelity of the mapped cache shows here after one.",
-        );
-        return;
-    };
-    let Some(m) = &s.metrics else {
-        let text = match &s.measure {
-            Measure::Pending => format!(
-                "Measuring the per-layer fidelity of switch #{}… (your next message goes first)",
-                s.index + 1
-            ),
-            Measure::Stopped(why) => {
-                format!("No per-layer metrics for this switch: its measurement {why}.")
-            }
-            Measure::Done => {
-                "No per-layer metrics for this switch: they need the reference path (Ctrl-R)."
-                    .to_string()
-            }
-        };
-        empty(frame, area, &text);
-        return;
-    };
-    let series = series(app.layer_view, m);
-    let (lo, hi) = scale(app.layer_view, &series);
-    frame.render_widget(panel(title(app.layer_view, &series, area.width)), area);
+fn chart(frame: &mut Frame, area: Rect, view: LayerView, s: &SwitchRecord, m: &SwitchMetrics) {
+    let series = series(view, m);
+    let (lo, hi) = scale(view, &series);
+    frame.render_widget(panel(title(view, &series, area.width)), area);
     let body = inner(area);
     if body.height < 3 || body.width < 4 {
         return;

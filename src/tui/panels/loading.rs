@@ -1,8 +1,8 @@
 //! The screen before both models are ready: what is loading, how far along, how long.
 
 use super::{panel, BAD, BOLD, DIM, WARN};
-use crate::tui::app::App;
-use crate::tui::view::{centered, inner};
+use crate::tui::layout::{centered, inner};
+use crate::tui::records::LoadingProgress;
 use crate::tui::wrap::wrap;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Style};
@@ -10,15 +10,28 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Gauge, Paragraph};
 use ratatui::Frame;
 
-pub fn render(frame: &mut Frame, area: Rect, app: &App) {
+/// What the loading box shows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Loading<'a> {
+    /// Said above the rest, e.g. that a quick mapper is being calibrated.
+    pub note: Option<&'a str>,
+    /// The latest progress the engine reported.
+    pub progress: Option<&'a LoadingProgress>,
+    /// The engine stopped before it was ready.
+    pub stopped: bool,
+    /// The error it stopped on.
+    pub fatal: Option<&'a str>,
+}
+
+pub(crate) fn render(frame: &mut Frame, area: Rect, view: &Loading) {
     let width = 76.min(area.width);
     let text_width = width.saturating_sub(2) as usize;
     let mut lines = Vec::new();
-    if let Some(note) = &app.info.quick_mapper_note {
+    if let Some(note) = view.note {
         lines.extend(wrap(&[(note, Style::new().fg(WARN))], text_width));
         lines.push(Line::default());
     }
-    if let Some(err) = &app.fatal {
+    if let Some(err) = view.fatal {
         lines.extend(wrap(&[(err, BOLD.fg(BAD))], text_width));
         lines.push(Line::default());
         lines.push(Line::from(Span::styled(
@@ -37,9 +50,9 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         Constraint::Min(0),
     ])
     .areas(body);
-    let (title, ratio, label) = match &app.loading {
+    let (title, ratio, label) = match view.progress {
         // Nothing is working any more: the gauge must not look as if it were.
-        _ if app.fatal.is_some() => ("could not start".to_string(), 0.0, "stopped".to_string()),
+        _ if view.stopped => ("could not start".to_string(), 0.0, "stopped".to_string()),
         Some(p) => {
             let ratio = if p.total > 0 {
                 (p.done as f64 / p.total as f64).clamp(0.0, 1.0)

@@ -1,19 +1,22 @@
-//! One module per part of the screen. Each `render` draws its part of `app` into the
-//! area it is given and copes with any size, down to nothing at all.
+//! One module per part of the screen. Panels are components: each draws from the data it
+//! is handed (a few borrowed records, or a small view struct) into the area it is given,
+//! copes with any size down to nothing at all, and never sees the app. A panel with view
+//! state of its own (the transcript's scroll, the layer panel's measure, the message and
+//! note being typed, the notice and spinner of the message line) owns it in a struct.
 
-pub mod banners;
+pub(crate) mod banners;
 pub(crate) mod big_text;
 pub(crate) mod columns;
-pub mod help;
-pub mod input_box;
-pub mod latency;
-pub mod layers;
-pub mod loading;
-pub mod side_by_side;
-pub mod status;
-pub mod transcript;
+pub(crate) mod help;
+pub(crate) mod input_box;
+pub(crate) mod latency;
+pub(crate) mod layers;
+pub(crate) mod loading;
+pub(crate) mod side_by_side;
+pub(crate) mod status;
+pub(crate) mod transcript;
 
-use crate::protocol::CacheOrigin;
+use crate::protocol::{CacheOrigin, ModelInfo};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, BorderType};
@@ -81,6 +84,27 @@ pub(crate) fn cache_style(c: CacheOrigin) -> Style {
         CacheOrigin::True => DIM,
         CacheOrigin::Mapped => Style::new().fg(MAP).add_modifier(Modifier::BOLD),
         CacheOrigin::Reprefilled => Style::new().fg(REPREFILL).add_modifier(Modifier::BOLD),
+    }
+}
+
+/// The two models, for shortening a name against the other's in narrow places.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Names<'a>(pub &'a [ModelInfo]);
+
+impl Names<'_> {
+    /// `name` shortened against the other model's name; as it is if it is neither.
+    pub fn short(&self, name: &str) -> String {
+        let [a, b] = self.0 else {
+            return name.to_string();
+        };
+        let (sa, sb) = short_names(&a.name, &b.name);
+        if name == a.name {
+            sa
+        } else if name == b.name {
+            sb
+        } else {
+            name.to_string()
+        }
     }
 }
 

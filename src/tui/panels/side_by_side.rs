@@ -1,10 +1,10 @@
 //! The latest turn answered twice: from the mapped cache (what the user was shown) and
 //! from a re-prefill (the reference), with the first token where they part marked.
 
-use super::{cache_label, fmt_percent, panel, BOLD, DIFFERENCE, DIM, MAP, REPREFILL, WARN};
+use super::{cache_label, fmt_percent, panel, Names, BOLD, DIFFERENCE, DIM, MAP, REPREFILL, WARN};
 use crate::protocol::CacheOrigin;
-use crate::tui::app::{App, PathText, TurnPair};
-use crate::tui::view::inner;
+use crate::tui::layout::inner;
+use crate::tui::records::{PathText, TurnPair};
 use crate::tui::wrap::wrap;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Style;
@@ -13,8 +13,16 @@ use ratatui::widgets::Paragraph;
 use ratatui::Frame;
 use unicode_width::UnicodeWidthStr;
 
-pub fn render(frame: &mut Frame, area: Rect, app: &App) {
-    let Some(pair) = &app.pair else {
+/// The latest turn's two answers; `reference_on` says whether the reference path is on,
+/// which explains a missing reference answer.
+pub(crate) fn render(
+    frame: &mut Frame,
+    area: Rect,
+    pair: Option<&TurnPair>,
+    reference_on: bool,
+    names: Names,
+) {
+    let Some(pair) = pair else {
         let body = inner(area);
         frame.render_widget(
             Paragraph::new(wrap(
@@ -30,7 +38,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         );
         return;
     };
-    frame.render_widget(panel(title(app, pair, area.width)), area);
+    frame.render_widget(panel(title(names, pair, area.width)), area);
     let body = inner(area);
     let [left, sep, right] = Layout::horizontal([
         Constraint::Fill(1),
@@ -62,12 +70,12 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         ]),
         pair.reference.as_ref(),
         difference,
-        &no_reference(app, pair),
+        &no_reference(reference_on, pair),
     );
 }
 
 /// The turn, its model and the verdict, shortened until it fits.
-fn title(app: &App, pair: &TurnPair, width: u16) -> Line<'static> {
+fn title(names: Names, pair: &TurnPair, width: u16) -> Line<'static> {
     let verdicts = match pair.comparison {
         Some(c) if c.identical => vec!["identical".to_string()],
         Some(c) => {
@@ -88,7 +96,7 @@ fn title(app: &App, pair: &TurnPair, width: u16) -> Line<'static> {
         None => DIM,
     };
     let leads = [
-        format!(" turn {} · {} · ", pair.turn, app.short_name(&pair.model)),
+        format!(" turn {} · {} · ", pair.turn, names.short(&pair.model)),
         format!(" turn {} · ", pair.turn),
     ];
     let room = width.saturating_sub(2) as usize;
@@ -108,10 +116,10 @@ fn title(app: &App, pair: &TurnPair, width: u16) -> Line<'static> {
     ])
 }
 
-fn no_reference(app: &App, pair: &TurnPair) -> String {
+fn no_reference(reference_on: bool, pair: &TurnPair) -> String {
     if pair.cache == CacheOrigin::True {
         "This turn ran on the model's own cache: there is nothing to compare until a switch.".into()
-    } else if !app.reference {
+    } else if !reference_on {
         "The reference path is off: Ctrl-R turns it on.".into()
     } else {
         "The reference answer starts when the shown one is done…".into()

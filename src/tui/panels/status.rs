@@ -1,7 +1,7 @@
 //! The lines at the bottom: what just happened, the session's state, and the keys.
 
-use super::{short_mapper_id, BAD, BOLD, DIM, MAP, WARN};
-use crate::tui::app::{App, Level};
+use super::{short_mapper_id, Names, BAD, BOLD, DIM, MAP, WARN};
+use crate::protocol::{MapperInfo, ModelInfo};
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -10,53 +10,130 @@ use ratatui::Frame;
 
 const SPINNER: [&str; 8] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧"];
 
-/// What the engine is doing, then the latest notice, warning or error.
-pub fn render_message(frame: &mut Frame, area: Rect, app: &App) {
-    let mut spans = Vec::new();
-    if let Some(doing) = activity(app) {
-        spans.push(Span::styled(
-            format!("{} {doing}", SPINNER[app.spinner % SPINNER.len()]),
-            Style::new().fg(Color::Cyan),
-        ));
-    }
-    if let Some(s) = &app.status {
-        if !spans.is_empty() {
-            spans.push(Span::styled(" │ ", DIM));
-        }
-        let style = match s.level {
-            Level::Info => Style::default(),
-            Level::Warn => Style::new().fg(WARN),
-            Level::Error => BOLD.fg(BAD),
-        };
-        spans.push(Span::styled(s.text.clone(), style));
-    }
-    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Level {
+    Info,
+    Warn,
+    Error,
 }
 
-fn activity(app: &App) -> Option<String> {
-    if app.engine_stopped {
-        return None;
-    }
-    if app.turn_running {
-        let reference = app
-            .pair
-            .as_ref()
-            .filter(|p| app.turn_announced && p.turn == app.latest_turn)
-            .is_some_and(|p| p.mapped.stop.is_some() && p.reference.is_some());
-        let model = app.active_model().map_or("the model", |m| m.name.as_str());
-        return Some(if app.cancelling {
-            "cancelling…".into()
-        } else if reference {
-            format!("{model} re-prefills for the reference answer · Esc cancels")
-        } else {
-            format!("{model} is answering · Esc cancels")
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Notice {
+    text: String,
+    level: Level,
+}
+
+/// What the engine is busy with, as the message line says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activity<'a> {
+    /// A turn runs on `model`; `reference` once it re-prefills for the reference answer.
+    Answering {
+        model: Option<&'a str>,
+        reference: bool,
+        cancelling: bool,
+    },
+    HandingOver,
+    /// The measurement of the switch with this index runs.
+    Measuring(u32),
+}
+
+/// The line above the input: a spinner with what the engine is doing, then the latest
+/// notice, warning or error. It keeps the notice and the spinner's frame.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct MessageLine {
+    notice: Option<Notice>,
+    spinner: usize,
+}
+
+impl MessageLine {
+    pub fn say(&mut self, level: Level, text: impl Into<String>) {
+        self.notice = Some(Notice {
+            text: text.into(),
+            level,
         });
     }
-    if app.switches_pending > 0 {
-        return Some("handing over…".into());
+
+    pub fn clear(&mut self) {
+        self.notice = None;
     }
-    app.measuring()
-        .map(|s| format!("measuring switch #{} · Esc cancels", s.index + 1))
+
+    pub fn text(&self) -> Option<&str> {
+        self.notice.as_ref().map(|n| n.text.as_str())
+    }
+
+    /// Turn the spinner one step.
+    pub fn tick(&mut self) {
+        self.spinner = self.spinner.wrapping_add(1);
+    }
+
+    pub fn draw(&self, frame: &mut Frame, area: Rect, activity: Option<Activity>) {
+        let mut spans = Vec::new();
+        if let Some(doing) = activity.map(describe) {
+            spans.push(Span::styled(
+                format!("{} {doing}", SPINNER[self.spinner % SPINNER.len()]),
+                Style::new().fg(Color::Cyan),
+            ));
+        }
+        if let Some(s) = &self.notice {
+            if !spans.is_empty() {
+                spans.push(Span::styled(" │ ", DIM));
+            }
+            let style = match s.level {
+                Level::Info => Style::default(),
+                Level::Warn => Style::new().fg(WARN),
+                Level::Error => BOLD.fg(BAD),
+            };
+            spans.push(Span::styled(s.text.clone(), style));
+        }
+        frame.render_widget(Paragraph::new(Line::from(spans)), area);
+    }
+}
+
+fn describe(activity: Activity) -> String {
+    match activity {
+        Activity::Answering {
+            cancelling: true, ..
+        } => "cancelling…".into(),
+        Activity::Answering {
+            model, reference, ..
+        } => {
+            let model = model.unwrap_or("the model");
+            if reference {
+                format!("{model} re-prefills for the reference answer · Esc cancels")
+            } else {
+                format!("{model} is answering · Esc cancels")
+            }
+        }
+        Activity::HandingOver => "handing over…".into(),
+        Activity::Measuring(index) => format!("measuring switch #{} · Esc cancels", index + 1),
+    }
+}
+
+/// The demo's place on the status line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DemoBadge {
+    /// The demo runs step `.0` of `.1`.
+    Step(usize, usize),
+    Over,
+}
+
+/// What the status line shows about the session.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Session<'a> {
+    pub models: &'a [ModelInfo],
+    pub active: usize,
+    pub demo: Option<DemoBadge>,
+    pub device: &'a str,
+    pub context_tokens: usize,
+    pub reference: bool,
+    pub repair: bool,
+    /// The active model's cache repaired so far, of its length, since the last switch.
+    pub repaired: Option<(usize, usize)>,
+    /// Newest tokens the target reads itself at a switch (0: all mapped).
+    pub tail: usize,
+    pub record_path: Option<&'a str>,
+    pub recording_stopped: bool,
+    pub mappers: &'a [MapperInfo],
 }
 
 /// How much the status bar leaves out to fit its line, least important first.
@@ -70,7 +147,7 @@ enum Fit {
 }
 
 /// Both models (the active one marked), device, context, mappers, recording, reference.
-pub fn render_status(frame: &mut Frame, area: Rect, app: &App) {
+pub(crate) fn render_status(frame: &mut Frame, area: Rect, session: &Session) {
     let fits = [
         Fit::Everything,
         Fit::ShortNames,
@@ -80,22 +157,22 @@ pub fn render_status(frame: &mut Frame, area: Rect, app: &App) {
     ];
     let line = fits
         .iter()
-        .map(|f| status_line(app, *f))
+        .map(|f| status_line(session, *f))
         .find(|l| l.width() <= area.width as usize)
-        .unwrap_or_else(|| status_line(app, Fit::NoDevice));
+        .unwrap_or_else(|| status_line(session, Fit::NoDevice));
     frame.render_widget(Paragraph::new(line), area);
 }
 
-fn status_line(app: &App, fit: Fit) -> Line<'static> {
+fn status_line(s: &Session, fit: Fit) -> Line<'static> {
     let sep = || Span::styled(" │ ", DIM);
     let mut spans = Vec::new();
-    for (i, m) in app.models.iter().enumerate() {
+    for (i, m) in s.models.iter().enumerate() {
         let name = if fit >= Fit::ShortNames {
-            app.short_name(&m.name)
+            Names(s.models).short(&m.name)
         } else {
             m.name.clone()
         };
-        if i == app.active {
+        if i == s.active {
             spans.push(Span::styled(
                 format!(" ▶ {name} "),
                 Style::new()
@@ -107,30 +184,34 @@ fn status_line(app: &App, fit: Fit) -> Line<'static> {
             spans.push(Span::styled(format!(" {name} "), DIM));
         }
     }
-    if let Some(d) = &app.demo {
-        spans.push(sep());
-        spans.push(Span::styled(
-            format!("demo step {}/{}", d.step(), d.total),
-            BOLD.fg(Color::Cyan),
-        ));
-    } else if app.info.demo && app.ready {
-        spans.push(sep());
-        spans.push(Span::styled("demo over", Style::new().fg(Color::Cyan)));
+    match s.demo {
+        Some(DemoBadge::Step(step, total)) => {
+            spans.push(sep());
+            spans.push(Span::styled(
+                format!("demo step {step}/{total}"),
+                BOLD.fg(Color::Cyan),
+            ));
+        }
+        Some(DemoBadge::Over) => {
+            spans.push(sep());
+            spans.push(Span::styled("demo over", Style::new().fg(Color::Cyan)));
+        }
+        None => {}
     }
     if fit < Fit::NoDevice {
         spans.push(sep());
-        spans.push(Span::raw(app.device.clone()));
+        spans.push(Span::raw(s.device.to_string()));
     }
     spans.push(sep());
-    spans.push(Span::styled(format!("{} tokens", app.context_tokens), BOLD));
+    spans.push(Span::styled(format!("{} tokens", s.context_tokens), BOLD));
     spans.push(sep());
-    let (reference, style) = if app.reference {
+    let (reference, style) = if s.reference {
         ("reference on", Style::new().fg(MAP))
     } else {
         ("reference off", Style::new().fg(WARN))
     };
     spans.push(Span::styled(reference, style));
-    match (app.repair, app.repaired) {
+    match (s.repair, s.repaired) {
         (true, Some((done, total))) if done < total => {
             spans.push(sep());
             spans.push(Span::styled(
@@ -151,13 +232,13 @@ fn status_line(app: &App, fit: Fit) -> Line<'static> {
         }
         (false, _) => {}
     }
-    if app.info.tail > 0 {
+    if s.tail > 0 {
         // The handoff time includes the target reading these itself.
         spans.push(sep());
-        spans.push(Span::raw(format!("tail {}", app.info.tail)));
+        spans.push(Span::raw(format!("tail {}", s.tail)));
     }
     spans.push(sep());
-    spans.push(match (&app.info.record_path, app.recording_stopped) {
+    spans.push(match (s.record_path, s.recording_stopped) {
         (_, true) => Span::styled("recording stopped", BOLD.fg(BAD)),
         (Some(p), false) => {
             let shown = if fit >= Fit::RecordingFileName {
@@ -169,15 +250,16 @@ fn status_line(app: &App, fit: Fit) -> Line<'static> {
         }
         (None, false) => Span::styled("not recording", DIM),
     });
-    if !app.mappers.is_empty() && fit < Fit::NoMappers {
+    if !s.mappers.is_empty() && fit < Fit::NoMappers {
         spans.push(sep());
-        let ids: Vec<String> = app.mappers.iter().map(|m| short_mapper_id(&m.id)).collect();
+        let ids: Vec<String> = s.mappers.iter().map(|m| short_mapper_id(&m.id)).collect();
         spans.push(Span::styled(format!("mappers {}", ids.join(" ")), DIM));
     }
     Line::from(spans)
 }
 
-pub fn render_hints(frame: &mut Frame, area: Rect, _app: &App) {
+/// The keys worth knowing, shortened when the line is narrow.
+pub(crate) fn render_hints(frame: &mut Frame, area: Rect) {
     const FULL: [(&str, &str); 7] = [
         ("Enter", "send"),
         ("Tab", "switch"),

@@ -3,8 +3,8 @@
 
 use super::{cache_label, cache_style, fmt_factor, fmt_ms, panel, BOLD, DIM, MAP, WARN};
 use crate::protocol::{CacheOrigin, StopKind};
-use crate::tui::app::{App, Entry, Reply, SwitchRecord};
-use crate::tui::view::inner;
+use crate::tui::layout::inner;
+use crate::tui::records::{Entry, Reply, SwitchRecord};
 use crate::tui::wrap::wrap;
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
@@ -14,30 +14,72 @@ use ratatui::Frame;
 
 const USER: Style = Style::new().fg(Color::Cyan).add_modifier(Modifier::BOLD);
 
-pub fn render(frame: &mut Frame, area: Rect, app: &App) {
-    let body = inner(area);
-    let lines = lines(app, body.width as usize);
-    let bottom = lines.len().saturating_sub(body.height as usize);
-    let top = app.scroll_top.map_or(bottom, |t| t.min(bottom));
-    let mut block = panel(Line::from(" conversation "));
-    if top < bottom {
-        block = block.title(
-            Line::from(format!(" ↑ {} lines below · PgDn follows ", bottom - top))
-                .style(Style::new().fg(WARN))
-                .right_aligned(),
-        );
+/// What the transcript shows: the entries, and the switches they point into.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Conversation<'a> {
+    pub entries: &'a [Entry],
+    pub switches: &'a [SwitchRecord],
+}
+
+/// The conversation panel. It keeps where it is scrolled to; the text is handed to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Transcript {
+    /// The first line shown; `None` follows the newest text.
+    scroll_top: Option<usize>,
+}
+
+impl Transcript {
+    #[cfg(test)]
+    pub fn scroll_top(&self) -> Option<usize> {
+        self.scroll_top
     }
-    let shown: Vec<Line> = lines
-        .into_iter()
-        .skip(top)
-        .take(body.height as usize)
-        .collect();
-    frame.render_widget(Paragraph::new(shown).block(block), area);
+
+    /// Go back to following the newest text.
+    pub fn follow(&mut self) {
+        self.scroll_top = None;
+    }
+
+    /// The lines a page moves in a panel of `area`: all it shows but one, kept as context.
+    pub fn page(area: Rect) -> usize {
+        (inner(area).height as usize).saturating_sub(1).max(1)
+    }
+
+    /// Move `delta` lines (negative: back) through `c` as shown in `area`. Reaching the
+    /// end again resumes following the stream.
+    pub fn scroll(&mut self, delta: i32, c: &Conversation, area: Rect) {
+        let body = inner(area);
+        let total = lines(c, body.width as usize).len();
+        let bottom = total.saturating_sub(body.height as usize);
+        let top = self.scroll_top.unwrap_or(bottom).min(bottom) as i64 + delta as i64;
+        let top = top.clamp(0, bottom as i64) as usize;
+        self.scroll_top = (top < bottom).then_some(top);
+    }
+
+    pub fn draw(&self, frame: &mut Frame, area: Rect, c: &Conversation) {
+        let body = inner(area);
+        let lines = lines(c, body.width as usize);
+        let bottom = lines.len().saturating_sub(body.height as usize);
+        let top = self.scroll_top.map_or(bottom, |t| t.min(bottom));
+        let mut block = panel(Line::from(" conversation "));
+        if top < bottom {
+            block = block.title(
+                Line::from(format!(" ↑ {} lines below · PgDn follows ", bottom - top))
+                    .style(Style::new().fg(WARN))
+                    .right_aligned(),
+            );
+        }
+        let shown: Vec<Line> = lines
+            .into_iter()
+            .skip(top)
+            .take(body.height as usize)
+            .collect();
+        frame.render_widget(Paragraph::new(shown).block(block), area);
+    }
 }
 
 /// Every line of the transcript wrapped to `width`; its length is what scrolling needs.
-pub(crate) fn lines(app: &App, width: usize) -> Vec<Line<'static>> {
-    if app.transcript.is_empty() {
+fn lines(c: &Conversation, width: usize) -> Vec<Line<'static>> {
+    if c.entries.is_empty() {
         return wrap(
             &[(
                 "Type a message and press Enter. Tab hands the conversation to the other model; \
@@ -48,7 +90,7 @@ pub(crate) fn lines(app: &App, width: usize) -> Vec<Line<'static>> {
         );
     }
     let mut out = Vec::new();
-    for entry in &app.transcript {
+    for entry in c.entries {
         match entry {
             Entry::User { turn, text } => {
                 out.push(Line::from(vec![
@@ -59,7 +101,7 @@ pub(crate) fn lines(app: &App, width: usize) -> Vec<Line<'static>> {
             }
             Entry::Reply(r) => reply(&mut out, r, width),
             Entry::Switch(i) => {
-                if let Some(s) = app.switches.get(*i) {
+                if let Some(s) = c.switches.get(*i) {
                     out.extend(wrap(&[(&switch_line(s), BOLD.fg(WARN))], width));
                 }
             }

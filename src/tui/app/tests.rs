@@ -1,13 +1,15 @@
 //! How keys and engine events change the workbench, without a terminal.
 
+mod demo;
+mod events;
 mod measuring;
 
-use super::app::{Entry, Overlay};
 use super::*;
 use crate::protocol::{
     CacheOrigin, Command, Event, GenerationTimings, MapperInfo, ModelInfo, PathKind, StopKind,
     SwitchMetrics, SwitchTimings,
 };
+use crate::tui::KeyCode;
 
 fn model(name: &str) -> ModelInfo {
     ModelInfo {
@@ -275,7 +277,7 @@ fn a_bookmark_note_leaves_the_message_alone() {
     key(&mut app, Key::ctrl('b'));
     typed(&mut app, "dropped");
     assert_eq!(code(&mut app, KeyCode::Esc), vec![]);
-    assert!(app.bookmark.is_none());
+    assert!(!app.input.note_open());
     assert_eq!(app.input_text(), "half a thought");
     event(
         &mut app,
@@ -361,7 +363,7 @@ fn a_fatal_error_shows_and_quitting_still_works() {
             fatal: true,
         },
     );
-    assert!(app.fatal.is_some());
+    assert!(app.fatal_error().is_some());
     assert!(!app.busy());
     typed(&mut app, "x");
     assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
@@ -393,108 +395,6 @@ fn a_non_fatal_error_ends_the_turn_but_a_recording_failure_does_not() {
         },
     );
     assert!(!app.busy());
-}
-
-#[test]
-fn context_length_sums_the_mapped_path_and_a_switch_resets_it() {
-    let mut app = running_app();
-    event(
-        &mut app,
-        generation(1, PathKind::Mapped, "ab", vec![1, 2, 3], 20),
-    );
-    assert_eq!(app.context_tokens(), 23);
-    event(
-        &mut app,
-        generation(1, PathKind::Reference, "ab", vec![1; 9], 50),
-    );
-    assert_eq!(app.context_tokens(), 23);
-    event(&mut app, Event::Done { turn: 1 });
-    event(&mut app, switch_event(25));
-    assert_eq!(app.context_tokens(), 25);
-    event(&mut app, generation(2, PathKind::Mapped, "c", vec![4], 6));
-    assert_eq!(app.context_tokens(), 32);
-}
-
-#[test]
-fn tokens_stream_into_the_transcript_and_the_reference_only_beside_it() {
-    let mut app = running_app();
-    event(
-        &mut app,
-        Event::UserMessage {
-            turn: 2,
-            text: "hi".into(),
-        },
-    );
-    event(&mut app, started(2, PathKind::Mapped, CacheOrigin::Mapped));
-    event(&mut app, token(2, PathKind::Mapped, "Hel", 5));
-    event(&mut app, token(2, PathKind::Mapped, "lo", 6));
-    let reply = app.transcript.iter().rev().find_map(|e| match e {
-        Entry::Reply(r) => Some(r.clone()),
-        _ => None,
-    });
-    let reply = reply.expect("a reply entry");
-    assert_eq!(reply.text, "Hello");
-    assert_eq!(reply.cache, CacheOrigin::Mapped);
-    assert_eq!(reply.model, "large");
-    event(
-        &mut app,
-        started(2, PathKind::Reference, CacheOrigin::Reprefilled),
-    );
-    event(&mut app, token(2, PathKind::Reference, "Hey", 7));
-    let pair = app.pair.clone().expect("a turn pair");
-    let texts = |p: &super::app::PathText| -> Vec<String> {
-        p.pieces.iter().map(|x| x.text.clone()).collect()
-    };
-    assert_eq!(texts(&pair.mapped), ["Hel", "lo"]);
-    assert_eq!(
-        pair.reference.as_ref().map(texts),
-        Some(vec!["Hey".to_string()])
-    );
-    assert_eq!(app.transcript.len(), 2);
-    match app.transcript.last() {
-        Some(Entry::Reply(r)) => assert_eq!(r.text, "Hello"),
-        other => panic!("{other:?}"),
-    }
-}
-
-#[test]
-fn the_first_difference_is_found_among_the_streamed_pieces() {
-    let mut app = running_app();
-    event(&mut app, started(1, PathKind::Mapped, CacheOrigin::Mapped));
-    // Token 11 completes no text of its own: its bytes arrive with token 12.
-    for (t, id) in [("The", 10), (" café", 12), (" is", 13), (" open", 14)] {
-        event(&mut app, token(1, PathKind::Mapped, t, id));
-    }
-    event(
-        &mut app,
-        generation(
-            1,
-            PathKind::Mapped,
-            "The café is open.",
-            vec![10, 11, 12, 13, 14, 15],
-            5,
-        ),
-    );
-    event(
-        &mut app,
-        Event::TurnComparison {
-            turn: 1,
-            identical: false,
-            first_difference: Some(3),
-            agreement: 0.5,
-        },
-    );
-    let pair = app.pair.clone().expect("a turn pair");
-    assert_eq!(pair.comparison.and_then(|c| c.first_difference), Some(3));
-    let mapped = &pair.mapped;
-    assert_eq!(mapped.piece_of_token(0), Some(0));
-    assert_eq!(mapped.piece_of_token(1), Some(1));
-    assert_eq!(mapped.piece_of_token(2), Some(1));
-    assert_eq!(mapped.piece_of_token(3), Some(2));
-    // The flushed "." has no token of its own and covers what is left.
-    assert_eq!(mapped.pieces.last().map(|p| p.text.as_str()), Some("."));
-    assert_eq!(mapped.piece_of_token(5), Some(4));
-    assert_eq!(mapped.piece_of_token(6), None);
 }
 
 #[test]
@@ -561,9 +461,12 @@ fn paging_up_pins_the_transcript_and_paging_down_follows_again() {
             },
         );
     }
-    assert_eq!(app.scroll_top, None);
+    assert_eq!(app.transcript_panel.scroll_top(), None);
     code(&mut app, KeyCode::PageUp);
-    let pinned = app.scroll_top.expect("pinned after PgUp");
+    let pinned = app
+        .transcript_panel
+        .scroll_top()
+        .expect("pinned after PgUp");
     event(
         &mut app,
         Event::UserMessage {
@@ -571,154 +474,11 @@ fn paging_up_pins_the_transcript_and_paging_down_follows_again() {
             text: "more".into(),
         },
     );
-    assert_eq!(app.scroll_top, Some(pinned));
+    assert_eq!(app.transcript_panel.scroll_top(), Some(pinned));
     app.update(Msg::Scroll(-1000));
-    assert_eq!(app.scroll_top, Some(0));
+    assert_eq!(app.transcript_panel.scroll_top(), Some(0));
     code(&mut app, KeyCode::PageDown);
-    assert!(app.scroll_top.is_some_and(|t| t > 0));
+    assert!(app.transcript_panel.scroll_top().is_some_and(|t| t > 0));
     app.update(Msg::Scroll(1000));
-    assert_eq!(app.scroll_top, None);
-}
-
-fn demo_steps() -> Vec<Command> {
-    vec![
-        Command::Submit { text: "one".into() },
-        Command::Switch,
-        Command::Submit { text: "two".into() },
-    ]
-}
-
-#[test]
-fn a_demo_steps_after_each_answer_and_pauses_after_a_switch() {
-    let mut app = App::new(AppInfo {
-        demo: true,
-        ..AppInfo::default()
-    });
-    assert_eq!(app.load_demo(demo_steps()), vec![]);
-    assert_eq!(
-        event(&mut app, ready()),
-        vec![send(Command::Submit { text: "one".into() })]
-    );
-    // The presenter cannot type over the script.
-    typed(&mut app, "mine");
-    assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
-    assert_eq!(code(&mut app, KeyCode::Tab), vec![]);
-    assert_eq!(event(&mut app, token(1, PathKind::Mapped, "x", 1)), vec![]);
-    assert_eq!(
-        event(
-            &mut app,
-            Event::Notice {
-                message: "pre-mapped 3 tokens into large in 1.0 ms".into()
-            }
-        ),
-        vec![]
-    );
-    assert_eq!(
-        event(&mut app, Event::Done { turn: 1 }),
-        vec![send(Command::Switch)]
-    );
-    assert_eq!(event(&mut app, switch_event(8)), vec![]);
-    assert!(app.demo_paused());
-    assert_eq!(
-        key(&mut app, Key::char(' ')),
-        vec![send(Command::Submit { text: "two".into() })]
-    );
-    assert!(!app.demo_paused());
-    assert_eq!(event(&mut app, Event::Done { turn: 2 }), vec![]);
-    assert!(app.demo.is_none());
-    assert!(app
-        .status_text()
-        .unwrap_or_default()
-        .contains("demo finished"));
-    assert_eq!(app.input_text(), "mine");
-    assert_eq!(
-        code(&mut app, KeyCode::Enter),
-        vec![send(Command::Submit {
-            text: "mine".into()
-        })]
-    );
-}
-
-#[test]
-fn a_demo_loaded_when_ready_starts_at_once_and_can_be_quit_while_paused() {
-    let mut app = ready_app();
-    assert_eq!(
-        app.load_demo(vec![Command::Switch, Command::Submit { text: "a".into() }]),
-        vec![send(Command::Switch)]
-    );
-    event(&mut app, switch_event(8));
-    assert!(app.demo_paused());
-    assert_eq!(
-        key(&mut app, Key::char('q')),
-        vec![send(Command::Shutdown), Effect::Quit]
-    );
-}
-
-#[test]
-fn a_demo_switch_with_nothing_to_hand_over_does_not_pause() {
-    let mut app = ready_app();
-    app.load_demo(vec![Command::Switch, Command::Submit { text: "a".into() }]);
-    let fx = event(
-        &mut app,
-        Event::Notice {
-            message: "large is active; there was no conversation to hand over".into(),
-        },
-    );
-    assert_eq!(fx, vec![send(Command::Submit { text: "a".into() })]);
-    assert!(!app.demo_paused());
-}
-
-#[test]
-fn a_follow_up_completes_its_switch() {
-    let mut app = ready_app();
-    event(&mut app, switch_event(8));
-    event(
-        &mut app,
-        Event::SwitchFollowUp {
-            index: 0,
-            turn: 2,
-            top1_agreement: Some(0.9),
-            kl: Some(0.1),
-            positions: 7,
-            first_token_ms: 30.0,
-            end_to_end_ms: 35.0,
-        },
-    );
-    let f = app.switches[0].follow_up.expect("follow-up recorded");
-    assert_eq!(f.end_to_end_ms, 35.0);
-    assert_eq!(f.top1_agreement, Some(0.9));
-    assert!(matches!(app.transcript.last(), Some(Entry::Switch(0))));
-}
-
-#[test]
-fn what_a_mapper_learned_is_said_on_the_status_line() {
-    let mut app = ready_app();
-    event(&mut app, switch_event(8));
-    event(
-        &mut app,
-        Event::MapperLearned {
-            index: 0,
-            turn: 2,
-            from: "small".into(),
-            to: "large".into(),
-            tokens: 1840,
-            held_out: 600,
-            before: 0.71,
-            after: 0.78,
-            conversation_before: 0.6,
-            conversation_after: 0.7,
-            calibration_before: Some(0.82),
-            calibration_after: Some(0.86),
-            accepted: true,
-            learned_tokens: 1840,
-            seconds: 12.0,
-            kept: true,
-        },
-    );
-    let status = app.status_text().unwrap_or_default();
-    assert!(
-        status.contains("adapted on 1,840 of this conversation's tokens")
-            && status.contains("0.71 → 0.78"),
-        "{status}"
-    );
+    assert_eq!(app.transcript_panel.scroll_top(), None);
 }

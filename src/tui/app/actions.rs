@@ -1,28 +1,16 @@
 //! What the keys ask for: each checks that the engine can take it now, updates the
 //! screen's state and returns the commands to send.
 
-use super::app::{App, Effect, Level, Overlay};
-use super::input::LineInput;
-use super::view;
+use super::{App, Effect, Level, Overlay};
 use crate::protocol::Command;
+use crate::tui::panels::transcript::Transcript;
 
 impl App {
-    /// Why a command cannot go to the engine now, if it cannot.
-    fn engine_unavailable(&self) -> Option<&'static str> {
-        if self.engine_stopped {
-            Some("the engine has stopped: press q to quit")
-        } else if !self.ready {
-            Some("the models are still loading")
-        } else {
-            None
-        }
-    }
-
-    pub(crate) fn submit_input(&mut self) -> Vec<Effect> {
-        if self.input.text().trim().is_empty() {
+    pub(super) fn submit_input(&mut self) -> Vec<Effect> {
+        if self.input.message().trim().is_empty() {
             return vec![];
         }
-        if let Some(why) = self.engine_unavailable() {
+        if let Some(why) = self.phase.unavailable() {
             self.say(Level::Warn, why);
             return vec![];
         }
@@ -33,32 +21,31 @@ impl App {
             );
             return vec![];
         }
-        if self.turn_running {
+        if self.phase.answering() {
             self.say(
                 Level::Warn,
                 "a turn is running: wait for it to finish, or press Esc to cancel it",
             );
             return vec![];
         }
-        if self.switches_pending > 0 {
+        if self.phase.switches_pending() > 0 {
             self.say(Level::Warn, "a switch is running: wait for it to finish");
             return vec![];
         }
-        let text = self.input.take();
+        let text = self.input.take_message();
         self.start_turn(text)
     }
 
-    pub(crate) fn start_turn(&mut self, text: String) -> Vec<Effect> {
-        self.turn_running = true;
+    pub(super) fn start_turn(&mut self, text: String) -> Vec<Effect> {
+        self.phase.turn_sent();
         self.turn_announced = false;
-        self.cancelling = false;
-        self.scroll_top = None;
-        self.status = None;
+        self.transcript_panel.follow();
+        self.message_line.clear();
         vec![Effect::Send(Command::Submit { text })]
     }
 
-    pub(crate) fn request_switch(&mut self) -> Vec<Effect> {
-        if let Some(why) = self.engine_unavailable() {
+    pub(super) fn request_switch(&mut self) -> Vec<Effect> {
+        if let Some(why) = self.phase.unavailable() {
             self.say(Level::Warn, why);
             return vec![];
         }
@@ -69,11 +56,11 @@ impl App {
         self.send_switch()
     }
 
-    pub(crate) fn send_switch(&mut self) -> Vec<Effect> {
+    pub(super) fn send_switch(&mut self) -> Vec<Effect> {
         let to = self
             .other_model()
             .map_or_else(|| "the other model".to_string(), |m| m.name.clone());
-        if self.turn_running {
+        if self.phase.answering() {
             self.say(
                 Level::Info,
                 format!("switch queued: hands over to {to} when this turn is done"),
@@ -81,15 +68,15 @@ impl App {
         } else {
             self.say(Level::Info, format!("handing the conversation to {to}…"));
         }
-        self.switches_pending += 1;
+        self.phase.switch_sent();
         vec![Effect::Send(Command::Switch)]
     }
 
-    pub(crate) fn toggle_repair(&mut self) -> Vec<Effect> {
+    pub(super) fn toggle_repair(&mut self) -> Vec<Effect> {
         self.set_repair(!self.repair)
     }
 
-    pub(crate) fn set_repair(&mut self, enabled: bool) -> Vec<Effect> {
+    pub(super) fn set_repair(&mut self, enabled: bool) -> Vec<Effect> {
         self.repair = enabled;
         let what = if enabled {
             "cache repair on: while idle, the active model re-reads the conversation into its own cache"
@@ -100,11 +87,11 @@ impl App {
         vec![Effect::Send(Command::SetRepair { enabled })]
     }
 
-    pub(crate) fn toggle_reference(&mut self) -> Vec<Effect> {
+    pub(super) fn toggle_reference(&mut self) -> Vec<Effect> {
         self.set_reference(!self.reference)
     }
 
-    pub(crate) fn set_reference(&mut self, enabled: bool) -> Vec<Effect> {
+    pub(super) fn set_reference(&mut self, enabled: bool) -> Vec<Effect> {
         self.reference = enabled;
         let what = if enabled {
             "reference path on: each turn after a switch is also answered from a re-prefill"
@@ -115,18 +102,17 @@ impl App {
         vec![Effect::Send(Command::SetReference { enabled })]
     }
 
-    pub(crate) fn cancel(&mut self) -> Vec<Effect> {
-        if self.turn_running && !self.engine_stopped {
-            if self.cancelling {
+    pub(super) fn cancel(&mut self) -> Vec<Effect> {
+        if self.phase.answering() {
+            if !self.phase.cancel_requested() {
                 return vec![];
             }
-            self.cancelling = true;
             self.say(Level::Info, "cancelling: what was generated so far is kept");
             return vec![Effect::Send(Command::Cancel)];
         }
-        if self.switches_pending > 0 {
+        if self.phase.switches_pending() > 0 {
             self.say(Level::Info, "a switch cannot be cancelled; it ends shortly");
-        } else if let Some(s) = self.measuring().filter(|_| !self.engine_stopped) {
+        } else if let Some(s) = self.measuring().filter(|_| !self.phase.stopped()) {
             let text = format!(
                 "cancelling the measurement of switch #{}: the handoff stands",
                 s.index + 1
@@ -134,43 +120,39 @@ impl App {
             self.say(Level::Info, text);
             return vec![Effect::Send(Command::Cancel)];
         } else {
-            self.status = None;
+            self.message_line.clear();
         }
         vec![]
     }
 
-    pub(crate) fn start_bookmark(&mut self) -> Vec<Effect> {
-        if let Some(why) = self.engine_unavailable() {
+    pub(super) fn start_bookmark(&mut self) -> Vec<Effect> {
+        if let Some(why) = self.phase.unavailable() {
             self.say(Level::Warn, why);
             return vec![];
         }
-        self.bookmark = Some(LineInput::default());
+        self.input.open_note();
         vec![]
     }
 
-    pub(crate) fn finish_bookmark(&mut self) -> Vec<Effect> {
-        let note = self
-            .bookmark
-            .take()
-            .map(|mut n| n.take())
-            .unwrap_or_default();
+    pub(super) fn finish_bookmark(&mut self) -> Vec<Effect> {
+        let note = self.input.take_note();
         if note.trim().is_empty() {
             return vec![];
         }
         vec![Effect::Send(Command::Bookmark { note })]
     }
 
-    pub(crate) fn request_quit(&mut self) -> Vec<Effect> {
-        if self.turn_running && !self.engine_stopped {
+    pub(super) fn request_quit(&mut self) -> Vec<Effect> {
+        if self.phase.answering() {
             self.overlay = Overlay::ConfirmQuit;
             return vec![];
         }
         self.quit_now()
     }
 
-    pub(crate) fn quit_now(&mut self) -> Vec<Effect> {
+    pub(super) fn quit_now(&mut self) -> Vec<Effect> {
         let mut fx = Vec::new();
-        if self.turn_running && !self.engine_stopped {
+        if self.phase.answering() {
             fx.push(Effect::Send(Command::Cancel));
         }
         fx.push(Effect::Send(Command::Shutdown));
@@ -178,30 +160,20 @@ impl App {
         fx
     }
 
-    /// The transcript's wrapped height and the rows it is shown in, at the current size.
-    fn transcript_metrics(&self) -> Option<(usize, usize)> {
-        let areas = view::layout(ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1))?;
-        let inner = view::inner(areas.transcript);
-        let lines = super::panels::transcript::lines(self, inner.width as usize).len();
-        Some((lines, inner.height as usize))
-    }
-
-    pub(crate) fn scroll_pages(&mut self, pages: i32) -> Vec<Effect> {
-        let page = self
-            .transcript_metrics()
-            .map_or(1, |(_, h)| h.saturating_sub(1).max(1));
+    pub(super) fn scroll_pages(&mut self, pages: i32) -> Vec<Effect> {
+        let page = self.areas().map_or(1, |a| Transcript::page(a.transcript));
         self.scroll_lines(pages.saturating_mul(page as i32))
     }
 
-    pub(crate) fn scroll_lines(&mut self, delta: i32) -> Vec<Effect> {
-        let Some((total, height)) = self.transcript_metrics() else {
-            return vec![];
-        };
-        let bottom = total.saturating_sub(height);
-        let top = self.scroll_top.unwrap_or(bottom).min(bottom) as i64 + delta as i64;
-        let top = top.clamp(0, bottom as i64) as usize;
-        // Reaching the end again resumes following the stream.
-        self.scroll_top = (top < bottom).then_some(top);
+    pub(super) fn scroll_lines(&mut self, delta: i32) -> Vec<Effect> {
+        if let Some(a) = self.areas() {
+            let conversation = super::Conversation {
+                entries: &self.transcript,
+                switches: &self.switches,
+            };
+            self.transcript_panel
+                .scroll(delta, &conversation, a.transcript);
+        }
         vec![]
     }
 }

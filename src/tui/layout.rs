@@ -1,11 +1,7 @@
-//! The whole screen: where each panel goes, and what covers them (help, banners).
+//! Where each panel goes on the screen, and the boxes inside and over them. Geometry
+//! only: what is drawn there is up to the panels.
 
-use super::app::{App, Overlay};
-use super::panels;
 use ratatui::layout::{Constraint, Layout, Margin, Rect};
-use ratatui::text::Line;
-use ratatui::widgets::{Paragraph, Wrap};
-use ratatui::Frame;
 
 /// Below this the panels cannot show their numbers legibly.
 pub const MIN_WIDTH: u16 = 80;
@@ -70,43 +66,4 @@ pub(crate) fn centered(area: Rect, width: u16, height: u16) -> Rect {
         w,
         h,
     )
-}
-
-pub fn render(frame: &mut Frame, app: &App) {
-    let area = frame.area();
-    let Some(a) = layout(area) else {
-        let msg = format!(
-            "terminal too small: {MIN_WIDTH}x{MIN_HEIGHT} needed, have {}x{}",
-            area.width, area.height
-        );
-        frame.render_widget(
-            Paragraph::new(Line::from(msg)).wrap(Wrap { trim: true }),
-            area,
-        );
-        return;
-    };
-    if !app.ready {
-        panels::loading::render(frame, area, app);
-    } else {
-        panels::transcript::render(frame, a.transcript, app);
-        panels::latency::render(frame, a.latency, app);
-        panels::side_by_side::render(frame, a.side_by_side, app);
-        panels::layers::render(frame, a.layers, app);
-        panels::status::render_message(frame, a.message, app);
-        panels::input_box::render(frame, a.input, app);
-        panels::status::render_status(frame, a.status, app);
-        panels::status::render_hints(frame, a.hints, app);
-        // Over the input, which the demo does not use, so the numbers stay in view.
-        let below = Rect {
-            height: a.message.height + a.input.height,
-            ..a.message
-        };
-        panels::banners::render_demo_pause(frame, below, app);
-        panels::banners::render_fatal(frame, a.main, app);
-    }
-    match app.overlay {
-        Overlay::Help => panels::help::render(frame, area, app),
-        Overlay::ConfirmQuit => panels::banners::render_confirm_quit(frame, area, app),
-        Overlay::None => {}
-    }
 }

@@ -2,18 +2,18 @@
 //! the engine has answered the previous one, and pauses after every switch so a presenter
 //! can talk over the numbers.
 
-use super::app::{App, Effect, Level};
+use super::{App, Effect, Level};
 use crate::protocol::{Command, Event};
 use std::collections::VecDeque;
 
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Demo {
+pub(super) struct Demo {
     pub steps: VecDeque<Command>,
     pub total: usize,
     /// The command sent and not yet answered.
     pub waiting: Option<Command>,
     /// Set after a switch until the presenter presses a key; holds the switch's index
-    /// into [`App::switches`].
+    /// into the app's switches.
     pub paused_after: Option<usize>,
 }
 
@@ -55,18 +55,18 @@ impl App {
             waiting: None,
             paused_after: None,
         });
-        if self.ready && !self.busy() && !self.engine_stopped {
+        if self.phase.idle() {
             self.demo_next()
         } else {
             vec![]
         }
     }
 
-    pub(crate) fn demo_paused(&self) -> bool {
+    pub(super) fn demo_paused(&self) -> bool {
         self.demo.as_ref().is_some_and(|d| d.paused_after.is_some())
     }
 
-    pub(crate) fn demo_continue(&mut self) -> Vec<Effect> {
+    pub(super) fn demo_continue(&mut self) -> Vec<Effect> {
         if let Some(d) = self.demo.as_mut() {
             d.paused_after = None;
         }
@@ -74,7 +74,7 @@ impl App {
     }
 
     /// Move the demo on after an engine event.
-    pub(crate) fn demo_after(&mut self, e: &Event) -> Vec<Effect> {
+    pub(super) fn demo_after(&mut self, e: &Event) -> Vec<Effect> {
         let switch_index = self.switches.len().checked_sub(1);
         let Some(d) = self.demo.as_mut() else {
             return vec![];

@@ -1,0 +1,385 @@
+//! How each engine event changes what the screen shows.
+
+use super::{App, Effect, Level, Overlay};
+use crate::protocol::{CacheOrigin, Event, PathKind};
+use crate::tui::records::{
+    Comparison, Entry, Finished, FollowUp, LoadingProgress, Measure, PathText, Reply, SwitchRecord,
+    TurnPair,
+};
+
+impl App {
+    fn reply_mut(&mut self, turn: u32) -> Option<&mut Reply> {
+        self.transcript.iter_mut().rev().find_map(|e| match e {
+            Entry::Reply(r) if r.turn == turn => Some(r),
+            _ => None,
+        })
+    }
+
+    fn pair_mut(&mut self, turn: u32) -> Option<&mut TurnPair> {
+        self.pair.as_mut().filter(|p| p.turn == turn)
+    }
+
+    pub(super) fn on_event(&mut self, e: Event) -> Vec<Effect> {
+        self.apply_event(&e);
+        self.demo_after(&e)
+    }
+
+    fn apply_event(&mut self, e: &Event) {
+        match e {
+            Event::Loading {
+                stage,
+                done,
+                total,
+                eta_seconds,
+            } => self.phase.progress(LoadingProgress {
+                stage: stage.clone(),
+                done: *done,
+                total: *total,
+                eta_seconds: *eta_seconds,
+            }),
+            Event::Ready {
+                models,
+                active,
+                mappers,
+                device,
+            } => {
+                self.models = models.clone();
+                self.active = (*active).min(models.len().saturating_sub(1));
+                self.mappers = mappers.clone();
+                self.device = device.clone();
+                self.phase.ready();
+            }
+            Event::UserMessage { turn, text } => {
+                self.latest_turn = *turn;
+                self.turn_announced = true;
+                self.transcript.push(Entry::User {
+                    turn: *turn,
+                    text: text.clone(),
+                });
+            }
+            Event::TurnStarted {
+                turn,
+                path,
+                model,
+                cache,
+            } => self.turn_started(*turn, *path, model, *cache),
+            Event::Token {
+                turn,
+                path,
+                text,
+                id,
+            } => self.token(*turn, *path, text, *id),
+            Event::Generation { .. } => self.generation(e),
+            Event::Switch { .. } => self.switched(e),
+            Event::SwitchMeasured { .. } => self.switch_measured(e),
+            Event::TurnComparison { .. } => self.compared(e),
+            Event::SwitchFollowUp { .. } => self.followed_up(e),
+            Event::RepairProgress {
+                repaired, total, ..
+            } => self.repaired = Some((*repaired, *total)),
+            Event::CacheRepaired { .. } => self.cache_repaired(e),
+            Event::MapperLearned { .. } => {
+                if let Some(line) = crate::learn::summary::line(e) {
+                    self.say(Level::Info, line);
+                }
+            }
+            Event::Notice { message } => self.notice(message),
+            Event::Bookmark { turn, note } => {
+                self.transcript.push(Entry::Bookmark {
+                    turn: *turn,
+                    note: note.clone(),
+                });
+                self.say(Level::Info, format!("bookmarked turn {turn}: {note}"));
+            }
+            Event::Error { message, fatal } => self.error(message, *fatal),
+            Event::Done { .. } => {
+                if self.phase.turn_done() {
+                    self.say(Level::Info, "cancelled");
+                }
+            }
+            Event::ShutDown => {
+                self.phase.stop(None);
+                self.say(Level::Warn, "the engine has shut down: press q to quit");
+            }
+        }
+    }
+
+    /// A path's answer is complete.
+    fn generation(&mut self, e: &Event) {
+        let Event::Generation {
+            turn,
+            path,
+            model,
+            text,
+            token_ids,
+            prompt_tokens,
+            timings,
+            stop,
+        } = e
+        else {
+            return;
+        };
+        let finished = Finished {
+            tokens: token_ids.len(),
+            timings: *timings,
+            stop: *stop,
+        };
+        match path {
+            PathKind::Mapped => {
+                self.context_tokens += prompt_tokens + token_ids.len();
+                if self.reply_mut(*turn).is_none() {
+                    self.turn_started(*turn, *path, model, CacheOrigin::True);
+                }
+                if let Some(r) = self.reply_mut(*turn) {
+                    r.text = text.clone();
+                    r.finished = Some(finished);
+                }
+                if let Some(p) = self.pair_mut(*turn) {
+                    p.mapped.finish(text, token_ids, *stop);
+                }
+            }
+            PathKind::Reference => {
+                if let Some(r) = self.pair_mut(*turn).and_then(|p| p.reference.as_mut()) {
+                    r.finish(text, token_ids, *stop);
+                }
+            }
+        }
+    }
+
+    /// The conversation was handed over; its measurement may follow.
+    fn switched(&mut self, e: &Event) {
+        let Event::Switch {
+            index,
+            turn,
+            from,
+            to,
+            context_tokens,
+            suffix_tokens,
+            timings,
+            metrics,
+            gate,
+            measurement_follows,
+            estimate,
+            mapper: _,
+        } = e
+        else {
+            return;
+        };
+        self.repaired = None;
+        self.phase.switch_answered();
+        self.set_active_by_name(to);
+        self.context_tokens = *context_tokens;
+        self.switches.push(SwitchRecord {
+            index: *index,
+            turn: *turn,
+            from: from.clone(),
+            to: to.clone(),
+            context_tokens: *context_tokens,
+            suffix_tokens: *suffix_tokens,
+            timings: *timings,
+            metrics: metrics.clone(),
+            gate: *gate,
+            estimate: *estimate,
+            follow_up: None,
+            measure: if *measurement_follows {
+                Measure::Pending
+            } else {
+                Measure::Done
+            },
+        });
+        self.transcript.push(Entry::Switch(self.switches.len() - 1));
+        self.say(
+            Level::Info,
+            format!(
+                "{to} has the conversation ({} ms handoff)",
+                crate::tui::panels::fmt_ms(timings.end_to_end_ms)
+            ),
+        );
+    }
+
+    fn switch_measured(&mut self, e: &Event) {
+        let Event::SwitchMeasured {
+            index,
+            timings,
+            metrics,
+            stopped,
+            estimate,
+            ..
+        } = e
+        else {
+            return;
+        };
+        if let Some(s) = self.switches.iter_mut().rev().find(|s| s.index == *index) {
+            s.timings = *timings;
+            s.metrics = metrics.clone();
+            s.estimate = estimate.or(s.estimate);
+            s.measure = match stopped {
+                Some(why) => Measure::Stopped(why.clone()),
+                None => Measure::Done,
+            };
+        }
+        if let Some(why) = stopped {
+            self.say(
+                Level::Info,
+                format!("the measurement of switch #{} stopped: {why}", index + 1),
+            );
+        }
+    }
+
+    /// The mapped answer was compared with the reference one.
+    fn compared(&mut self, e: &Event) {
+        let Event::TurnComparison {
+            turn,
+            identical,
+            first_difference,
+            agreement,
+        } = e
+        else {
+            return;
+        };
+        let c = Comparison {
+            identical: *identical,
+            first_difference: *first_difference,
+            agreement: *agreement,
+        };
+        if let Some(p) = self.pair_mut(*turn) {
+            p.comparison = Some(c);
+        }
+        if let Some(r) = self.reply_mut(*turn) {
+            r.comparison = Some(c);
+        }
+    }
+
+    /// The turn after a switch measured how faithful its cache was.
+    fn followed_up(&mut self, e: &Event) {
+        let Event::SwitchFollowUp {
+            index,
+            top1_agreement,
+            kl,
+            positions,
+            first_token_ms,
+            end_to_end_ms,
+            ..
+        } = e
+        else {
+            return;
+        };
+        if let Some(s) = self.switches.iter_mut().rev().find(|s| s.index == *index) {
+            s.follow_up = Some(FollowUp {
+                top1_agreement: *top1_agreement,
+                kl: *kl,
+                positions: *positions,
+                first_token_ms: *first_token_ms,
+                end_to_end_ms: *end_to_end_ms,
+            });
+        }
+    }
+
+    fn cache_repaired(&mut self, e: &Event) {
+        let Event::CacheRepaired {
+            model,
+            repaired,
+            total,
+            complete,
+            after_switch_ms,
+            compute_ms,
+            ..
+        } = e
+        else {
+            return;
+        };
+        self.repaired = Some((*repaired, *total));
+        if *complete {
+            self.say(
+                Level::Info,
+                format!(
+                    "{model}'s cache is its own again: {total} positions repaired {:.1} s after the switch ({:.1} s of prefill)",
+                    after_switch_ms / 1e3,
+                    compute_ms / 1e3
+                ),
+            );
+        }
+    }
+
+    fn notice(&mut self, message: &str) {
+        // The engine answers a switch with nothing to hand over by a notice that names
+        // the model now active.
+        if message.contains("no conversation to hand over") {
+            self.phase.switch_answered();
+            if let Some((name, _)) = message.split_once(" is active") {
+                self.set_active_by_name(name);
+            }
+        }
+        self.say(Level::Info, message);
+    }
+
+    fn turn_started(&mut self, turn: u32, path: PathKind, model: &str, cache: CacheOrigin) {
+        match path {
+            PathKind::Mapped => {
+                self.transcript.push(Entry::Reply(Reply {
+                    turn,
+                    model: model.to_string(),
+                    cache,
+                    text: String::new(),
+                    finished: None,
+                    comparison: None,
+                }));
+                self.pair = Some(TurnPair {
+                    turn,
+                    model: model.to_string(),
+                    cache,
+                    mapped: PathText::default(),
+                    reference: None,
+                    comparison: None,
+                });
+            }
+            PathKind::Reference => {
+                if let Some(p) = self.pair_mut(turn) {
+                    p.reference = Some(PathText::default());
+                }
+            }
+        }
+    }
+
+    fn token(&mut self, turn: u32, path: PathKind, text: &str, id: u32) {
+        match path {
+            PathKind::Mapped => {
+                if let Some(r) = self.reply_mut(turn) {
+                    r.text.push_str(text);
+                }
+                if let Some(p) = self.pair_mut(turn) {
+                    p.mapped.push(id, text.to_string());
+                }
+            }
+            PathKind::Reference => {
+                if let Some(r) = self.pair_mut(turn).and_then(|p| p.reference.as_mut()) {
+                    r.push(id, text.to_string());
+                }
+            }
+        }
+    }
+
+    fn error(&mut self, message: &str, fatal: bool) {
+        if fatal {
+            self.phase.stop(Some(message.to_string()));
+            self.overlay = Overlay::None;
+            self.demo = None;
+            self.say(Level::Error, format!("engine stopped: {message}"));
+            return;
+        }
+        // A failing session file is reported mid-turn while the turn goes on; any other
+        // error ends the command the engine was running.
+        if message.starts_with("recording stopped") {
+            self.recording_stopped = true;
+        } else {
+            self.phase.command_failed();
+        }
+        self.say(Level::Error, message);
+    }
+
+    fn set_active_by_name(&mut self, name: &str) {
+        if let Some(i) = self.models.iter().position(|m| m.name == name) {
+            self.active = i;
+        }
+    }
+}
