@@ -634,3 +634,60 @@ fn with_a_tail_the_target_reads_the_newest_tokens_itself() {
         mean(&mapped)
     );
 }
+
+/// The measured metrics of switch `index` among `events`.
+fn metrics_of_switch(events: &[Event], index: u32) -> SwitchMetrics {
+    events
+        .iter()
+        .find_map(|e| match e {
+            Event::SwitchMeasured {
+                index: i,
+                metrics: Some(m),
+                ..
+            } if *i == index => Some(m.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("switch {index} not measured: {events:?}"))
+}
+
+#[test]
+fn a_switch_does_not_wait_for_the_last_ones_measurement_which_measures_the_cache_it_handed_over() {
+    // Measured before the next switch, as an idle engine does.
+    let mut idle = rig(|_| {});
+    say(&mut idle, 40, 1);
+    idle.handle(Command::Switch);
+    idle.engine.measure_pending(&idle.rx);
+    let first = metrics_of_switch(&idle.drain(), 0);
+
+    // Switched again at once: the second switch comes before the first one's measurement.
+    let mut quick = rig(|_| {});
+    say(&mut quick, 40, 1);
+    quick.handle(Command::Switch);
+    assert!(quick.engine.measurement_pending());
+    let back = quick.handle(Command::Switch);
+    assert!(
+        back.iter()
+            .any(|e| matches!(e, Event::Switch { index: 1, .. })),
+        "{back:?}"
+    );
+    assert!(
+        !back
+            .iter()
+            .any(|e| matches!(e, Event::SwitchMeasured { .. })),
+        "the switch did not wait for the measurement: {back:?}"
+    );
+    quick.engine.measure_pending(&quick.rx);
+    let later = quick.drain();
+    // Both measured, in the order of their switches, the first on the cache it handed
+    // over although the second switch rebuilt it since.
+    let order: Vec<u32> = later
+        .iter()
+        .filter_map(|e| match e {
+            Event::SwitchMeasured { index, .. } => Some(*index),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, [0, 1]);
+    assert_eq!(metrics_of_switch(&later, 0), first);
+    metrics_of_switch(&later, 1);
+}

@@ -44,7 +44,7 @@ pub struct Engine {
     pub(super) switches: u32,
     pub(super) follow_up: Option<FollowUp>,
     /// The last switch's measurement, waiting to start or to resume.
-    pub(super) measurement: Option<Measurement>,
+    pub(super) measurements: VecDeque<Measurement>,
     /// The mean attention cosine last measured per direction (indexed by the source
     /// slot): the gate's estimate at the next handoff that way.
     pub(super) measured_cosine: [Option<f64>; 2],
@@ -87,7 +87,7 @@ impl Engine {
             turn: 0,
             switches: 0,
             follow_up: None,
-            measurement: None,
+            measurements: VecDeque::new(),
             measured_cosine: [None, None],
             queued: VecDeque::new(),
             inbox: VecDeque::new(),
@@ -105,7 +105,7 @@ impl Engine {
             self.take_learned(Duration::ZERO);
             let next = match self.queued.pop_front().or_else(|| self.inbox.pop_front()) {
                 Some(e) => Some(e),
-                None if self.measurement.is_some() || self.repair_wanted() => {
+                None if !self.measurements.is_empty() || self.repair_wanted() => {
                     match commands.try_recv() {
                         Ok(e) => Some(e),
                         Err(TryRecvError::Empty) => None,
@@ -125,35 +125,31 @@ impl Engine {
             };
             match next {
                 Some(e) => self.handle(e, &commands),
-                None if self.measurement.is_some() => self.measure(&commands, true),
+                None if !self.measurements.is_empty() => self.measure(&commands, true),
                 None => self.repair_pending(&commands),
             }
         }
         self.out.emit(Event::ShutDown);
     }
 
-    /// Carry out one command. A switch first finishes the previous switch's pending
-    /// measurement; a message goes ahead of it.
+    /// Carry out one command. A message goes ahead of the pending measurements; so does
+    /// a switch, which first has them copy what of the caches it will change they still
+    /// read.
     pub fn handle(&mut self, envelope: Envelope, commands: &Receiver<Envelope>) {
         let result = match envelope.command {
             Command::Submit { text } => {
-                if let Some(m) = self.measurement.as_mut() {
+                for m in self.measurements.iter_mut() {
                     m.yielded_to(self.turn + 1);
                 }
                 self.submit(&text, envelope.sent, commands)
             }
             Command::Switch => {
-                if self.measurement.is_some() {
-                    self.measure(commands, false);
-                }
-                // Learning never holds a switch up: it maps with the mapper as it stands,
-                // taking any update that is ready now, and records which one it used.
+                // Background work never holds a switch up: a pending measurement keeps
+                // its own copy of the caches the switch rebuilds, and the switch maps
+                // with the mapper as it stands, taking any learning update that is ready
+                // now, and records which one it used.
                 self.take_learned(Duration::ZERO);
-                if self.shutdown {
-                    Ok(())
-                } else {
-                    self.switch()
-                }
+                self.detach_measurements().and_then(|()| self.switch())
             }
             Command::Cancel => {
                 self.out.emit(Event::Notice {
@@ -213,7 +209,7 @@ impl Engine {
 
     /// Whether a switch's measurement has yet to run or to finish.
     pub fn measurement_pending(&self) -> bool {
-        self.measurement.is_some()
+        !self.measurements.is_empty()
     }
 
     pub fn turn(&self) -> u32 {
@@ -256,9 +252,7 @@ impl Engine {
     /// Run the pending measurement, wait for learning, and repair (when on) to the end,
     /// unless a command comes first; then say so.
     fn finish_background(&mut self, commands: &Receiver<Envelope>) {
-        if self.measurement.is_some() {
-            self.measure(commands, false);
-        }
+        self.measure(commands, false);
         for source in 0..2 {
             self.finish_learning(source, commands);
         }
@@ -322,13 +316,22 @@ impl Engine {
         }
         let seen = target.truth.len().min(h.context_tokens);
         let learn = self.settings.reference && self.learning.will_learn(self.settings.learn);
-        self.measurement = Some(Measurement::new(
+        self.measurements.push_back(Measurement::new(
             h,
             seen,
             probes,
             self.settings.reference,
             learn,
         ));
+        Ok(())
+    }
+
+    /// Have every pending measurement copy what it still reads of the caches a switch
+    /// rebuilds.
+    fn detach_measurements(&mut self) -> Result<(), super::EngineError> {
+        for m in self.measurements.iter_mut() {
+            m.detach(&self.slots)?;
+        }
         Ok(())
     }
 

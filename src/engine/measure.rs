@@ -54,6 +54,17 @@ pub struct Measurement {
     estimated: bool,
     /// Turns that went ahead of it.
     yielded_to: Vec<u32>,
+    /// Its own copies of the caches it still reads, taken when a later switch was going
+    /// to change them before it finished (see [`Measurement::detach`]).
+    detached: Option<Detached>,
+}
+
+/// A measurement's own copies of the switch's first `n` positions.
+struct Detached {
+    /// The source's cache, for the estimate and the whole map, when still to come.
+    source: Option<KvCache>,
+    /// The cache handed to the target, for the per-layer measures, when still to come.
+    handed: Option<KvCache>,
 }
 
 /// What a measurement step may touch: both slots (the target's truth grows in place
@@ -115,6 +126,37 @@ impl Measurement {
             estimate: None,
             estimated: h.estimated,
             yielded_to: Vec::new(),
+            detached: None,
+        }
+    }
+
+    /// Copy what the measurement still reads of the two caches, so that the next
+    /// switch, which rebuilds them, need not wait for it to finish. The copies are of the
+    /// switch's own `n` positions; the rest (the re-prefills, the source's own prefill)
+    /// reads only the conversation's ids.
+    pub(super) fn detach(&mut self, slots: &[Slot; 2]) -> Result<(), EngineError> {
+        if self.detached.is_some() {
+            return Ok(());
+        }
+        let source = if !self.estimated || !self.map_full_done {
+            Some(slots[self.source].primary.try_clone_prefix(self.n)?)
+        } else {
+            None
+        };
+        let handed = if self.reference && !self.reprefilled {
+            Some(slots[self.target].primary.try_clone_prefix(self.n)?)
+        } else {
+            None
+        };
+        self.detached = Some(Detached { source, handed });
+        Ok(())
+    }
+
+    /// The source's cache of the switch's positions: its own copy once detached.
+    fn source_cache<'a>(&'a self, slots: &'a [Slot; 2]) -> &'a KvCache {
+        match self.detached.as_ref().and_then(|d| d.source.as_ref()) {
+            Some(c) => c,
+            None => &slots[self.source].primary,
         }
     }
 
@@ -165,7 +207,9 @@ impl Measurement {
         let history = &cx.history[..self.n];
         match self.next(n_layer) {
             Step::Estimate => {
-                self.estimate = estimate(cx.slots, cx.mappers, history, cx.anchor, self.source)?;
+                let cache = self.source_cache(cx.slots);
+                let e = estimate(cx.slots, cx.mappers, cache, history, cx.anchor, self.source)?;
+                self.estimate = e;
                 self.estimated = true;
             }
             Step::MapFull => self.map_full(&cx, history)?,
@@ -196,11 +240,12 @@ impl Measurement {
         let (src, tgt) = (&cx.slots[self.source], &cx.slots[self.target]);
         // The source may hold more than `n` positions by now (a pre-map): map a copy of
         // exactly the switch's, so the time is that of the whole cache.
+        let held = self.source_cache(cx.slots);
         let copy;
-        let cache = if src.primary.len() == n {
-            &src.primary
+        let cache = if held.len() == n {
+            held
         } else {
-            copy = src.primary.try_clone_prefix(n)?;
+            copy = held.try_clone_prefix(n)?;
             &copy
         };
         if cache.len() != n {
@@ -290,7 +335,8 @@ impl Measurement {
                 "no re-prefill to compare with".into(),
             ));
         };
-        let mapped = self.mapped_full.as_ref().unwrap_or(&tgt.primary);
+        let handed = self.detached.as_ref().and_then(|d| d.handed.as_ref());
+        let mapped = self.mapped_full.as_ref().or(handed).unwrap_or(&tgt.primary);
         let gram = tgt
             .grams
             .get(l)

@@ -5,8 +5,8 @@
 //! interrupt it, and what its result changes.
 //!
 //! A step looks at the commands that arrive while it runs: a measurement stops for a
-//! cancel or a shutdown (and, when it may yield, for a message), a repair chunk for a
-//! message, a switch or a shutdown. What arrived during a step is taken as if it had
+//! cancel or a shutdown (and, when it may yield, for a message or a switch), a repair
+//! chunk for a message, a switch or a shutdown. What arrived during a step is taken as if it had
 //! arrived after it.
 
 use super::core::Engine;
@@ -51,7 +51,7 @@ impl Watch<'_> {
 fn stops_measurement(c: &Command, may_yield: bool) -> bool {
     match c {
         Command::Cancel | Command::Shutdown => true,
-        Command::Submit { .. } => may_yield,
+        Command::Submit { .. } | Command::Switch => may_yield,
         _ => false,
     }
 }
@@ -64,21 +64,22 @@ fn stops_repair(c: &Command, _: bool) -> bool {
 }
 
 impl Engine {
-    /// Run the pending measurement until it is done, cancelled or shut down, or, with
-    /// `may_yield`, until a message is waiting (it then stays pending).
+    /// Run the pending measurements, oldest first, until they are done, cancelled or
+    /// shut down, or, with `may_yield`, until a message is waiting (they then stay
+    /// pending).
     pub(super) fn measure(&mut self, commands: &Receiver<Envelope>, may_yield: bool) {
-        loop {
+        while !self.measurements.is_empty() {
             match self.poll_for_measurement(commands, may_yield) {
                 Poll::Go => {}
                 Poll::Yield | Poll::Stop => return,
                 Poll::Cancel => {
-                    if let Some(job) = self.measurement.take() {
+                    while let Some(job) = self.measurements.pop_front() {
                         self.finish_measurement(job, Some("cancelled".into()));
                     }
                     return;
                 }
             }
-            let Some(mut job) = self.measurement.take() else {
+            let Some(mut job) = self.measurements.pop_front() else {
                 return;
             };
             let watch = Watch {
@@ -96,17 +97,13 @@ impl Engine {
             let result = job.step(cx, &|| watch.stop());
             self.inbox.extend(watch.drained.into_inner());
             match result {
-                Ok(true) => {
-                    self.finish_measurement(job, None);
-                    return;
-                }
+                Ok(true) => self.finish_measurement(job, None),
                 Ok(false) | Err(EngineError::Model(ModelError::Interrupted)) => {
-                    self.measurement = Some(job)
+                    self.measurements.push_front(job)
                 }
                 Err(e) => {
                     self.report(&e);
                     self.finish_measurement(job, Some(format!("failed: {e}")));
-                    return;
                 }
             }
         }
@@ -142,11 +139,11 @@ impl Engine {
                 }
             }
         }
-        let message_first = self
+        let command_first = self
             .queued
             .front()
-            .is_some_and(|e| matches!(e.command, Command::Submit { .. }));
-        if may_yield && message_first {
+            .is_some_and(|e| matches!(e.command, Command::Submit { .. } | Command::Switch));
+        if may_yield && command_first {
             Poll::Yield
         } else {
             Poll::Go
@@ -179,7 +176,7 @@ impl Engine {
     /// Whether there is repair work the engine would do when idle.
     pub(super) fn repair_wanted(&self) -> bool {
         self.settings.repair
-            && self.measurement.is_none()
+            && self.measurements.is_empty()
             && self
                 .repair
                 .as_ref()

@@ -76,7 +76,14 @@ pub(super) fn hand_over(
     // The gate needs the estimate before it decides; otherwise the measurement makes
     // it, while the engine is idle, so that it never holds up the switch.
     let estimate = match settings.gate {
-        Some(_) => estimate(slots, mappers, history, settings.anchor, a)?,
+        Some(_) => estimate(
+            slots,
+            mappers,
+            &slots[a].primary,
+            history,
+            settings.anchor,
+            a,
+        )?,
         None => None,
     };
     let gate = settings
@@ -197,6 +204,7 @@ fn decide(
 pub(super) fn estimate(
     slots: &[Slot; 2],
     mappers: &[LoadedMapper; 2],
+    source_cache: &KvCache,
     history: &[u32],
     anchor: usize,
     source: usize,
@@ -208,13 +216,13 @@ pub(super) fn estimate(
     let (src_rope, tgt_rope) = (slot.model.decoder.rope(), other.model.decoder.rope());
     let failed =
         |e: crate::gate::GateError| EngineError::Internal(format!("the gate's estimate: {e}"));
-    let distance = crate::gate::feature_distance(&m.mapper, &slot.primary, src_rope, from, n)
+    let distance = crate::gate::feature_distance(&m.mapper, source_cache, src_rope, from, n)
         .map_err(failed)?;
     let (rs, re) = crate::gate::estimate::round_trip_range(from, n);
     let trip = crate::gate::round_trip(
         &m.mapper,
         &back.mapper,
-        &slot.primary,
+        source_cache,
         history,
         src_rope,
         tgt_rope,

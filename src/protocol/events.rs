@@ -97,9 +97,10 @@ pub enum Event {
     /// The measurement runs while the engine is otherwise idle, a step at a time. A
     /// message sent meanwhile is taken after the step in progress and the measurement
     /// is postponed, not dropped: it resumes once the engine is idle again, and
-    /// `yielded_to` lists the turns that went first. It does not yield to a switch,
-    /// which waits for it, since the next switch changes the caches it measures.
-    /// `stopped` says why it ended early (a cancel, an error); `metrics` is then `None`
+    /// `yielded_to` lists the turns that went first. A switch goes first too: the
+    /// measurement then keeps its own copy of the positions it measures, which the
+    /// switch rebuilds, so it measures the cache as it was handed over; measurements
+    /// run in the order of their switches. `stopped` says why it ended early (a cancel, an error); `metrics` is then `None`
     /// and the timings hold what was measured by then.
     SwitchMeasured {
         index: u32,
