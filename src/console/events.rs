@@ -159,7 +159,7 @@ impl EventPrinter {
                 after_switch_ms / 1e3,
                 compute_ms / 1e3
             )),
-            Event::MapperLearned { index, .. } => crate::learn::summary::line(e)
+            Event::MapperLearned { index, .. } => crate::protocol::summary::line(e)
                 .and_then(|l| err(format!("[switch {index}] learned: {l}"))),
             Event::TurnComparison {
                 turn,

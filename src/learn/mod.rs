@@ -25,7 +25,6 @@ mod learner;
 pub mod open;
 mod refit;
 pub mod store;
-pub mod summary;
 
 pub use judge::{HeldOutScores, Slice};
 pub use learner::{ConversationPair, LearnOutcome, Learner, MIN_NEW_POSITIONS};

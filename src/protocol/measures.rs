@@ -79,14 +79,24 @@ pub struct SwitchMetrics {
 impl SwitchMetrics {
     /// Mean attention cosine over the layers that have a finite value.
     pub fn cosine_mean(&self) -> Option<f64> {
-        let finite: Vec<f64> = finite(&self.attention_cosine).collect();
-        (!finite.is_empty()).then(|| finite.iter().sum::<f64>() / finite.len() as f64)
+        finite_mean(self.attention_cosine.iter().copied())
     }
 
     /// The worst layer's attention cosine.
     pub fn cosine_min(&self) -> Option<f64> {
         finite(&self.attention_cosine).reduce(f64::min)
     }
+}
+
+/// The mean of the finite values (a layer whose measure could not be computed is NaN);
+/// `None` when there are none. Screens, reports and session summaries all average this
+/// way.
+pub fn finite_mean(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let (n, sum) = values
+        .into_iter()
+        .filter(|v| v.is_finite())
+        .fold((0usize, 0.0), |(n, s), v| (n + 1, s + v));
+    (n > 0).then(|| sum / n as f64)
 }
 
 fn finite(values: &[f64]) -> impl Iterator<Item = f64> + '_ {

@@ -10,13 +10,14 @@ mod events;
 mod float;
 mod kinds;
 mod measures;
+pub mod summary;
 
 pub use commands::Command;
 pub use events::Event;
 pub use kinds::{CacheOrigin, MapperInfo, ModelInfo, PathKind, StopKind};
 pub use measures::{
-    EstimateBasis, GateDecision, GenerationTimings, MapperState, SwitchEstimate, SwitchMetrics,
-    SwitchTimings,
+    finite_mean, EstimateBasis, GateDecision, GenerationTimings, MapperState, SwitchEstimate,
+    SwitchMetrics, SwitchTimings,
 };
 
 #[cfg(test)]

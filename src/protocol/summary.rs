@@ -1,7 +1,7 @@
 //! What a learning step did, in words: the same line on screen, in a headless run's log
 //! and in the report.
 
-use crate::protocol::Event;
+use super::events::Event;
 
 /// `1840` as `1,840`.
 pub fn grouped(n: u64) -> String {

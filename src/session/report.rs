@@ -8,7 +8,8 @@
 
 use super::reader::Session;
 use crate::protocol::{
-    CacheOrigin, Event, GateDecision, MapperState, PathKind, StopKind, SwitchMetrics, SwitchTimings,
+    finite_mean, CacheOrigin, Event, GateDecision, MapperState, PathKind, StopKind, SwitchMetrics,
+    SwitchTimings,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -456,10 +457,10 @@ impl Summary {
                 .iter()
                 .filter(|t| t.identical == Some(true))
                 .count(),
-            mean_agreement: mean(turns.iter().filter_map(|t| t.agreement)),
-            mean_speedup_full: mean(switches.iter().filter_map(|s| s.speedup_full)),
-            mean_speedup_suffix: mean(switches.iter().filter_map(|s| s.speedup_suffix)),
-            cosine_mean: mean(switches.iter().filter_map(|s| s.cosine_mean)),
+            mean_agreement: finite_mean(turns.iter().filter_map(|t| t.agreement)),
+            mean_speedup_full: finite_mean(switches.iter().filter_map(|s| s.speedup_full)),
+            mean_speedup_suffix: finite_mean(switches.iter().filter_map(|s| s.speedup_suffix)),
+            cosine_mean: finite_mean(switches.iter().filter_map(|s| s.cosine_mean)),
             cosine_min: switches
                 .iter()
                 .filter_map(|s| s.cosine_min)
@@ -468,13 +469,6 @@ impl Summary {
             gate_reprefilled: gate_used(CacheOrigin::Reprefilled),
         }
     }
-}
-
-fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
-    let (sum, n) = values
-        .filter(|v| v.is_finite())
-        .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    (n > 0).then(|| sum / n as f64)
 }
 
 #[cfg(test)]

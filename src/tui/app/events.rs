@@ -79,7 +79,7 @@ impl App {
             } => self.repaired = Some((*repaired, *total)),
             Event::CacheRepaired { .. } => self.cache_repaired(e),
             Event::MapperLearned { .. } => {
-                if let Some(line) = crate::learn::summary::line(e) {
+                if let Some(line) = crate::protocol::summary::line(e) {
                     self.say(Level::Info, line);
                 }
             }

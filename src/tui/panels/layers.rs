@@ -3,7 +3,7 @@
 
 use super::columns::{self, Column};
 use super::{fmt_percent, panel, BAD, BOLD, DIM};
-use crate::protocol::SwitchMetrics;
+use crate::protocol::{finite_mean, SwitchMetrics};
 use crate::tui::layout::inner;
 use crate::tui::records::{Measure, SwitchRecord};
 use crate::tui::wrap::wrap;
@@ -211,11 +211,6 @@ fn finite(values: &[f64]) -> impl Iterator<Item = (usize, f64)> + '_ {
         .filter(|(_, v)| v.is_finite())
 }
 
-fn mean(values: &[f64]) -> Option<f64> {
-    let (n, sum) = finite(values).fold((0usize, 0.0), |(n, s), (_, v)| (n + 1, s + v));
-    (n > 0).then(|| sum / n as f64)
-}
-
 /// The worst layer and its value.
 fn worst(s: &Series) -> Option<(usize, f64)> {
     finite(s.values).reduce(|a, b| {
@@ -236,7 +231,7 @@ fn summary(s: &Series, compact: bool) -> String {
         Better::Higher => "min",
         Better::Lower => "max",
     };
-    match (mean(s.values), worst(s)) {
+    match (finite_mean(s.values.iter().copied()), worst(s)) {
         (Some(mean), Some((_, w))) if compact => format!("mean {mean:.3} · {word} {w:.3}"),
         (Some(mean), Some((layer, w))) => {
             format!("mean {mean:.3} · {word} {w:.3} (layer {layer})")
