@@ -133,25 +133,6 @@ impl Script {
     }
 }
 
-/// Whether `e` ends the wait for the command just sent.
-fn completes(cmd: &Command, e: &Event) -> bool {
-    match (cmd, e) {
-        (Command::Submit { .. }, Event::Done { .. }) => true,
-        (Command::Switch, Event::Switch { .. }) => true,
-        (Command::Switch, Event::Notice { message }) => message.contains("no conversation"),
-        (Command::Bookmark { .. }, Event::Bookmark { .. }) => true,
-        (Command::SetReference { .. }, Event::Notice { message }) => {
-            message.starts_with("reference path")
-        }
-        (Command::SetRepair { .. }, Event::Notice { message }) => {
-            message.starts_with("cache repair")
-        }
-        (Command::Finish, Event::Notice { message }) => message.starts_with("background work"),
-        (_, Event::Error { .. }) => true,
-        _ => false,
-    }
-}
-
 /// Wait for the engine to be ready; every event seen is passed to `on_event`.
 pub fn wait_ready(
     events: &Receiver<Event>,
@@ -211,7 +192,7 @@ pub fn run_steps(
     };
     for cmd in steps {
         send(cmd.clone());
-        while !completes(cmd, &next(&mut unmeasured)?) {}
+        while !cmd.answered_by(&next(&mut unmeasured)?) {}
     }
     while !unmeasured.is_empty() {
         next(&mut unmeasured)?;

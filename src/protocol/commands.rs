@@ -1,5 +1,6 @@
 //! What a caller asks the engine to do.
 
+use super::events::Event;
 use serde::{Deserialize, Serialize};
 
 /// What a caller asks the engine to do.
@@ -26,4 +27,28 @@ pub enum Command {
     Finish,
     /// Stop the engine; it answers with [`Event::ShutDown`].
     Shutdown,
+}
+
+impl Command {
+    /// Whether `e` answers this command: the engine handles commands in order and ends
+    /// each with one of these events, so a driver (a script, the demo) knows when to send
+    /// the next.
+    pub fn answered_by(&self, e: &Event) -> bool {
+        match (self, e) {
+            (Command::Submit { .. }, Event::Done { .. }) => true,
+            (Command::Switch, Event::Switch { .. }) => true,
+            (Command::Switch, Event::Notice { message }) => message.contains("no conversation"),
+            (Command::Bookmark { .. }, Event::Bookmark { .. }) => true,
+            (Command::SetReference { .. }, Event::Notice { message }) => {
+                message.starts_with("reference path")
+            }
+            (Command::SetRepair { .. }, Event::Notice { message }) => {
+                message.starts_with("cache repair")
+            }
+            (Command::Finish, Event::Notice { message }) => message.starts_with("background work"),
+            (Command::Cancel, Event::Notice { .. }) => true,
+            (_, Event::Error { .. }) => true,
+            _ => false,
+        }
+    }
 }

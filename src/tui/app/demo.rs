@@ -24,27 +24,6 @@ impl Demo {
     }
 }
 
-/// Whether `e` answers `cmd`: the engine handles commands in order and ends each with
-/// one of these events.
-fn completes(cmd: &Command, e: &Event) -> bool {
-    match (cmd, e) {
-        (Command::Submit { .. }, Event::Done { .. }) => true,
-        (Command::Switch, Event::Switch { .. }) => true,
-        (Command::Switch, Event::Notice { message }) => message.contains("no conversation"),
-        (Command::Bookmark { .. }, Event::Bookmark { .. }) => true,
-        (Command::SetReference { .. }, Event::Notice { message }) => {
-            message.starts_with("reference path")
-        }
-        (Command::SetRepair { .. }, Event::Notice { message }) => {
-            message.starts_with("cache repair")
-        }
-        (Command::Finish, Event::Notice { message }) => message.starts_with("background work"),
-        (Command::Cancel, Event::Notice { .. }) => true,
-        (_, Event::Error { .. }) => true,
-        _ => false,
-    }
-}
-
 impl App {
     /// Start a scripted demo. Its first step goes out now if the engine is ready and
     /// idle, otherwise once it is.
@@ -81,7 +60,7 @@ impl App {
         };
         match (&d.waiting, e) {
             (None, Event::Ready { .. }) if d.paused_after.is_none() => return self.demo_next(),
-            (Some(cmd), _) if completes(cmd, e) => {
+            (Some(cmd), _) if cmd.answered_by(e) => {
                 d.waiting = None;
                 if matches!(e, Event::Switch { .. }) {
                     d.paused_after = switch_index;
