@@ -172,8 +172,8 @@ pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, Eng
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
-            source: s.identity.name.clone(),
-            target: t.identity.name.clone(),
+            source: s.identity.name.as_str().into(),
+            target: t.identity.name.as_str().into(),
             sha256: sha,
             k: art.meta.k,
         },

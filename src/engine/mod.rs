@@ -137,7 +137,7 @@ pub fn spawn(config: EngineConfig) -> EngineHandle {
 fn model_info(m: &crate::model::Model) -> ModelInfo {
     let c = m.config();
     ModelInfo {
-        name: m.identity.name.clone(),
+        name: m.identity.name.as_str().into(),
         path: m.identity.path.display().to_string(),
         sha256: m.identity.sha256.clone(),
         arch: format!("{:?}", c.arch).to_lowercase(),

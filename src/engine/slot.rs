@@ -12,7 +12,7 @@
 use super::conversation::Conversation;
 use crate::metrics::QueryGram;
 use crate::model::{ForwardOptions, KvCache, Model};
-use crate::protocol::{CacheOrigin, ModelInfo};
+use crate::protocol::{CacheOrigin, ModelInfo, ModelName};
 use std::sync::Arc;
 
 pub struct Slot {
@@ -49,7 +49,7 @@ impl Slot {
         history.starts_with(ids).then_some(kv)
     }
 
-    pub(super) fn name(&self) -> String {
+    pub(super) fn name(&self) -> ModelName {
         self.info.name.clone()
     }
 }

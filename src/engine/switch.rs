@@ -12,7 +12,8 @@ use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::metrics::QueryGram;
 use crate::model::{KvCache, Model};
 use crate::protocol::{
-    CacheOrigin, EstimateBasis, GateDecision, SwitchEstimate, SwitchMetrics, SwitchTimings,
+    CacheOrigin, EstimateBasis, GateDecision, ModelName, SwitchEstimate, SwitchMetrics,
+    SwitchTimings,
 };
 use candle_core::Tensor;
 
@@ -34,7 +35,7 @@ pub(super) struct Handoff {
     pub timings: SwitchTimings,
     /// For the switch event: the models' names, the positions the target did not hold
     /// before, the gate's decision and the estimate it rested on.
-    pub names: (String, String),
+    pub names: (ModelName, ModelName),
     pub suffix_tokens: usize,
     pub gate: Option<GateDecision>,
     pub estimate: Option<SwitchEstimate>,

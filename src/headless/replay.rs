@@ -36,8 +36,8 @@ pub fn replay_config(
         });
     }
     let manifest = Manifest::builtin()?;
-    let spec = |m: &ModelInfo| match manifest.entry(&m.name) {
-        Some(_) => m.name.clone(),
+    let spec = |m: &ModelInfo| match manifest.entry(m.name.as_str()) {
+        Some(_) => m.name.to_string(),
         None => m.path.clone(),
     };
     let mut cfg = EngineConfig::new([spec(&models[0]), spec(&models[1])], device);

@@ -1,6 +1,7 @@
 //! What the engine tells its callers.
 
 use super::float;
+use super::ids::ModelName;
 use super::kinds::{CacheOrigin, MapperInfo, ModelInfo, PathKind, StopKind};
 use super::measures::{
     GateDecision, GenerationTimings, MapperState, SwitchEstimate, SwitchMetrics, SwitchTimings,
@@ -34,7 +35,7 @@ pub enum Event {
     TurnStarted {
         turn: u32,
         path: PathKind,
-        model: String,
+        model: ModelName,
         cache: CacheOrigin,
     },
     /// One streamed token; not recorded, [`Event::Generation`] sums them up.
@@ -48,7 +49,7 @@ pub enum Event {
     Generation {
         turn: u32,
         path: PathKind,
-        model: String,
+        model: ModelName,
         text: String,
         token_ids: Vec<u32>,
         prompt_tokens: usize,
@@ -71,8 +72,8 @@ pub enum Event {
     Switch {
         index: u32,
         turn: u32,
-        from: String,
-        to: String,
+        from: ModelName,
+        to: ModelName,
         context_tokens: usize,
         suffix_tokens: usize,
         timings: SwitchTimings,
@@ -158,8 +159,8 @@ pub enum Event {
     MapperLearned {
         index: u32,
         turn: u32,
-        from: String,
-        to: String,
+        from: ModelName,
+        to: ModelName,
         tokens: usize,
         held_out: usize,
         #[serde(with = "float")]
@@ -184,7 +185,7 @@ pub enum Event {
     /// positions of `total` are its own prefill, the rest as they were (mapped, or
     /// computed over mapped positions). Not recorded; [`Event::CacheRepaired`] sums it up.
     RepairProgress {
-        model: String,
+        model: ModelName,
         repaired: usize,
         total: usize,
     },
@@ -196,7 +197,7 @@ pub enum Event {
     CacheRepaired {
         index: u32,
         turn: u32,
-        model: String,
+        model: ModelName,
         repaired: usize,
         total: usize,
         complete: bool,

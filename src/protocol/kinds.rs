@@ -1,5 +1,6 @@
 //! Which path a turn ran on, where its cache came from, why it stopped, and which model and mapper files a session used.
 
+use super::ids::ModelName;
 use serde::{Deserialize, Serialize};
 
 /// Which of the two paths a turn was generated on. Before the first switch there is only
@@ -39,7 +40,7 @@ pub enum StopKind {
 /// A loaded model, enough to tell later which weights a session ran on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
-    pub name: String,
+    pub name: ModelName,
     pub path: String,
     pub sha256: String,
     pub arch: String,
@@ -53,8 +54,8 @@ pub struct ModelInfo {
 pub struct MapperInfo {
     /// The artifact's file name.
     pub id: String,
-    pub source: String,
-    pub target: String,
+    pub source: ModelName,
+    pub target: ModelName,
     pub sha256: String,
     /// Source layers feeding each target layer.
     pub k: usize,

@@ -8,12 +8,14 @@
 mod commands;
 mod events;
 mod float;
+mod ids;
 mod kinds;
 mod measures;
 pub mod summary;
 
 pub use commands::Command;
 pub use events::Event;
+pub use ids::ModelName;
 pub use kinds::{CacheOrigin, MapperInfo, ModelInfo, PathKind, StopKind};
 pub use measures::{
     finite_mean, EstimateBasis, GateDecision, GenerationTimings, MapperState, SwitchEstimate,

@@ -201,8 +201,8 @@ fn switches(s: &Session) -> BTreeMap<u32, SwitchView<'_>> {
                 out.insert(
                     *index,
                     SwitchView {
-                        from,
-                        to,
+                        from: from.as_str(),
+                        to: to.as_str(),
                         turn: *turn,
                         metrics: metrics.as_ref(),
                         gate: gate.as_ref(),

@@ -210,7 +210,7 @@ impl Report {
                     ..
                 } => {
                     let row = PathRow {
-                        model: model.clone(),
+                        model: model.to_string(),
                         cache: caches.get(&(*turn, *path)).copied(),
                         tokens: token_ids.len(),
                         prompt_tokens: *prompt_tokens,
@@ -254,8 +254,8 @@ impl Report {
                     let mut row = SwitchRow {
                         index: *index,
                         turn: *turn,
-                        from: from.clone(),
-                        to: to.clone(),
+                        from: from.to_string(),
+                        to: to.to_string(),
                         context_tokens: *context_tokens,
                         suffix_tokens: *suffix_tokens,
                         handoff_ms: timings.end_to_end_ms,
@@ -332,8 +332,8 @@ impl Report {
                 } => learning.push(LearningRow {
                     index: *index,
                     turn: *turn,
-                    from: from.clone(),
-                    to: to.clone(),
+                    from: from.to_string(),
+                    to: to.to_string(),
                     tokens: *tokens,
                     held_out: *held_out,
                     before: Some(*before).filter(|v| v.is_finite()),
@@ -355,7 +355,7 @@ impl Report {
                 } => repairs.push(RepairRow {
                     index: *index,
                     turn: *turn,
-                    model: model.clone(),
+                    model: model.to_string(),
                     repaired: *repaired,
                     total: *total,
                     complete: *complete,
@@ -383,7 +383,7 @@ impl Report {
                 created: h.created.clone(),
                 baton_version: h.baton_version.clone(),
                 device: h.device.clone(),
-                models: h.models.iter().map(|m| m.name.clone()).collect(),
+                models: h.models.iter().map(|m| m.name.to_string()).collect(),
                 mappers: h.mappers.iter().map(|m| m.id.clone()).collect(),
                 events: session.events.len(),
                 warnings: session.warnings.clone(),

@@ -21,7 +21,7 @@ use super::repair::Repair;
 use super::slot::Slot;
 use super::EngineError;
 use crate::model::{KvCache, Model};
-use crate::protocol::{CacheOrigin, Event, MapperState};
+use crate::protocol::{CacheOrigin, Event, MapperState, ModelName};
 use candle_core::Tensor;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,7 +55,7 @@ pub(super) struct Learning {
 /// What applying the learning thread's replies may touch.
 pub(super) struct LearnCx<'a> {
     pub mappers: &'a mut [LoadedMapper; 2],
-    pub names: [String; 2],
+    pub names: [ModelName; 2],
     pub out: &'a mut Outbox,
 }
 

@@ -59,7 +59,7 @@ impl App {
     pub(super) fn send_switch(&mut self) -> Vec<Effect> {
         let to = self
             .other_model()
-            .map_or_else(|| "the other model".to_string(), |m| m.name.clone());
+            .map_or_else(|| "the other model".to_string(), |m| m.name.to_string());
         if self.phase.answering() {
             self.say(
                 Level::Info,

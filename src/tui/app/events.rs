@@ -1,7 +1,7 @@
 //! How each engine event changes what the screen shows.
 
 use super::{App, Effect, Level, Overlay};
-use crate::protocol::{CacheOrigin, Event, PathKind};
+use crate::protocol::{CacheOrigin, Event, ModelName, PathKind};
 use crate::tui::records::{
     Comparison, Entry, Finished, FollowUp, LoadingProgress, Measure, PathText, Reply, SwitchRecord,
     TurnPair,
@@ -172,8 +172,8 @@ impl App {
         self.switches.push(SwitchRecord {
             index: *index,
             turn: *turn,
-            from: from.clone(),
-            to: to.clone(),
+            from: from.to_string(),
+            to: to.to_string(),
             context_tokens: *context_tokens,
             suffix_tokens: *suffix_tokens,
             timings: *timings,
@@ -307,13 +307,13 @@ impl App {
         if message.contains("no conversation to hand over") {
             self.phase.switch_answered();
             if let Some((name, _)) = message.split_once(" is active") {
-                self.set_active_by_name(name);
+                self.set_active_by_name(&ModelName::from(name));
             }
         }
         self.say(Level::Info, message);
     }
 
-    fn turn_started(&mut self, turn: u32, path: PathKind, model: &str, cache: CacheOrigin) {
+    fn turn_started(&mut self, turn: u32, path: PathKind, model: &ModelName, cache: CacheOrigin) {
         match path {
             PathKind::Mapped => {
                 self.transcript.push(Entry::Reply(Reply {
@@ -377,8 +377,8 @@ impl App {
         self.say(Level::Error, message);
     }
 
-    fn set_active_by_name(&mut self, name: &str) {
-        if let Some(i) = self.models.iter().position(|m| m.name == name) {
+    fn set_active_by_name(&mut self, name: &ModelName) {
+        if let Some(i) = self.models.iter().position(|m| m.name == *name) {
             self.active = i;
         }
     }

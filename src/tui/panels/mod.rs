@@ -97,7 +97,7 @@ impl Names<'_> {
         let [a, b] = self.0 else {
             return name.to_string();
         };
-        let (sa, sb) = short_names(&a.name, &b.name);
+        let (sa, sb) = short_names(a.name.as_str(), b.name.as_str());
         if name == a.name {
             sa
         } else if name == b.name {

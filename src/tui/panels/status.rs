@@ -168,9 +168,9 @@ fn status_line(s: &Session, fit: Fit) -> Line<'static> {
     let mut spans = Vec::new();
     for (i, m) in s.models.iter().enumerate() {
         let name = if fit >= Fit::ShortNames {
-            Names(s.models).short(&m.name)
+            Names(s.models).short(m.name.as_str())
         } else {
-            m.name.clone()
+            m.name.to_string()
         };
         if i == s.active {
             spans.push(Span::styled(
