@@ -132,7 +132,7 @@ fn gate_study_cmd(a: cli::GateStudyArgs, dev: &Device) -> Result<()> {
         windows.len(),
         docs.len() + 1
     );
-    let anchor = baton::mapper::apply::DEFAULT_ANCHOR;
+    let anchor = baton::mapper::DEFAULT_ANCHOR;
     let study = gate_study::study(
         &src,
         &tgt,

@@ -42,10 +42,10 @@ pub use save::{corpus_info, save_fitted, Saved};
 
 use crate::data::corpus::{self, Document, Split};
 use crate::mapper::artifact::ModelRef;
-use crate::mapper::packed::SourceScales;
 use crate::mapper::ridge::{LayerMap, RidgeOptions};
 use crate::mapper::select::single_layer_r2;
 use crate::mapper::CacheMapper;
+use crate::mapper::SourceScales;
 use crate::model::{Model, ModelIdentity};
 use capture::HeldOutCaptures;
 pub use capture::{capture, Captured, DirectionStats, WindowFeatures};
@@ -414,7 +414,7 @@ fn fit_direction(
     let r2k = single_layer_r2(sk, &base)?;
     let r2v = single_layer_r2(sv, &base)?;
     // Scored as the maps are used: behind the anchor the workbench keeps by default.
-    let anchor = opts.skip_first.max(crate::mapper::apply::DEFAULT_ANCHOR);
+    let anchor = opts.skip_first.max(crate::mapper::DEFAULT_ANCHOR);
     let scorer = HeldOutScorer::new(src, tgt, view, anchor, &scales)?;
     let fit = sweep::FitInputs {
         keys: sk,

@@ -5,9 +5,9 @@
 //! models' checksums and written to a temp file, then renamed into place.
 
 use super::low_rank::Factors;
-use super::packed::SourceScales;
 use super::report::CalibrationReport;
 use super::ridge::{FitInfo, LayerMap};
+use super::SourceScales;
 use crate::model::{ModelConfig, ModelIdentity};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
