@@ -31,7 +31,7 @@ pub mod saved_stats;
 mod sweep;
 mod token_choice;
 
-pub use crate::mapper::report::{CalibrationReport, RankPoint, SkippedK, SweepPoint};
+pub use crate::mapper::calibration_report::{CalibrationReport, RankPoint, SkippedK, SweepPoint};
 pub use error::CalibrateError;
 pub use heldout::continuation_start;
 pub use options::{

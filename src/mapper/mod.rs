@@ -38,10 +38,10 @@ pub use select::{select_layers, single_layer_r2, top_k};
 pub use stats::PairStats;
 
 pub mod artifact;
+pub mod calibration_report;
 pub mod features;
 pub mod gain;
 pub mod low_rank;
 pub mod map;
-pub mod report;
 
 pub use map::{CacheMapper, MapPrecision, SourceScales, TargetLayerMap, DEFAULT_ANCHOR};
