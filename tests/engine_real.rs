@@ -350,7 +350,7 @@ fn the_handoff_bench_times_every_stage_on_the_real_pair() {
     // Each map reads its k source layers (and the token block's pieces, when it reads
     // them) of 2×64 features into 2×128, for 28 target layers, K and V; the block costs
     // the 1.5B's layer-0 key and value projections (1536 → 256 each) on top.
-    let maps = m.mapper.keys.iter().chain(&m.mapper.values);
+    let maps = m.mapper.keys().iter().chain(m.mapper.values());
     let pieces: usize = maps.map(|t| t.sources.len()).sum();
     assert!(pieces >= 2 * 28 * m.info.k, "{pieces}");
     let block = if m.mapper.reads_tokens() {

@@ -2,7 +2,7 @@
 //! context length against a re-prefill, the table lines handed out as they are measured
 //! (a sweep takes minutes) and the document returned at the end.
 
-use super::report::{self, BenchReport, DirectionBench};
+use super::bench_json::{self, BenchReport, DirectionBench};
 use super::switch::{bench_point, mapper_cost, BenchOptions};
 use crate::mapper::artifact::{self, ArtifactError};
 use crate::mapper::MapPrecision;
@@ -55,12 +55,12 @@ pub fn sweep(
         let mapper = mapper.with_precision(plan.precision)?;
         let direction = format!("{} -> {}", s.identity.name, t.identity.name);
         let cost = mapper_cost(&mapper);
-        on_line(&report::cost_line(&direction, art.meta.k, &cost));
-        on_line(&report::table_header());
+        on_line(&bench_json::cost_line(&direction, art.meta.k, &cost));
+        on_line(&bench_json::table_header());
         let mut points = Vec::new();
         for &n in plan.lengths {
             let p = bench_point(s, t, &mapper, n, &opts)?;
-            on_line(&report::table_row(&p));
+            on_line(&bench_json::table_row(&p));
             points.push(p);
         }
         let d = DirectionBench::new(direction, art.path, art.meta.k, cost, points);
@@ -70,8 +70,8 @@ pub fn sweep(
         results.push(d);
     }
     Ok(BenchReport {
-        format: report::FORMAT.into(),
-        version: report::VERSION,
+        format: bench_json::FORMAT.into(),
+        version: bench_json::VERSION,
         device: plan.device.clone(),
         repeats: opts.repeats,
         suffix: opts.suffix,

@@ -87,7 +87,7 @@ pub fn mapper_cost(m: &CacheMapper) -> MapperCost {
     let mut weights = 0f64;
     let mut rank = None;
     let mut reads = std::collections::BTreeSet::new();
-    for t in m.keys.iter().chain(&m.values) {
+    for t in m.keys().iter().chain(m.values()) {
         let (rows, cols) = t.weight.dims2().unwrap_or((0, 0));
         let n = match &t.factors {
             Some((_, right)) => {
@@ -101,14 +101,14 @@ pub fn mapper_cost(m: &CacheMapper) -> MapperCost {
         weights += per_weight * n as f64 + 4.0 * cols as f64;
         reads.extend(t.sources.iter().copied());
     }
-    let src_width = m.source.n_kv_head * m.source.head_dim;
-    let tgt_width = m.target.n_kv_head * m.target.head_dim;
+    let src_width = m.source().n_kv_head * m.source().head_dim;
+    let tgt_width = m.target().n_kv_head * m.target().head_dim;
     macs += m.layer_zero().map_or(0, |lz| lz.macs_per_token());
     MapperCost {
         flops_per_token: 2.0 * macs as f64,
         weight_bytes: weights,
         activation_bytes_per_token: 4.0
-            * (2 * reads.len() * src_width + 2 * m.target.n_layer * tgt_width) as f64,
+            * (2 * reads.len() * src_width + 2 * m.target().n_layer * tgt_width) as f64,
         precision,
         rank,
     }

@@ -6,9 +6,9 @@
 use super::heldout::{ScoreMaps, Scored};
 use super::{CalibrateError, CalibrateOptions, CalibrationProgress};
 use crate::mapper::gain::{apply_column_gains, apply_gain, matched_gains, Half};
-use crate::mapper::packed::SourceScales;
 use crate::mapper::ridge::{self, LayerMap};
 use crate::mapper::PairStats;
+use crate::mapper::SourceScales;
 
 /// How one half's gain is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -7,7 +7,7 @@
 use super::capture::{Captured, HeldOutView};
 use super::CalibrateError;
 use crate::handoff::{HandoffInputs, HandoffPlan};
-use crate::mapper::packed::SourceScales;
+use crate::mapper::SourceScales;
 use crate::mapper::{CacheMapper, LayerMap};
 use crate::metrics::{self, attention_output_cosine, NextTokenAgreement};
 use crate::model::{ForwardOptions, KvCache, Logits, Model};

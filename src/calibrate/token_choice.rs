@@ -10,7 +10,7 @@
 
 use super::heldout::{ScoreMaps, Scored};
 use super::CalibrateError;
-use crate::mapper::report::BlockLayers;
+use crate::mapper::calibration_report::BlockLayers;
 use crate::mapper::ridge::r2;
 use crate::mapper::{LayerMap, PairStats};
 

@@ -30,7 +30,7 @@ pub struct EvalArgs {
     /// Leading positions the target computes itself (attention sinks) instead of
     /// receiving them mapped, in text windows and task contexts, as the workbench does
     /// by default; 0 maps everything.
-    #[arg(long, default_value_t = baton::mapper::apply::DEFAULT_ANCHOR)]
+    #[arg(long, default_value_t = baton::mapper::DEFAULT_ANCHOR)]
     pub anchor: usize,
     /// The target reads the last N tokens of each text prefix and task context itself,
     /// on top of the mapped rest (as the workbench's `--tail` does at a switch); their

@@ -39,7 +39,7 @@ pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
         windows.len(),
         docs.len() + 1
     );
-    let anchor = baton::mapper::apply::DEFAULT_ANCHOR;
+    let anchor = baton::mapper::DEFAULT_ANCHOR;
     let study = gate_study::study(
         &src,
         &tgt,

@@ -56,7 +56,7 @@ impl Default for Settings {
             sampling: Sampling::greedy(),
             system_prompt: None,
             probes: 32,
-            anchor: crate::mapper::apply::DEFAULT_ANCHOR,
+            anchor: crate::mapper::DEFAULT_ANCHOR,
             tail: 0,
             learn: true,
             repair: false,

@@ -1,8 +1,8 @@
 //! `baton eval` as a library call: every asked direction through held-out text and the
 //! asked tasks, gathered into one [`EvalReport`]. The binary only parses and prints.
 
+use super::eval_json::{recall_line, task_line, text_line, DirectionEval, EvalReport};
 use super::recall::{eval_recall, RecallOptions};
-use super::report::{recall_line, task_line, text_line, DirectionEval, EvalReport};
 use super::tasks::{eval_task, TaskEvalOptions};
 use super::text::{eval_text, TextEvalOptions};
 use super::EvalError;

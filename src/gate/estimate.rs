@@ -13,11 +13,11 @@ pub const MAX_POSITIONS: usize = 256;
 /// Source layers the maps read (the token block's pieces are not cache layers).
 fn layers_read(mapper: &CacheMapper) -> Vec<usize> {
     let mut layers: Vec<usize> = mapper
-        .keys
+        .keys()
         .iter()
-        .chain(&mapper.values)
+        .chain(mapper.values())
         .flat_map(|m| m.sources.iter().copied())
-        .filter(|&s| s < mapper.source.n_layer)
+        .filter(|&s| s < mapper.source().n_layer)
         .collect();
     layers.sort_unstable();
     layers.dedup();
@@ -44,7 +44,7 @@ pub fn feature_distance(
     if end <= start || end > src.len() {
         return Ok(None);
     }
-    let d = mapper.source.n_kv_head * mapper.source.head_dim;
+    let d = mapper.source().n_kv_head * mapper.source().head_dim;
     let stride = stride_for(end - start);
     let (mut sum, mut count) = (0.0f64, 0usize);
     for s in layers_read(mapper) {
@@ -102,7 +102,7 @@ pub fn round_trip(
     let there = forward.map_range(src, tokens, src_rope, tgt_rope, start, end)?;
     // The reverse map reads positions start..end of a target cache: the positions before
     // them are never read, so zeros hold their place.
-    let t = forward.target;
+    let t = forward.target();
     let mut scratch = KvCache::new(t, src.dtype(), src.device());
     if start > 0 {
         let zeros = (0..t.n_layer)

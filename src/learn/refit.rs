@@ -6,8 +6,8 @@
 use super::LearnError;
 use crate::calibrate::{CalibrationReport, DirectionStats};
 use crate::mapper::gain::{apply_column_gains, Half};
-use crate::mapper::packed::SourceScales;
 use crate::mapper::ridge::{self, LayerMap, RidgeOptions};
+use crate::mapper::SourceScales;
 
 /// What a calibration chose, all a re-solve keeps.
 #[derive(Debug, Clone, PartialEq)]

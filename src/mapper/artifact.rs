@@ -4,10 +4,10 @@
 //! A readable copy of the metadata is written next to it. Files are keyed by the two
 //! models' checksums and written to a temp file, then renamed into place.
 
+use super::calibration_report::CalibrationReport;
 use super::low_rank::Factors;
-use super::packed::SourceScales;
-use super::report::CalibrationReport;
 use super::ridge::{FitInfo, LayerMap};
+use super::SourceScales;
 use crate::model::{ModelConfig, ModelIdentity};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};

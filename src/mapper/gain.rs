@@ -11,9 +11,9 @@
 //! with `μ_x` the calibration mean of the source features the map reads. It is folded
 //! into the weights and bias, so it costs nothing when mapping.
 
-use super::packed::SourceScales;
 use super::ridge::LayerMap;
 use super::MapperError;
+use super::SourceScales;
 
 /// The gain that leaves a map as fitted: the default of every stored gain field.
 pub fn unit() -> f32 {

@@ -13,7 +13,7 @@
 //!   means; held-out R² and residuals from statistics alone.
 //! - **Reduced rank** ([`low_rank`]): the fit projected onto its top singular directions,
 //!   run as two thinner products.
-//! - **Apply** ([`apply`], [`packed`]). `K̂^j(t) = R_T(t)(x_K(t) W_K^j + b_K^j)` with the
+//! - **Map** ([`map`]: [`map::dense`], [`map::int8`]). `K̂^j(t) = R_T(t)(x_K(t) W_K^j + b_K^j)` with the
 //!   target's RoPE at the same absolute position, `V̂^j(t) = x_V(t) W_V^j + b_V^j`; each
 //!   source layer is un-rotated once however many target layers read it. The int8 path
 //!   quantises the weights to Q8_0 and runs on [`crate::kernels`].
@@ -37,12 +37,11 @@ pub use ridge::{
 pub use select::{select_layers, single_layer_r2, top_k};
 pub use stats::PairStats;
 
-pub mod apply;
 pub mod artifact;
+pub mod calibration_report;
 pub mod features;
 pub mod gain;
 pub mod low_rank;
-pub mod packed;
-pub mod report;
+pub mod map;
 
-pub use apply::{CacheMapper, MapPrecision, TargetLayerMap};
+pub use map::{CacheMapper, MapPrecision, SourceScales, TargetLayerMap, DEFAULT_ANCHOR};

@@ -63,7 +63,7 @@ impl Series {
     fn of(report: &Report) -> Result<Self, PlotError> {
         let finite = |(x, y): (i64, Option<f64>)| y.filter(|y| y.is_finite()).map(|y| (x, y));
         let per_switch =
-            |f: &dyn Fn(&crate::session::report::SwitchRow) -> Option<f64>| -> Vec<(i64, f64)> {
+            |f: &dyn Fn(&crate::session::session_report::SwitchRow) -> Option<f64>| -> Vec<(i64, f64)> {
                 report
                     .switches
                     .iter()

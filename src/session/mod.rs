@@ -11,8 +11,8 @@ pub mod diff;
 mod error;
 mod header;
 mod reader;
-pub mod report;
 mod report_table;
+pub mod session_report;
 mod writer;
 
 #[cfg(test)]
@@ -22,5 +22,5 @@ pub use diff::{diff_sessions, DiffOptions, SessionDiff};
 pub use error::SessionError;
 pub use header::{RecordedEvent, SessionHeader, FORMAT, MINOR, VERSION};
 pub use reader::{parse_session, read_session, Session};
-pub use report::Report;
+pub use session_report::Report;
 pub use writer::{check_record_path, default_session_path, SessionWriter};

@@ -1,6 +1,6 @@
 //! The report as plain-text tables, for a terminal or a log.
 
-use super::report::{LearningRow, PathRow, RepairRow, Report, SwitchRow, TurnRow};
+use super::session_report::{LearningRow, PathRow, RepairRow, Report, SwitchRow, TurnRow};
 use crate::protocol::{CacheOrigin, GateDecision, StopKind};
 use std::fmt::{self, Display, Formatter};
 

@@ -1,90 +1,17 @@
-//! The mapper on the CPU's int8 kernels (the ones the decoder's prefill runs on), so a
-//! map is measured against the re-prefill on equal terms. Weights are quantized to Q8_0
-//! once at load; each call quantizes its features per 32 values with their own scale.
-//! Keys leave the product and are rotated into the target's head layout in one pass.
+//! The map on the CPU's int8 kernels (the ones the decoder's prefill runs on), so a map
+//! is measured against the re-prefill on equal terms. Weights are quantized to Q8_0 once
+//! at load; each call quantizes its features per 32 values with their own scale. Keys
+//! leave the product and are rotated into the target's head layout in one pass.
 
-use super::apply::TargetLayerMap;
-use super::features::layer_features;
+use super::dense::TargetLayerMap;
+use super::{MapInput, SourceScales};
+use crate::mapper::features::layer_features;
 use crate::model::config::RopeLayout;
 use crate::model::rope::Rope;
 use crate::model::weights::Linear;
-use crate::model::{KvCache, KvShape, LayerKv, LayerZero, ModelError};
+use crate::model::{KvCache, KvShape, LayerKv, ModelError};
 use candle_core::{Device, Tensor};
 use std::collections::BTreeMap;
-
-/// Every source feature's mean and standard deviation over the calibration text, keys
-/// and values, layer-major ([L_s·D_s] each, like the calibration statistics' columns).
-/// Int8 needs them: un-rotated keys carry a few channels hundreds of times larger than
-/// the rest, and one scale per 32 values would flatten the small ones to zero. Centred
-/// and scaled features, with the scales folded into the weights, quantize evenly.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SourceScales {
-    pub key_mean: Vec<f32>,
-    pub key_std: Vec<f32>,
-    pub value_mean: Vec<f32>,
-    pub value_std: Vec<f32>,
-}
-
-impl SourceScales {
-    /// From the calibration statistics of keys and values.
-    pub fn from_stats(keys: &super::PairStats, values: &super::PairStats) -> Self {
-        let one = |st: &super::PairStats| -> (Vec<f32>, Vec<f32>) {
-            let n = st.count().max(1) as f64;
-            let mean = st.mean_x().iter().map(|&m| m as f32).collect();
-            let std = (0..st.dx())
-                .map(|i| (st.cxx_at(i, i).max(0.0) / n).sqrt() as f32)
-                .collect();
-            (mean, std)
-        };
-        let (key_mean, key_std) = one(keys);
-        let (value_mean, value_std) = one(values);
-        Self {
-            key_mean,
-            key_std,
-            value_mean,
-            value_std,
-        }
-    }
-
-    /// Whether the scales cover at least `layers` source layers of `width` features (they
-    /// may cover more: the token block's pieces, which a map need not read).
-    pub fn fits(&self, layers: usize, width: usize) -> bool {
-        let all = [
-            &self.key_mean,
-            &self.key_std,
-            &self.value_mean,
-            &self.value_std,
-        ];
-        let n = self.key_mean.len();
-        width > 0
-            && n.is_multiple_of(width)
-            && n >= layers * width
-            && all.iter().all(|v| v.len() == n)
-    }
-
-    /// (mean, scale) of layer `l`'s keys or values: scale = 1/σ, or 1 where the feature
-    /// is constant (its mean then carries it into the bias).
-    fn layer(&self, l: usize, width: usize, keys: bool) -> (Vec<f32>, Vec<f32>) {
-        let (m, s) = if keys {
-            (&self.key_mean, &self.key_std)
-        } else {
-            (&self.value_mean, &self.value_std)
-        };
-        let r = l * width..(l + 1) * width;
-        let max = s[r.clone()].iter().fold(0f32, |a, &b| a.max(b));
-        let scale = s[r.clone()]
-            .iter()
-            .map(|&v| {
-                if v > 1e-6 * max && v > 0.0 {
-                    1.0 / v
-                } else {
-                    1.0
-                }
-            })
-            .collect();
-        (m[r].to_vec(), scale)
-    }
-}
 
 /// One map (K or V of one target layer), packed: the full product, or a reduced map's
 /// two factors (features → rank, rank → target, bias on the second).
@@ -420,22 +347,9 @@ thread_local! {
 /// Larger feature buffers are returned to the allocator after the map.
 const KEEP_FEATURES: usize = 32 << 20;
 
-/// The mapped positions' context: what every target layer's product reads.
-pub struct MapInput<'a> {
-    pub maps: (&'a [TargetLayerMap], &'a [TargetLayerMap]),
-    pub target: KvShape,
-    /// The target's layer 0 when the maps read the token block, and the tokens of every
-    /// source position.
-    pub layer_zero: Option<&'a LayerZero>,
-    pub tokens: &'a [u32],
-    pub src: &'a KvCache,
-    pub src_rope: &'a Rope,
-    pub tgt_rope: &'a Rope,
-}
-
-/// Positions `start..end` of the source mapped, as the f32 path's
-/// [`super::CacheMapper::map_range`] returns them.
-pub fn map_range(
+/// Positions `start..end` of the source mapped, as the dense path's
+/// [`super::dense::map_layers`] returns them.
+pub fn map_layers(
     packed: &PackedMapper,
     input: &MapInput<'_>,
     start: usize,
@@ -457,7 +371,7 @@ pub fn map_range(
 }
 
 /// The whole source cache mapped, written straight into the new cache's buffers.
-pub fn map_cache(packed: &PackedMapper, input: &MapInput<'_>) -> Result<KvCache, ModelError> {
+pub fn map_into_cache(packed: &PackedMapper, input: &MapInput<'_>) -> Result<KvCache, ModelError> {
     let len = input.src.len();
     let cap = KvCache::initial_capacity(len);
     let bufs = map_buffers(packed, input, 0, len, cap)?;
@@ -476,32 +390,49 @@ fn map_buffers(
     end: usize,
     cap: usize,
 ) -> Result<Vec<LayerBuffers>, ModelError> {
+    let hd = input.target.head_dim;
+    if input.tgt_rope.half_width() * 2 != hd {
+        return Err(ModelError::Cache(format!(
+            "the target's rotary tables are {} wide for heads of {hd}",
+            input.tgt_rope.half_width()
+        )));
+    }
+    let layers = input.source_layers();
+    let shape = input.src.shape();
+    let per = (end - start) * shape.n_kv_head * shape.head_dim;
+    let mut buf = FEATURES.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    if buf.len() < 2 * per * layers.len() {
+        buf = vec![0f32; 2 * per * layers.len()];
+    }
+    conditioned_features(packed, input, &layers, start, end, &mut buf)?;
+    let out = products(packed, input, &layers, &buf, start, end, cap)?;
+    if buf.len() <= KEEP_FEATURES {
+        FEATURES.with(|c| *c.borrow_mut() = buf);
+    }
+    Ok(out)
+}
+
+/// Source layer `layers[i]`'s un-rotated, conditioned keys and values at `start..end`,
+/// written into chunk `i` of `buf` (keys, then values, rows [end − start, heads·hd]
+/// each), the layers spread over the thread pool.
+fn conditioned_features(
+    packed: &PackedMapper,
+    input: &MapInput<'_>,
+    layers: &[usize],
+    start: usize,
+    end: usize,
+    buf: &mut [f32],
+) -> Result<(), ModelError> {
     let MapInput {
-        maps,
-        target,
         layer_zero,
         tokens,
         src,
         src_rope,
-        tgt_rope,
+        ..
     } = *input;
     let rows = end - start;
-    let hd = target.head_dim;
-    if tgt_rope.half_width() * 2 != hd {
-        return Err(ModelError::Cache(format!(
-            "the target's rotary tables are {} wide for heads of {hd}",
-            tgt_rope.half_width()
-        )));
-    }
-    let mut needed = BTreeMap::new();
-    for m in maps.0.iter().chain(maps.1) {
-        for &s in &m.sources {
-            needed.insert(s, ());
-        }
-    }
     let src_tables = src_rope.tables(start, rows)?;
     let width = src.shape().n_kv_head * src.shape().head_dim;
-    let layers: Vec<usize> = needed.keys().copied().collect();
     let per = rows * width;
     let l_s = src.shape().n_layer;
     let block = match layer_zero {
@@ -511,48 +442,60 @@ fn map_buffers(
         }
         _ => None,
     };
-    let mut buf = FEATURES.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    if buf.len() < 2 * per * layers.len() {
-        buf = vec![0f32; 2 * per * layers.len()];
-    }
     let failed = std::sync::Mutex::new(None);
-    {
-        let one = |i: usize, part: &mut [f32]| {
-            let (kr, vr) = part.split_at_mut(per);
-            let r = if layers[i] >= l_s {
-                block_rows_into(
-                    block.as_deref(),
-                    &packed.scales,
-                    layers[i],
-                    l_s,
-                    width,
-                    kr,
-                    vr,
-                )
-            } else {
-                source_rows_into(
-                    src,
-                    src_rope,
-                    &src_tables,
-                    &packed.scales,
-                    layers[i],
-                    start,
-                    end,
-                    kr,
-                    vr,
-                )
-            };
-            if let Err(e) = r {
-                if let Ok(mut f) = failed.lock() {
-                    f.get_or_insert(e);
-                }
-            }
+    let one = |i: usize, part: &mut [f32]| {
+        let (kr, vr) = part.split_at_mut(per);
+        let r = if layers[i] >= l_s {
+            block_rows_into(
+                block.as_deref(),
+                &packed.scales,
+                layers[i],
+                l_s,
+                width,
+                kr,
+                vr,
+            )
+        } else {
+            source_rows_into(
+                src,
+                src_rope,
+                &src_tables,
+                &packed.scales,
+                layers[i],
+                start,
+                end,
+                kr,
+                vr,
+            )
         };
-        crate::kernels::par::for_each_chunk(&mut buf, 2 * per, layers.len(), per >= 1 << 14, one);
+        if let Err(e) = r {
+            if let Ok(mut f) = failed.lock() {
+                f.get_or_insert(e);
+            }
+        }
+    };
+    crate::kernels::par::for_each_chunk(buf, 2 * per, layers.len(), per >= 1 << 14, one);
+    match failed.into_inner().ok().flatten() {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    if let Some(e) = failed.into_inner().ok().flatten() {
-        return Err(e);
-    }
+}
+
+/// Every target layer's packed products on the conditioned features in `buf` (as
+/// [`conditioned_features`] wrote them for `layers`), keys rotated by the target's RoPE,
+/// both laid out [heads, cap, hd].
+fn products(
+    packed: &PackedMapper,
+    input: &MapInput<'_>,
+    layers: &[usize],
+    buf: &[f32],
+    start: usize,
+    end: usize,
+    cap: usize,
+) -> Result<Vec<LayerBuffers>, ModelError> {
+    let rows = end - start;
+    let width = input.src.shape().n_kv_head * input.src.shape().head_dim;
+    let per = rows * width;
     let feats: BTreeMap<usize, (&[f32], &[f32])> = layers
         .iter()
         .enumerate()
@@ -562,8 +505,8 @@ fn map_buffers(
             (l, (k, v))
         })
         .collect();
-    let (cos, sin) = tgt_rope.tables(start, rows)?;
-    let layout = tgt_rope.layout();
+    let (cos, sin) = input.tgt_rope.tables(start, rows)?;
+    let layout = input.tgt_rope.layout();
     let run = |pm: &PackedMap, m: &TargetLayerMap, keys: bool| -> Result<Vec<f32>, ModelError> {
         let parts: Vec<&[f32]> = m
             .sources
@@ -579,18 +522,15 @@ fn map_buffers(
             .collect();
         pm.forward(&parts, width, rows)
     };
-    let heads = target.n_kv_head;
+    let (heads, hd) = (input.target.n_kv_head, input.target.head_dim);
+    let (keys, values) = input.maps;
     let mut out = Vec::with_capacity(packed.layers.len());
-    for ((p, km), vm) in packed.layers.iter().zip(maps.0).zip(maps.1) {
+    for ((p, km), vm) in packed.layers.iter().zip(keys).zip(values) {
         let k = run(&p.k, km, true)?;
         let k = rotate_into_heads(&k, rows, cap, heads, hd, Some((&cos, &sin, layout)));
         let v = run(&p.v, vm, false)?;
         let v = rotate_into_heads(&v, rows, cap, heads, hd, None);
         out.push((k, v));
-    }
-    drop(feats);
-    if buf.len() <= KEEP_FEATURES {
-        FEATURES.with(|c| *c.borrow_mut() = buf);
     }
     Ok(out)
 }
@@ -613,7 +553,7 @@ mod tests {
             let rope = Rope::new(&cfg, 64, candle_core::DType::F32, &Device::Cpu)?;
             let (rows, heads, hd, start) = (5, 2, 8, 17);
             let y = Tensor::randn(0f32, 1.0, (rows, heads * hd), &Device::Cpu)?;
-            let expect = rope.rotate(&super::super::features::rows_to_heads(&y, heads)?, start)?;
+            let expect = rope.rotate(&crate::mapper::features::rows_to_heads(&y, heads)?, start)?;
             let (cos, sin) = rope.tables(start, rows)?;
             let got = rotate_into_heads(
                 &f32_rows(&y)?,

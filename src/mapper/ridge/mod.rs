@@ -28,19 +28,26 @@
 //! from a failed factorisation or from its pivots (whose spread bounds the condition number
 //! from below), so it can accept a Gram the eigenvalue path would have regularised when
 //! the pivots do not show how bad it is; both land on the same λ when they do raise it.
+//!
+//! # Where
+//!
+//! The regression read out of the statistics and its solve are in `solve.rs`; a map's
+//! residuals and R² on any statistics, held-out ones included, in `score.rs`.
+
+mod score;
+mod solve;
+
+pub use score::{r2, residuals, Residuals};
+pub(crate) use solve::Problem;
+pub use solve::MAX_CONDITION;
 
 use faer::linalg::matmul::matmul;
-use faer::linalg::solvers::{Llt, Solve};
 use faer::{Accum, MatMut, MatRef, Par, Side};
 use serde::{Deserialize, Serialize};
 
 use super::error::{MapperError, Result};
 use super::stats::PairStats;
-
-/// Largest condition number of the regularised Gram that is solved without raising λ. At
-/// 1e12 an f64 solve keeps about four significant digits in its worst direction, which is
-/// far more than the noise in calibration data warrants.
-pub const MAX_CONDITION: f64 = 1e12;
+use solve::{conditioned_lambda, not_pd};
 
 /// How to fit one ridge mapper.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -249,102 +256,6 @@ pub fn fit_layer_lambdas(
     Ok(out)
 }
 
-/// Per-column residual and total sums of squares of a map on some statistics.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Residuals {
-    /// `Σ (y − ŷ)²` per target column.
-    pub sse: Vec<f64>,
-    /// `Σ (y − ȳ)²` per target column, around these statistics' own mean.
-    pub sst: Vec<f64>,
-    /// `Σ (ŷ − mean ŷ)²` per target column: the spread of the predictions, which ridge
-    /// shrinks below `sst`.
-    pub spread: Vec<f64>,
-    pub count: u64,
-}
-
-impl Residuals {
-    /// Pooled `1 − ΣSSE / ΣSST` over all columns of the layer.
-    pub fn r2(&self) -> f64 {
-        let sse: f64 = self.sse.iter().sum();
-        let sst: f64 = self.sst.iter().sum();
-        1.0 - sse / sst
-    }
-}
-
-/// Pooled R² of `map` for `target_layer` on `stats`, which may be held-out statistics the
-/// map never saw: computed from the sums alone (see [`residuals`]).
-pub fn r2(stats: &PairStats, target_layer: usize, map: &LayerMap) -> Result<f64> {
-    residuals(stats, target_layer, map).map(|r| r.r2())
-}
-
-/// Residual sums of `map` on `stats` from the sums alone. With `e = y − xW − b` and the
-/// statistics' means `μ_x, μ_y`, split `e = (y − μ_y) − (x − μ_x)W + c` with
-/// `c = μ_y − μ_xᵀW − b`; the centred parts sum to zero, so per column
-///
-/// `SSE = s_yy − 2·(Wᵀ C_xy)_cc + (Wᵀ C_xx W)_cc + n·c_c²`
-///
-/// and `SST = s_yy`. Rounding can make a near-perfect fit's SSE a hair negative; it is
-/// clamped at zero.
-pub fn residuals(stats: &PairStats, target_layer: usize, map: &LayerMap) -> Result<Residuals> {
-    let cols = target_columns(stats, target_layer)?;
-    let d_t = stats.d_t();
-    if map.bias.len() != d_t || map.weight.len() != map.sources.len() * stats.d_s() * d_t {
-        return Err(MapperError::MapShape(format!(
-            "map is {}×{} with {} source layers; these statistics have D_s {} and D_t {d_t}",
-            map.in_width(),
-            map.d_t(),
-            map.sources.len(),
-            stats.d_s()
-        )));
-    }
-    let prob = Problem::new(stats, &map.sources, cols.clone(), false)?;
-    let (p, m) = (prob.p, prob.m);
-    // W as column-major f64 (p × D_t) from the row-major f32 weights actually shipped.
-    let mut w = vec![0.0; p * m];
-    for r in 0..p {
-        for c in 0..m {
-            w[r + c * p] = f64::from(map.weight[r * m + c]);
-        }
-    }
-    let mut aw = vec![0.0; p * m];
-    matmul(
-        MatMut::from_column_major_slice_mut(&mut aw, p, m),
-        Accum::Replace,
-        MatRef::from_column_major_slice(&prob.a, p, p),
-        MatRef::from_column_major_slice(&w, p, m),
-        1.0,
-        Par::rayon(0),
-    );
-    let n = stats.count() as f64;
-    let syy = &stats.syy()[cols];
-    let mut sse = Vec::with_capacity(m);
-    let mut spread = Vec::with_capacity(m);
-    for c in 0..m {
-        let wc = &w[c * p..(c + 1) * p];
-        let cross: f64 = wc
-            .iter()
-            .zip(&prob.b[c * p..(c + 1) * p])
-            .map(|(a, b)| a * b)
-            .sum();
-        let quad: f64 = wc
-            .iter()
-            .zip(&aw[c * p..(c + 1) * p])
-            .map(|(a, b)| a * b)
-            .sum();
-        let pred_mean: f64 =
-            wc.iter().zip(&prob.mean_x).map(|(a, b)| a * b).sum::<f64>() + f64::from(map.bias[c]);
-        let offset = prob.mean_y[c] - pred_mean;
-        sse.push((syy[c] - 2.0 * cross + quad + n * offset * offset).max(0.0));
-        spread.push(quad.max(0.0));
-    }
-    Ok(Residuals {
-        sse,
-        sst: syy.to_vec(),
-        spread,
-        count: stats.count(),
-    })
-}
-
 /// A fit needs spread: at least two observations.
 pub(crate) fn check_fit_count(stats: &PairStats) -> Result<()> {
     if stats.count() < 2 {
@@ -378,238 +289,6 @@ pub(crate) fn target_columns(
     }
     let d_t = stats.d_t();
     Ok(target_layer * d_t..(target_layer + 1) * d_t)
-}
-
-/// The smallest λ ≥ `lambda` for which `(ev_max + λ) / (ev_min + λ) ≤ MAX_CONDITION`.
-fn conditioned_lambda(lambda: f64, ev_min: f64, ev_max: f64) -> f64 {
-    let ev_min = ev_min.max(0.0);
-    if ev_max <= 0.0 {
-        // Nothing varies: any positive λ gives the (zero) answer.
-        return if lambda > 0.0 { lambda } else { 1.0 };
-    }
-    if ev_max + lambda <= MAX_CONDITION * (ev_min + lambda) {
-        return lambda;
-    }
-    lambda.max((ev_max - MAX_CONDITION * ev_min) / (MAX_CONDITION - 1.0))
-}
-
-fn not_pd(lambda: f64, ev_min: f64, ev_max: f64) -> MapperError {
-    MapperError::NotPositiveDefinite {
-        lambda,
-        reason: format!(
-            "Gram eigenvalues span {ev_min:.3e} ..= {ev_max:.3e}, condition number above {MAX_CONDITION:e}"
-        ),
-    }
-}
-
-/// One regression problem read out of the statistics: the (optionally standardised)
-/// centred Gram of the selected features and their cross moments with some target columns.
-pub(crate) struct Problem {
-    pub(crate) p: usize,
-    pub(crate) m: usize,
-    /// `p × p`, column-major, full symmetric, unregularised.
-    pub(crate) a: Vec<f64>,
-    /// `p × m`, column-major.
-    pub(crate) b: Vec<f64>,
-    /// Multiplier each centred feature was scaled by (1/σ, or 1).
-    pub(crate) scale: Vec<f64>,
-    pub(crate) mean_x: Vec<f64>,
-    pub(crate) mean_y: Vec<f64>,
-    pub(crate) constant: usize,
-}
-
-impl Problem {
-    pub(crate) fn new(
-        stats: &PairStats,
-        sources: &[usize],
-        cols: std::ops::Range<usize>,
-        standardize: bool,
-    ) -> Result<Self> {
-        check_sources(stats, sources)?;
-        if stats.count() == 0 {
-            return Err(MapperError::TooFewObservations {
-                count: 0,
-                needed: 1,
-            });
-        }
-        let d_s = stats.d_s();
-        let idx: Vec<usize> = sources
-            .iter()
-            .flat_map(|&s| s * d_s..(s + 1) * d_s)
-            .collect();
-        let p = idx.len();
-        let m = cols.len();
-        let mut a = vec![0.0; p * p];
-        for (j, &gj) in idx.iter().enumerate() {
-            for (i, &gi) in idx.iter().enumerate().skip(j) {
-                let v = stats.cxx_at(gi, gj);
-                a[i + j * p] = v;
-                a[j + i * p] = v;
-            }
-        }
-        let mut b = vec![0.0; p * m];
-        for (c, gc) in cols.clone().enumerate() {
-            let col = stats.cxy_column(gc);
-            for (i, &gi) in idx.iter().enumerate() {
-                b[i + c * p] = col[gi];
-            }
-        }
-        let n = stats.count() as f64;
-        let sd: Vec<f64> = (0..p).map(|i| (a[i + i * p].max(0.0) / n).sqrt()).collect();
-        let sd_max = sd.iter().fold(0.0f64, |m, &v| m.max(v));
-        let is_constant = |s: f64| s <= 1e-10 * sd_max || s == 0.0;
-        let constant = sd.iter().filter(|&&s| is_constant(s)).count();
-        let scale: Vec<f64> = sd
-            .iter()
-            .map(|&s| {
-                if standardize && !is_constant(s) {
-                    1.0 / s
-                } else {
-                    1.0
-                }
-            })
-            .collect();
-        if standardize {
-            for j in 0..p {
-                for i in 0..p {
-                    a[i + j * p] *= scale[i] * scale[j];
-                }
-                for c in 0..m {
-                    b[j + c * p] *= scale[j];
-                }
-            }
-        }
-        Ok(Self {
-            p,
-            m,
-            a,
-            b,
-            scale,
-            mean_x: idx.iter().map(|&g| stats.mean_x()[g]).collect(),
-            mean_y: stats.mean_y()[cols].to_vec(),
-            constant,
-        })
-    }
-
-    /// Solves `(A + λI) W = B` by Cholesky, raising λ per the module's rule when the
-    /// factorisation fails or its pivots show a condition number above [`MAX_CONDITION`].
-    /// Returns `W` (`p × m`, column-major, in the problem's scaled space) and the λ used.
-    pub(crate) fn solve_cholesky(&self, lambda: f64, fallback: bool) -> Result<(Vec<f64>, f64)> {
-        let (p, m) = (self.p, self.m);
-        let mut lam = lambda;
-        let mut reg = self.a.clone();
-        // A few rounds at most: the first raise comes from the eigenvalues and is enough
-        // in exact arithmetic; the later ones only cover rounding at the edge.
-        for _ in 0..4 {
-            for i in 0..p {
-                reg[i + i * p] = self.a[i + i * p] + lam;
-            }
-            let reason = match Llt::new(MatRef::from_column_major_slice(&reg, p, p), Side::Lower) {
-                Ok(llt) => {
-                    let l = llt.L();
-                    let (lo, hi) = (0..p).fold((f64::INFINITY, 0.0f64), |(lo, hi), i| {
-                        let d = *l.get(i, i);
-                        (lo.min(d), hi.max(d))
-                    });
-                    let cond_lower_bound = (hi / lo).powi(2);
-                    if p == 0 || cond_lower_bound <= MAX_CONDITION {
-                        let mut w = self.b.clone();
-                        llt.solve_in_place(MatMut::from_column_major_slice_mut(&mut w, p, m));
-                        if w.iter().all(|v| v.is_finite()) {
-                            return Ok((w, lam));
-                        }
-                        "the solution is not finite".to_string()
-                    } else {
-                        format!("Cholesky pivots imply a condition number ≥ {cond_lower_bound:.3e}")
-                    }
-                }
-                Err(e) => format!("Cholesky factorisation failed: {e:?}"),
-            };
-            if !fallback {
-                return Err(MapperError::NotPositiveDefinite {
-                    lambda: lam,
-                    reason,
-                });
-            }
-            let ev = MatRef::from_column_major_slice(&self.a, p, p)
-                .self_adjoint_eigenvalues(Side::Lower)
-                .map_err(|e| MapperError::Eigen(format!("{e:?}")))?;
-            let (lo, hi) = ev.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| {
-                (lo.min(v), hi.max(v))
-            });
-            let next = conditioned_lambda(lam, lo, hi);
-            lam = if next > lam {
-                next
-            } else {
-                (lam * 10.0).max(hi * 1e-12).max(f64::MIN_POSITIVE)
-            };
-        }
-        Err(MapperError::NotPositiveDefinite {
-            lambda: lam,
-            reason: "still not solvable after raising λ".into(),
-        })
-    }
-
-    /// Folds a scaled-space solution back to raw features and rounds it into a map.
-    fn to_map(
-        &self,
-        stats: &PairStats,
-        sources: &[usize],
-        w_scaled: &[f64],
-        opts: &RidgeOptions,
-        lambda: f64,
-    ) -> LayerMap {
-        let (p, m) = (self.p, self.m);
-        let mut weight = vec![0.0f32; p * m];
-        for r in 0..p {
-            for c in 0..m {
-                weight[r * m + c] = (w_scaled[r + c * p] * self.scale[r]) as f32;
-            }
-        }
-        // The intercept uses the rounded weights so it is exact for what is shipped.
-        let mut bias: Vec<f64> = self.mean_y.clone();
-        for r in 0..p {
-            let mx = self.mean_x[r];
-            for (b, &w) in bias.iter_mut().zip(&weight[r * m..(r + 1) * m]) {
-                *b -= mx * f64::from(w);
-            }
-        }
-        LayerMap {
-            sources: sources.to_vec(),
-            weight,
-            bias: bias.iter().map(|&b| b as f32).collect(),
-            info: FitInfo {
-                lambda_requested: opts.lambda,
-                lambda,
-                standardized: opts.standardize,
-                constant_features: self.constant,
-                observations: stats.count(),
-            },
-            factors: None,
-        }
-    }
-}
-
-fn check_sources(stats: &PairStats, sources: &[usize]) -> Result<()> {
-    if sources.is_empty() {
-        return Err(MapperError::Sources("no source layers given".into()));
-    }
-    let mut seen = vec![false; stats.l_s()];
-    for &s in sources {
-        if s >= stats.l_s() {
-            return Err(MapperError::LayerOutOfRange {
-                what: "source",
-                layer: s,
-                layers: stats.l_s(),
-            });
-        }
-        if std::mem::replace(&mut seen[s], true) {
-            return Err(MapperError::Sources(format!(
-                "source layer {s} is listed twice"
-            )));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@
 //!  mapper, k, mapper_cost, points: [BenchPoint], map_ms_per_token,
 //!  reprefill_ms_per_token}]}
 //! ```
+//!
+//! Beside it, the cost line and the per-length table printed for people.
 
 use super::switch::{linear_fit, BenchPoint, MapperCost};
 use serde::{Deserialize, Serialize};

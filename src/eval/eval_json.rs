@@ -7,6 +7,8 @@
 //!  tail, key_gain, value_gain, text: null | TextEval, tasks: [TaskResult],
 //!  conversations: null | RecallResult}]}
 //! ```
+//!
+//! Beside it, the one-line summaries of the same results printed for people.
 
 use super::recall::RecallResult;
 use super::tasks::TaskResult;

@@ -182,199 +182,12 @@ pub struct ErrorRow {
 
 impl Report {
     pub fn from_session(session: &Session) -> Self {
-        let mut turns: BTreeMap<u32, TurnRow> = BTreeMap::new();
-        let mut caches: BTreeMap<(u32, PathKind), CacheOrigin> = BTreeMap::new();
-        let mut switches = Vec::new();
-        let mut bookmarks = Vec::new();
-        let mut errors = Vec::new();
-        let mut learning = Vec::new();
-        let mut repairs = Vec::new();
+        let mut rows = Rows::default();
         for event in session.events() {
-            if let Some(turn) = event.turn().filter(|_| opens_turn(event)) {
-                turns.entry(turn).or_insert_with(|| TurnRow::new(turn));
-            }
-            match event {
-                Event::TurnStarted {
-                    turn, path, cache, ..
-                } => {
-                    caches.insert((*turn, *path), *cache);
-                }
-                Event::Generation {
-                    turn,
-                    path,
-                    model,
-                    token_ids,
-                    prompt_tokens,
-                    timings,
-                    stop,
-                    ..
-                } => {
-                    let row = PathRow {
-                        model: model.to_string(),
-                        cache: caches.get(&(*turn, *path)).copied(),
-                        tokens: token_ids.len(),
-                        prompt_tokens: *prompt_tokens,
-                        prefill_ms: timings.prefill_ms,
-                        first_token_ms: timings.first_token_ms,
-                        decode_tokens_per_s: timings.decode_tokens_per_s,
-                        total_ms: timings.total_ms,
-                        stop: *stop,
-                    };
-                    let t = turns.entry(*turn).or_insert_with(|| TurnRow::new(*turn));
-                    match path {
-                        PathKind::Mapped => t.mapped = Some(row),
-                        PathKind::Reference => t.reference = Some(row),
-                    }
-                }
-                Event::TurnComparison {
-                    turn,
-                    identical,
-                    first_difference,
-                    agreement,
-                } => {
-                    let t = turns.entry(*turn).or_insert_with(|| TurnRow::new(*turn));
-                    t.identical = Some(*identical);
-                    t.first_difference = *first_difference;
-                    t.agreement = Some(*agreement).filter(|a| a.is_finite());
-                }
-                Event::Switch {
-                    index,
-                    turn,
-                    from,
-                    to,
-                    context_tokens,
-                    suffix_tokens,
-                    timings,
-                    metrics,
-                    gate,
-                    measurement_follows,
-                    estimate,
-                    mapper,
-                } => {
-                    let mut row = SwitchRow {
-                        index: *index,
-                        turn: *turn,
-                        from: from.to_string(),
-                        to: to.to_string(),
-                        context_tokens: *context_tokens,
-                        suffix_tokens: *suffix_tokens,
-                        handoff_ms: timings.end_to_end_ms,
-                        measured: !measurement_follows,
-                        map_full_ms: None,
-                        map_suffix_ms: None,
-                        reprefill_full_ms: None,
-                        reprefill_suffix_ms: None,
-                        end_to_end_ms: timings.end_to_end_ms,
-                        speedup_full: None,
-                        speedup_suffix: None,
-                        cosine_mean: None,
-                        cosine_min: None,
-                        top1_agreement: None,
-                        kl: None,
-                        gate: *gate,
-                        feature_distance: estimate.and_then(|e| e.feature_distance),
-                        round_trip: estimate.and_then(|e| e.round_trip),
-                        predicted_cosine: estimate.and_then(|e| e.predicted_cosine),
-                        mapper: *mapper,
-                    };
-                    row.measure(timings, metrics.as_ref());
-                    switches.push(row);
-                }
-                // Sessions from format 1.1 on measure a switch after its handoff, often
-                // after the next turn's follow-up.
-                Event::SwitchMeasured {
-                    index,
-                    timings,
-                    metrics,
-                    stopped,
-                    estimate,
-                    ..
-                } => {
-                    if let Some(row) = switches.iter_mut().rev().find(|r| r.index == *index) {
-                        row.measure(timings, metrics.as_ref());
-                        row.measured = stopped.is_none();
-                        if let Some(e) = estimate {
-                            row.feature_distance = e.feature_distance;
-                            row.round_trip = e.round_trip;
-                            row.predicted_cosine = e.predicted_cosine;
-                        }
-                    }
-                }
-                // The first turn after a switch completes its row: agreement on the
-                // user's message and the time to the target's first token.
-                Event::SwitchFollowUp {
-                    index,
-                    top1_agreement,
-                    kl,
-                    end_to_end_ms,
-                    ..
-                } => {
-                    if let Some(row) = switches.iter_mut().rev().find(|r| r.index == *index) {
-                        row.top1_agreement = row.top1_agreement.or(*top1_agreement);
-                        row.kl = row.kl.or(*kl);
-                        row.end_to_end_ms = *end_to_end_ms;
-                    }
-                }
-                Event::MapperLearned {
-                    index,
-                    turn,
-                    from,
-                    to,
-                    tokens,
-                    held_out,
-                    before,
-                    after,
-                    accepted,
-                    learned_tokens,
-                    seconds,
-                    kept,
-                    ..
-                } => learning.push(LearningRow {
-                    index: *index,
-                    turn: *turn,
-                    from: from.to_string(),
-                    to: to.to_string(),
-                    tokens: *tokens,
-                    held_out: *held_out,
-                    before: Some(*before).filter(|v| v.is_finite()),
-                    after: Some(*after).filter(|v| v.is_finite()),
-                    accepted: *accepted,
-                    learned_tokens: *learned_tokens,
-                    seconds: *seconds,
-                    kept: *kept,
-                }),
-                Event::CacheRepaired {
-                    index,
-                    turn,
-                    model,
-                    repaired,
-                    total,
-                    complete,
-                    after_switch_ms,
-                    compute_ms,
-                } => repairs.push(RepairRow {
-                    index: *index,
-                    turn: *turn,
-                    model: model.to_string(),
-                    repaired: *repaired,
-                    total: *total,
-                    complete: *complete,
-                    after_switch_ms: *after_switch_ms,
-                    compute_ms: *compute_ms,
-                }),
-                Event::Bookmark { turn, note } => bookmarks.push(BookmarkRow {
-                    turn: *turn,
-                    note: note.clone(),
-                }),
-                Event::Error { message, fatal } => errors.push(ErrorRow {
-                    message: message.clone(),
-                    fatal: *fatal,
-                }),
-                _ => {}
-            }
+            rows.add(event);
         }
-        let turns: Vec<TurnRow> = turns.into_values().collect();
-        let summary = Summary::of(&turns, &switches);
+        let turns: Vec<TurnRow> = rows.turns.into_values().collect();
+        let summary = Summary::of(&turns, &rows.switches);
         let h = &session.header;
         Self {
             format: REPORT_FORMAT.into(),
@@ -389,13 +202,218 @@ impl Report {
                 warnings: session.warnings.clone(),
             },
             turns,
-            switches,
+            switches: rows.switches,
             summary,
-            bookmarks,
-            errors,
-            learning,
-            repairs,
+            bookmarks: rows.bookmarks,
+            errors: rows.errors,
+            learning: rows.learning,
+            repairs: rows.repairs,
         }
+    }
+}
+
+/// The rows a session's events build, event by event.
+#[derive(Default)]
+struct Rows {
+    turns: BTreeMap<u32, TurnRow>,
+    /// Where each turn's path got its cache, from its `TurnStarted`.
+    caches: BTreeMap<(u32, PathKind), CacheOrigin>,
+    switches: Vec<SwitchRow>,
+    bookmarks: Vec<BookmarkRow>,
+    errors: Vec<ErrorRow>,
+    learning: Vec<LearningRow>,
+    repairs: Vec<RepairRow>,
+}
+
+impl Rows {
+    fn add(&mut self, event: &Event) {
+        if let Some(turn) = event.turn().filter(|_| opens_turn(event)) {
+            self.turns.entry(turn).or_insert_with(|| TurnRow::new(turn));
+        }
+        match event {
+            Event::TurnStarted {
+                turn, path, cache, ..
+            } => {
+                self.caches.insert((*turn, *path), *cache);
+            }
+            Event::Generation { turn, path, .. } => {
+                let cache = self.caches.get(&(*turn, *path)).copied();
+                if let Some(row) = PathRow::of(event, cache) {
+                    let t = self.turn(*turn);
+                    match path {
+                        PathKind::Mapped => t.mapped = Some(row),
+                        PathKind::Reference => t.reference = Some(row),
+                    }
+                }
+            }
+            Event::TurnComparison {
+                turn,
+                identical,
+                first_difference,
+                agreement,
+            } => {
+                let t = self.turn(*turn);
+                t.identical = Some(*identical);
+                t.first_difference = *first_difference;
+                t.agreement = Some(*agreement).filter(|a| a.is_finite());
+            }
+            Event::Switch { .. } => self.switches.extend(SwitchRow::of(event)),
+            Event::SwitchMeasured { .. } | Event::SwitchFollowUp { .. } => {
+                self.complete_switch(event)
+            }
+            Event::MapperLearned { .. } => self.learning.extend(LearningRow::of(event)),
+            Event::CacheRepaired { .. } => self.repairs.extend(RepairRow::of(event)),
+            Event::Bookmark { turn, note } => self.bookmarks.push(BookmarkRow {
+                turn: *turn,
+                note: note.clone(),
+            }),
+            Event::Error { message, fatal } => self.errors.push(ErrorRow {
+                message: message.clone(),
+                fatal: *fatal,
+            }),
+            _ => {}
+        }
+    }
+
+    fn turn(&mut self, turn: u32) -> &mut TurnRow {
+        self.turns.entry(turn).or_insert_with(|| TurnRow::new(turn))
+    }
+
+    /// A later event about a switch fills in its row.
+    fn complete_switch(&mut self, event: &Event) {
+        match event {
+            // Sessions from format 1.1 on measure a switch after its handoff, often
+            // after the next turn's follow-up.
+            Event::SwitchMeasured {
+                index,
+                timings,
+                metrics,
+                stopped,
+                estimate,
+                ..
+            } => {
+                if let Some(row) = self.switches.iter_mut().rev().find(|r| r.index == *index) {
+                    row.measure(timings, metrics.as_ref());
+                    row.measured = stopped.is_none();
+                    if let Some(e) = estimate {
+                        row.feature_distance = e.feature_distance;
+                        row.round_trip = e.round_trip;
+                        row.predicted_cosine = e.predicted_cosine;
+                    }
+                }
+            }
+            // The first turn after a switch completes its row: agreement on the
+            // user's message and the time to the target's first token.
+            Event::SwitchFollowUp {
+                index,
+                top1_agreement,
+                kl,
+                end_to_end_ms,
+                ..
+            } => {
+                if let Some(row) = self.switches.iter_mut().rev().find(|r| r.index == *index) {
+                    row.top1_agreement = row.top1_agreement.or(*top1_agreement);
+                    row.kl = row.kl.or(*kl);
+                    row.end_to_end_ms = *end_to_end_ms;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl PathRow {
+    /// A `Generation` event's row, with the cache its turn started on.
+    fn of(event: &Event, cache: Option<CacheOrigin>) -> Option<Self> {
+        let Event::Generation {
+            model,
+            token_ids,
+            prompt_tokens,
+            timings,
+            stop,
+            ..
+        } = event
+        else {
+            return None;
+        };
+        Some(PathRow {
+            model: model.to_string(),
+            cache,
+            tokens: token_ids.len(),
+            prompt_tokens: *prompt_tokens,
+            prefill_ms: timings.prefill_ms,
+            first_token_ms: timings.first_token_ms,
+            decode_tokens_per_s: timings.decode_tokens_per_s,
+            total_ms: timings.total_ms,
+            stop: *stop,
+        })
+    }
+}
+
+impl LearningRow {
+    /// A `MapperLearned` event's row.
+    fn of(event: &Event) -> Option<Self> {
+        let Event::MapperLearned {
+            index,
+            turn,
+            from,
+            to,
+            tokens,
+            held_out,
+            before,
+            after,
+            accepted,
+            learned_tokens,
+            seconds,
+            kept,
+            ..
+        } = event
+        else {
+            return None;
+        };
+        Some(LearningRow {
+            index: *index,
+            turn: *turn,
+            from: from.to_string(),
+            to: to.to_string(),
+            tokens: *tokens,
+            held_out: *held_out,
+            before: Some(*before).filter(|v| v.is_finite()),
+            after: Some(*after).filter(|v| v.is_finite()),
+            accepted: *accepted,
+            learned_tokens: *learned_tokens,
+            seconds: *seconds,
+            kept: *kept,
+        })
+    }
+}
+
+impl RepairRow {
+    /// A `CacheRepaired` event's row.
+    fn of(event: &Event) -> Option<Self> {
+        let Event::CacheRepaired {
+            index,
+            turn,
+            model,
+            repaired,
+            total,
+            complete,
+            after_switch_ms,
+            compute_ms,
+        } = event
+        else {
+            return None;
+        };
+        Some(RepairRow {
+            index: *index,
+            turn: *turn,
+            model: model.to_string(),
+            repaired: *repaired,
+            total: *total,
+            complete: *complete,
+            after_switch_ms: *after_switch_ms,
+            compute_ms: *compute_ms,
+        })
     }
 }
 
@@ -409,6 +427,55 @@ fn opens_turn(event: &Event) -> bool {
 }
 
 impl SwitchRow {
+    /// A `Switch` event's row, measured when the event carries the measurements.
+    fn of(event: &Event) -> Option<Self> {
+        let Event::Switch {
+            index,
+            turn,
+            from,
+            to,
+            context_tokens,
+            suffix_tokens,
+            timings,
+            metrics,
+            gate,
+            measurement_follows,
+            estimate,
+            mapper,
+        } = event
+        else {
+            return None;
+        };
+        let mut row = SwitchRow {
+            index: *index,
+            turn: *turn,
+            from: from.to_string(),
+            to: to.to_string(),
+            context_tokens: *context_tokens,
+            suffix_tokens: *suffix_tokens,
+            handoff_ms: timings.end_to_end_ms,
+            measured: !measurement_follows,
+            map_full_ms: None,
+            map_suffix_ms: None,
+            reprefill_full_ms: None,
+            reprefill_suffix_ms: None,
+            end_to_end_ms: timings.end_to_end_ms,
+            speedup_full: None,
+            speedup_suffix: None,
+            cosine_mean: None,
+            cosine_min: None,
+            top1_agreement: None,
+            kl: None,
+            gate: *gate,
+            feature_distance: estimate.and_then(|e| e.feature_distance),
+            round_trip: estimate.and_then(|e| e.round_trip),
+            predicted_cosine: estimate.and_then(|e| e.predicted_cosine),
+            mapper: *mapper,
+        };
+        row.measure(timings, metrics.as_ref());
+        Some(row)
+    }
+
     /// Take the measured timings and metrics; the follow-up's agreement, when it came
     /// first, stays.
     fn measure(&mut self, t: &SwitchTimings, metrics: Option<&SwitchMetrics>) {
