@@ -618,7 +618,7 @@ fn int8_agrees_with_f32(token_features: bool) {
                     eye[i * dt + i] = 1.0;
                 }
                 let mut m = m.clone();
-                m.factors = Some(baton::mapper::low_rank::Factors {
+                m.factors = Some(baton::mapper::ridge::Factors {
                     rank: dt,
                     left: m.weight.clone(),
                     right: eye,

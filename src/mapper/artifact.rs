@@ -5,7 +5,7 @@
 //! models' checksums and written to a temp file, then renamed into place.
 
 use super::calibration_report::CalibrationReport;
-use super::low_rank::Factors;
+use super::ridge::Factors;
 use super::ridge::{FitInfo, LayerMap};
 use super::SourceScales;
 use crate::model::{ModelConfig, ModelIdentity};

@@ -7,29 +7,10 @@
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par, Side};
-use serde::{Deserialize, Serialize};
 
 use super::error::{MapperError, Result};
-use super::ridge::{target_columns, LayerMap};
+use super::ridge::{target_columns, Factors, LayerMap};
 use super::stats::PairStats;
-
-/// `W_r = left · right`. The columns of `left` are scaled to unit variance over the
-/// calibration features, so the middle product has even columns for int8.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Factors {
-    pub rank: usize,
-    /// `p × r`, row-major.
-    pub left: Vec<f32>,
-    /// `r × D_t`, row-major.
-    pub right: Vec<f32>,
-}
-
-impl Factors {
-    /// Multiply-adds per mapped row.
-    pub fn macs(&self) -> usize {
-        self.left.len() + self.right.len()
-    }
-}
 
 /// `map` reduced to `rank` (at most `D_t`): a map with the rank-`rank` weight and bias,
 /// and its factors.

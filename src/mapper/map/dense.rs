@@ -4,7 +4,7 @@
 
 use super::MapInput;
 use crate::mapper::features::{layer_features, rows_to_heads, LayerFeatures};
-use crate::mapper::low_rank::Factors;
+use crate::mapper::ridge::Factors;
 use crate::mapper::token_block;
 use crate::model::{LayerKv, ModelError};
 use candle_core::{DType, Device, Tensor};

@@ -94,6 +94,24 @@ impl FitInfo {
     }
 }
 
+/// `W_r = left · right`. The columns of `left` are scaled to unit variance over the
+/// calibration features, so the middle product has even columns for int8.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Factors {
+    pub rank: usize,
+    /// `p × r`, row-major.
+    pub left: Vec<f32>,
+    /// `r × D_t`, row-major.
+    pub right: Vec<f32>,
+}
+
+impl Factors {
+    /// Multiply-adds per mapped row.
+    pub fn macs(&self) -> usize {
+        self.left.len() + self.right.len()
+    }
+}
+
 /// A fitted map for one target layer: `y ≈ [x_{s1} | … | x_{sk}] · W + b` on raw
 /// (unstandardised, uncentred, RoPE-stripped) features.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -107,7 +125,7 @@ pub struct LayerMap {
     pub info: FitInfo,
     /// For a reduced mapper, `weight` as a low-rank product (see [`super::low_rank`]).
     #[serde(default)]
-    pub factors: Option<super::low_rank::Factors>,
+    pub factors: Option<Factors>,
 }
 
 impl LayerMap {
