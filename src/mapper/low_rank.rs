@@ -41,98 +41,11 @@ pub fn reduce_rank(
             "rank {rank} is outside 1..={m} (the target layer's width)"
         )));
     }
-    let n = stats.count().max(1) as f64;
-    let mut c = vec![0.0; p * p];
-    for (j, &gj) in idx.iter().enumerate() {
-        for (i, &gi) in idx.iter().enumerate().skip(j) {
-            let v = stats.cxx_at(gi, gj) / n;
-            c[i + j * p] = v;
-            c[j + i * p] = v;
-        }
-    }
-    // W column-major p × m.
-    let mut w = vec![0.0; p * m];
-    for r in 0..p {
-        for col in 0..m {
-            w[r + col * p] = f64::from(map.weight[r * m + col]);
-        }
-    }
-    let mut cw = vec![0.0; p * m];
-    matmul(
-        MatMut::from_column_major_slice_mut(&mut cw, p, m),
-        Accum::Replace,
-        MatRef::from_column_major_slice(&c, p, p),
-        MatRef::from_column_major_slice(&w, p, m),
-        1.0,
-        Par::rayon(0),
-    );
-    // Covariance of the predictions, m × m.
-    let mut s = vec![0.0; m * m];
-    matmul(
-        MatMut::from_column_major_slice_mut(&mut s, m, m),
-        Accum::Replace,
-        MatRef::from_column_major_slice(&w, p, m).transpose(),
-        MatRef::from_column_major_slice(&cw, p, m),
-        1.0,
-        Par::rayon(0),
-    );
-    let eig = MatRef::from_column_major_slice(&s, m, m)
-        .self_adjoint_eigen(Side::Lower)
-        .map_err(|e| MapperError::Eigen(format!("{e:?}")))?;
-    let u = eig.U();
-    let ev: Vec<f64> = eig.S().column_vector().iter().copied().collect();
-    let mut order: Vec<usize> = (0..m).collect();
-    order.sort_by(|&a, &b| ev[b].total_cmp(&ev[a]));
-    let keep = &order[..rank];
-    // left = W v_i / σ_i, right row i = σ_i v_iᵀ, σ_i the spread of that prediction.
-    let sigma: Vec<f64> = keep.iter().map(|&i| ev[i].max(0.0).sqrt()).collect();
-    let sigma_max = sigma.iter().fold(0.0f64, |a, &b| a.max(b));
-    let sigma: Vec<f64> = sigma
-        .iter()
-        .map(|&v| {
-            if v > 1e-12 * sigma_max && v > 0.0 {
-                v
-            } else {
-                1.0
-            }
-        })
-        .collect();
-    let mut left = vec![0f32; p * rank];
-    for (slot, &i) in keep.iter().enumerate() {
-        for r in 0..p {
-            let mut acc = 0.0;
-            for col in 0..m {
-                acc += w[r + col * p] * u.get(col, i);
-            }
-            left[r * rank + slot] = (acc / sigma[slot]) as f32;
-        }
-    }
-    let mut right = vec![0f32; rank * m];
-    for (slot, &i) in keep.iter().enumerate() {
-        for col in 0..m {
-            right[slot * m + col] = (sigma[slot] * u.get(col, i)) as f32;
-        }
-    }
-    // W_r in f64 from the f32 factors, so the dense and factored paths agree.
-    let mut weight = vec![0f32; p * m];
-    for r in 0..p {
-        for col in 0..m {
-            let mut acc = 0.0f64;
-            for slot in 0..rank {
-                acc += f64::from(left[r * rank + slot]) * f64::from(right[slot * m + col]);
-            }
-            weight[r * m + col] = acc as f32;
-        }
-    }
-    // Same intercept rule as the full fit: exact at the means for the shipped weights.
-    let mean_x: Vec<f64> = idx.iter().map(|&g| stats.mean_x()[g]).collect();
-    let mean_y = &stats.mean_y()[cols];
-    let mut bias: Vec<f64> = mean_y.to_vec();
-    for (r, mx) in mean_x.iter().enumerate() {
-        for (b, &wv) in bias.iter_mut().zip(&weight[r * m..(r + 1) * m]) {
-            *b -= mx * f64::from(wv);
-        }
-    }
+    let w = column_major(&map.weight, p, m);
+    let (u, sigma, keep) = prediction_directions(stats, &idx, &w, m, rank)?;
+    let (left, right) = factors_of(&w, &u, &sigma, &keep, p, m);
+    let weight = product(&left, &right, p, m, rank);
+    let bias = intercept(stats, &idx, &stats.mean_y()[cols], &weight, m);
     Ok((
         LayerMap {
             sources: map.sources.clone(),
@@ -147,6 +60,147 @@ pub fn reduce_rank(
         },
         Factors { rank, left, right },
     ))
+}
+
+/// `W` (row-major `p × m` f32) as a column-major f64 matrix.
+fn column_major(weight: &[f32], p: usize, m: usize) -> Vec<f64> {
+    let mut w = vec![0.0; p * m];
+    for r in 0..p {
+        for col in 0..m {
+            w[r + col * p] = f64::from(weight[r * m + col]);
+        }
+    }
+    w
+}
+
+/// The directions of the map's predictions with the most variance over the calibration
+/// features: the eigenvectors of `Wᵀ C W` (column-major `m × m`), the spread `σ` of each
+/// kept one (1 where it vanishes), and which `rank` of them are kept, largest first.
+fn prediction_directions(
+    stats: &PairStats,
+    idx: &[usize],
+    w: &[f64],
+    m: usize,
+    rank: usize,
+) -> Result<(Vec<f64>, Vec<f64>, Vec<usize>)> {
+    let p = idx.len();
+    let n = stats.count().max(1) as f64;
+    let mut c = vec![0.0; p * p];
+    for (j, &gj) in idx.iter().enumerate() {
+        for (i, &gi) in idx.iter().enumerate().skip(j) {
+            let v = stats.cxx_at(gi, gj) / n;
+            c[i + j * p] = v;
+            c[j + i * p] = v;
+        }
+    }
+    let mut cw = vec![0.0; p * m];
+    matmul(
+        MatMut::from_column_major_slice_mut(&mut cw, p, m),
+        Accum::Replace,
+        MatRef::from_column_major_slice(&c, p, p),
+        MatRef::from_column_major_slice(w, p, m),
+        1.0,
+        Par::rayon(0),
+    );
+    // Covariance of the predictions, m × m.
+    let mut s = vec![0.0; m * m];
+    matmul(
+        MatMut::from_column_major_slice_mut(&mut s, m, m),
+        Accum::Replace,
+        MatRef::from_column_major_slice(w, p, m).transpose(),
+        MatRef::from_column_major_slice(&cw, p, m),
+        1.0,
+        Par::rayon(0),
+    );
+    let eig = MatRef::from_column_major_slice(&s, m, m)
+        .self_adjoint_eigen(Side::Lower)
+        .map_err(|e| MapperError::Eigen(format!("{e:?}")))?;
+    let ev: Vec<f64> = eig.S().column_vector().iter().copied().collect();
+    let mut order: Vec<usize> = (0..m).collect();
+    order.sort_by(|&a, &b| ev[b].total_cmp(&ev[a]));
+    let keep = order[..rank].to_vec();
+    let sigma: Vec<f64> = keep.iter().map(|&i| ev[i].max(0.0).sqrt()).collect();
+    let sigma_max = sigma.iter().fold(0.0f64, |a, &b| a.max(b));
+    let sigma = sigma
+        .iter()
+        .map(|&v| {
+            if v > 1e-12 * sigma_max && v > 0.0 {
+                v
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    let u = eig.U();
+    let mut u_cols = vec![0.0; m * m];
+    for col in 0..m {
+        for i in 0..m {
+            u_cols[col + i * m] = *u.get(col, i);
+        }
+    }
+    Ok((u_cols, sigma, keep))
+}
+
+/// left = W v_i / σ_i (row-major `p × rank`), right row i = σ_i v_iᵀ (`rank × m`).
+fn factors_of(
+    w: &[f64],
+    u: &[f64],
+    sigma: &[f64],
+    keep: &[usize],
+    p: usize,
+    m: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let rank = keep.len();
+    let mut left = vec![0f32; p * rank];
+    for (slot, &i) in keep.iter().enumerate() {
+        for r in 0..p {
+            let mut acc = 0.0;
+            for col in 0..m {
+                acc += w[r + col * p] * u[col + i * m];
+            }
+            left[r * rank + slot] = (acc / sigma[slot]) as f32;
+        }
+    }
+    let mut right = vec![0f32; rank * m];
+    for (slot, &i) in keep.iter().enumerate() {
+        for col in 0..m {
+            right[slot * m + col] = (sigma[slot] * u[col + i * m]) as f32;
+        }
+    }
+    (left, right)
+}
+
+/// W_r in f64 from the f32 factors, so the dense and factored paths agree.
+fn product(left: &[f32], right: &[f32], p: usize, m: usize, rank: usize) -> Vec<f32> {
+    let mut weight = vec![0f32; p * m];
+    for r in 0..p {
+        for col in 0..m {
+            let mut acc = 0.0f64;
+            for slot in 0..rank {
+                acc += f64::from(left[r * rank + slot]) * f64::from(right[slot * m + col]);
+            }
+            weight[r * m + col] = acc as f32;
+        }
+    }
+    weight
+}
+
+/// Same intercept rule as the full fit: exact at the means for the shipped weights.
+fn intercept(
+    stats: &PairStats,
+    idx: &[usize],
+    mean_y: &[f64],
+    weight: &[f32],
+    m: usize,
+) -> Vec<f64> {
+    let mut bias: Vec<f64> = mean_y.to_vec();
+    for (r, &g) in idx.iter().enumerate() {
+        let mx = stats.mean_x()[g];
+        for (b, &wv) in bias.iter_mut().zip(&weight[r * m..(r + 1) * m]) {
+            *b -= mx * f64::from(wv);
+        }
+    }
+    bias
 }
 
 #[cfg(test)]
