@@ -22,6 +22,7 @@
 mod capture;
 pub mod choice;
 mod error;
+mod fit;
 mod gains;
 mod heldout;
 mod options;
@@ -43,16 +44,14 @@ pub use save::{corpus_info, save_fitted, Saved};
 use crate::data::corpus::{self, Document, Split};
 use crate::mapper::artifact::ModelRef;
 use crate::mapper::packed::SourceScales;
-use crate::mapper::ridge::{LayerMap, RidgeOptions};
-use crate::mapper::select::single_layer_r2;
+use crate::mapper::ridge::LayerMap;
 use crate::mapper::CacheMapper;
 use crate::model::{Model, ModelIdentity};
 use capture::HeldOutCaptures;
 pub use capture::{capture, Captured, DirectionStats, WindowFeatures};
-use choice::ChoiceRule;
-use heldout::HeldOutScorer;
 use saved_stats::{SavedStats, StatsMeta, StatsSource};
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -172,16 +171,67 @@ pub fn calibrate_with(
     a: &Model,
     b: &Model,
     run: &Run<'_>,
-    prior: Vec<(std::path::PathBuf, SavedStats)>,
+    prior: Vec<(PathBuf, SavedStats)>,
     progress: &dyn CalibrationProgress,
     cancel: &AtomicBool,
 ) -> Result<Calibrated, CalibrateError> {
     let Run {
         docs,
-        corpus,
         directions,
         opts,
+        ..
     } = *run;
+    check_request(a, b, directions, opts, &prior)?;
+    let len = opts.seq_len;
+    let fit_windows = mixed_windows(
+        a,
+        docs,
+        Split::Fit,
+        len,
+        (opts.skip_windows, opts.sequences),
+        opts.chat_share,
+    )?;
+    let sel_windows = mixed_windows(
+        a,
+        docs,
+        Split::Select,
+        len,
+        (0, opts.select_sequences),
+        opts.chat_share,
+    )?;
+    let metas = stats_metas(a, b, run, &prior)?;
+    let mut fresh = if fit_windows.is_empty() {
+        Vec::new()
+    } else {
+        capture::allocate(a, b, directions, opts.token_features.on())?
+    };
+    let stats_bytes = statistics_bytes(&fresh, &prior);
+    tracing::info!(stats_bytes, "calibration statistics allocated");
+
+    let t0 = Instant::now();
+    if !fit_windows.is_empty() {
+        capture::capture_fit(a, b, &fit_windows, opts, &mut fresh, progress, cancel)?;
+    }
+    let held = capture::capture_heldout(a, b, sel_windows, opts, progress, cancel)?;
+    let shared = Shared {
+        held,
+        capture_seconds: t0.elapsed().as_secs_f64(),
+        stats_bytes,
+    };
+
+    let stats = merge_statistics(directions, metas, fresh, prior)?;
+    let fitted = fit_all(a, b, &stats, &shared, opts, progress, cancel)?;
+    Ok(Calibrated { fitted, stats })
+}
+
+/// Refuse a calibration that cannot run before anything is read or captured.
+fn check_request(
+    a: &Model,
+    b: &Model,
+    directions: &[Direction],
+    opts: &CalibrateOptions,
+    prior: &[(PathBuf, SavedStats)],
+) -> Result<(), CalibrateError> {
     crate::text::ensure_same_tokenizer(&a.tokenizer, &b.tokenizer)
         .map_err(|e| CalibrateError::Model(e.into()))?;
     if directions.is_empty() {
@@ -217,57 +267,28 @@ pub fn calibrate_with(
             )));
         }
     }
-    let len = opts.seq_len;
-    let fit_windows = mixed_windows(
-        a,
-        docs,
-        Split::Fit,
-        len,
-        (opts.skip_windows, opts.sequences),
-        opts.chat_share,
-    )?;
-    let sel_windows = mixed_windows(
-        a,
-        docs,
-        Split::Select,
-        len,
-        (0, opts.select_sequences),
-        opts.chat_share,
-    )?;
-    let src_ref = |d: Direction| {
-        let (s, t) = d.pick(a, b);
-        (
-            ModelRef::new(&s.identity, s.config()),
-            ModelRef::new(&t.identity, t.config()),
-        )
-    };
-    let this_run = (opts.sequences > 0).then(|| StatsSource {
-        corpus: corpus.files.clone(),
-        fingerprint: corpus.fingerprint.clone(),
-        first_window: opts.skip_windows,
-        windows: opts.sequences,
-        seq_len: opts.seq_len,
-        stride: opts.stride,
-        chat_share: opts.chat_share,
-        observations: 0,
-    });
-    let token_layers = |d: Direction| -> Result<usize, CalibrateError> {
-        let ((_, ds), (_, dt)) = d.pick(capture::geometry(a), capture::geometry(b));
-        Ok(if opts.token_features.on() {
-            crate::mapper::token_block::block_layers(ds, dt)?
-        } else {
-            0
-        })
-    };
+    Ok(())
+}
+
+/// The saved-statistics header of every requested direction, each checked against the
+/// prior statistics it will be merged with.
+fn stats_metas(
+    a: &Model,
+    b: &Model,
+    run: &Run<'_>,
+    prior: &[(PathBuf, SavedStats)],
+) -> Result<Vec<StatsMeta>, CalibrateError> {
+    let opts = run.opts;
+    let this_run = this_run_source(run.corpus, opts);
     let mut metas = Vec::new();
-    for &d in directions {
-        let (source, target) = src_ref(d);
+    for &d in run.directions {
+        let (s, t) = d.pick(a, b);
         let meta = StatsMeta {
             format: saved_stats::FORMAT.into(),
             version: saved_stats::VERSION,
-            source,
-            target,
-            token_layers: token_layers(d)?,
+            source: ModelRef::new(&s.identity, s.config()),
+            target: ModelRef::new(&t.identity, t.config()),
+            token_layers: token_layers(a, b, d, opts)?,
             skip_first: opts.skip_first,
             attention_weight: opts.attention_weight,
             observations: 0,
@@ -279,69 +300,123 @@ pub fn calibrate_with(
         }
         metas.push(meta);
     }
-    let mut fresh = if fit_windows.is_empty() {
-        Vec::new()
+    Ok(metas)
+}
+
+/// This run's windows as a source of statistics; none when it captures nothing.
+fn this_run_source(corpus: &CorpusName, opts: &CalibrateOptions) -> Option<StatsSource> {
+    (opts.sequences > 0).then(|| StatsSource {
+        corpus: corpus.files.clone(),
+        fingerprint: corpus.fingerprint.clone(),
+        first_window: opts.skip_windows,
+        windows: opts.sequences,
+        seq_len: opts.seq_len,
+        stride: opts.stride,
+        chat_share: opts.chat_share,
+        observations: 0,
+    })
+}
+
+/// The source layers of direction `d`'s token block (0 without token features).
+fn token_layers(
+    a: &Model,
+    b: &Model,
+    d: Direction,
+    opts: &CalibrateOptions,
+) -> Result<usize, CalibrateError> {
+    let ((_, ds), (_, dt)) = d.pick(capture::geometry(a), capture::geometry(b));
+    Ok(if opts.token_features.on() {
+        crate::mapper::token_block::block_layers(ds, dt)?
     } else {
-        capture::allocate(a, b, directions, opts.token_features.on())?
-    };
-    let stats_bytes: usize = fresh
+        0
+    })
+}
+
+/// The memory the fresh and the prior statistics take together.
+fn statistics_bytes(fresh: &[DirectionStats], prior: &[(PathBuf, SavedStats)]) -> usize {
+    fresh
         .iter()
         .map(DirectionStats::memory_bytes)
         .sum::<usize>()
         + prior
             .iter()
             .map(|(_, p)| p.stats.memory_bytes())
-            .sum::<usize>();
-    tracing::info!(stats_bytes, "calibration statistics allocated");
+            .sum::<usize>()
+}
 
-    let t0 = Instant::now();
-    if !fit_windows.is_empty() {
-        capture::capture_fit(a, b, &fit_windows, opts, &mut fresh, progress, cancel)?;
-    }
-    let held = capture::capture_heldout(a, b, sel_windows, opts, progress, cancel)?;
-    let capture_seconds = t0.elapsed().as_secs_f64();
-
+/// Per direction, this run's statistics summed with the prior ones of that direction.
+fn merge_statistics(
+    directions: &[Direction],
+    metas: Vec<StatsMeta>,
+    fresh: Vec<DirectionStats>,
+    mut prior: Vec<(PathBuf, SavedStats)>,
+) -> Result<Vec<SavedStats>, CalibrateError> {
     let mut fresh = fresh.into_iter();
-    let mut prior = prior;
     let mut stats = Vec::new();
-    for (&d, mut meta) in directions.iter().zip(metas) {
-        let mine: Vec<(std::path::PathBuf, SavedStats)> = {
-            let (mine, rest): (Vec<_>, Vec<_>) =
-                prior.into_iter().partition(|(_, p)| p.stats.direction == d);
-            prior = rest;
-            mine
-        };
-        // This run's windows start the sum; without any, the first saved statistics do.
-        let mut mine = mine.into_iter();
-        let mut merged = match fresh.next() {
-            Some(st) => {
-                let n = st.keys.count();
-                meta.observations = n;
-                if let Some(s) = meta.sources.first_mut() {
-                    s.observations = n;
-                }
-                SavedStats { stats: st, meta }
-            }
-            None => mine
-                .next()
-                .map(|(_, p)| p)
-                .ok_or_else(|| CalibrateError::Options("no statistics to fit from".into()))?,
-        };
-        for (dir, p) in mine {
-            saved_stats::merge_into(&mut merged, &p, &dir)?;
-        }
-        stats.push(merged);
+    for (&d, meta) in directions.iter().zip(metas) {
+        let (mine, rest): (Vec<_>, Vec<_>) =
+            prior.into_iter().partition(|(_, p)| p.stats.direction == d);
+        prior = rest;
+        stats.push(merge_direction(meta, fresh.next(), mine)?);
     }
+    Ok(stats)
+}
 
+fn merge_direction(
+    mut meta: StatsMeta,
+    fresh: Option<DirectionStats>,
+    mine: Vec<(PathBuf, SavedStats)>,
+) -> Result<SavedStats, CalibrateError> {
+    // This run's windows start the sum; without any, the first saved statistics do.
+    let mut mine = mine.into_iter();
+    let mut merged = match fresh {
+        Some(st) => {
+            let n = st.keys.count();
+            meta.observations = n;
+            if let Some(s) = meta.sources.first_mut() {
+                s.observations = n;
+            }
+            SavedStats { stats: st, meta }
+        }
+        None => mine
+            .next()
+            .map(|(_, p)| p)
+            .ok_or_else(|| CalibrateError::Options("no statistics to fit from".into()))?,
+    };
+    for (dir, p) in mine {
+        saved_stats::merge_into(&mut merged, &p, &dir)?;
+    }
+    Ok(merged)
+}
+
+/// What the directions share: the held-out captures, and what the capture cost, for
+/// every direction's report.
+struct Shared {
+    held: HeldOutCaptures,
+    capture_seconds: f64,
+    stats_bytes: usize,
+}
+
+/// Fit every direction of `stats`, each report carrying the shared costs and the time
+/// all the fits took together.
+fn fit_all(
+    a: &Model,
+    b: &Model,
+    stats: &[SavedStats],
+    shared: &Shared,
+    opts: &CalibrateOptions,
+    progress: &dyn CalibrationProgress,
+    cancel: &AtomicBool,
+) -> Result<Vec<Fitted>, CalibrateError> {
     let t1 = Instant::now();
     let mut out = stats
         .iter()
         .map(|s| {
             let st = &s.stats;
             let (src, tgt) = st.direction.pick(a, b);
-            let mut f = fit_direction(src, tgt, st, &held, opts, progress, cancel)?;
-            f.report.capture_seconds = capture_seconds;
-            f.report.stats_bytes = stats_bytes;
+            let mut f = fit::fit_direction(src, tgt, st, &shared.held, opts, progress, cancel)?;
+            f.report.capture_seconds = shared.capture_seconds;
+            f.report.stats_bytes = shared.stats_bytes;
             f.report.sequences = s.meta.windows();
             Ok(f)
         })
@@ -350,7 +425,7 @@ pub fn calibrate_with(
     for f in &mut out {
         f.report.fit_seconds = fit_seconds;
     }
-    Ok(Calibrated { fitted: out, stats })
+    Ok(out)
 }
 
 /// `count` windows of `split` after its first `skip`, `share` of them chat-shaped
@@ -390,175 +465,6 @@ fn mixed_windows(
         out.extend(more);
     }
     Ok(out)
-}
-
-/// Rank, sweep, choose and optionally reduce the maps of one direction.
-fn fit_direction(
-    src: &Model,
-    tgt: &Model,
-    st: &DirectionStats,
-    held: &HeldOutCaptures,
-    opts: &CalibrateOptions,
-    progress: &dyn CalibrationProgress,
-    cancel: &AtomicBool,
-) -> Result<Fitted, CalibrateError> {
-    let (sk, sv) = (&st.keys, &st.values);
-    let view = held.view(st.direction);
-    let (hk, hv) = capture::heldout_stats(src, tgt, view, sk, st.token_layers, opts)?;
-    let base = RidgeOptions {
-        lambda: opts.lambdas.first().copied().unwrap_or(0.01),
-        standardize: opts.standardize,
-        ..RidgeOptions::default()
-    };
-    let scales = SourceScales::from_stats(sk, sv);
-    let r2k = single_layer_r2(sk, &base)?;
-    let r2v = single_layer_r2(sv, &base)?;
-    // Scored as the maps are used: behind the anchor the workbench keeps by default.
-    let anchor = opts.skip_first.max(crate::mapper::apply::DEFAULT_ANCHOR);
-    let scorer = HeldOutScorer::new(src, tgt, view, anchor, &scales)?;
-    let fit = sweep::FitInputs {
-        keys: sk,
-        values: sv,
-        rank_k: &r2k,
-        rank_v: &r2v,
-        base,
-        token_layers: st.token_layers,
-    };
-    let own_layers = sk.l_s() - st.token_layers;
-    let plan = sweep::plan_ks(
-        &opts.k_sweep,
-        own_layers,
-        sk.d_s(),
-        st.token_layers,
-        sk.count(),
-    );
-    for s in &plan.skipped {
-        progress.note(&format!(
-            "k={:<3} skipped: {} (calibrate on more sequences to try it)",
-            s.k, s.reason
-        ));
-    }
-    if plan.fell_back {
-        progress.note("no k in the sweep fits the observations: using k=1");
-    }
-    let rule = ChoiceRule::from(opts);
-    let names = format!("{} -> {}", src.identity.name, tgt.identity.name);
-    let sweep_plan = sweep::SweepPlan {
-        ks: &plan.ks,
-        lambdas: &opts.lambdas,
-        rule,
-        label: format!("sweep {names}"),
-    };
-    let swept = sweep::run(&fit, &hk, &hv, &sweep_plan, &scorer, progress, cancel)?;
-    let points = swept.points;
-    let choice = choice::choose(&points, &rule)
-        .ok_or_else(|| CalibrateError::Options("empty k sweep".into()))?;
-    for note in choice.notes(&points, &rule) {
-        progress.note(&note);
-    }
-    let (k, lambda) = (points[choice.chosen].k, points[choice.chosen].lambda);
-    let best_above_max_k = choice.best_above_max_k.map(|i| points[i].clone());
-    let full = match swept.kept {
-        Some((i, scored)) if i == choice.chosen => scored,
-        // Fitted again rather than kept from the sweep: holding every point's maps
-        // would cost hundreds of MB for a choice only a tolerance makes.
-        _ => fit.fit_and_score(k, lambda, &scorer)?,
-    };
-    let by = match opts.token_features {
-        TokenFeatures::Cosine => Some(token_choice::By::Cosine),
-        TokenFeatures::R2 => Some(token_choice::By::R2 {
-            keys: &hk,
-            values: &hv,
-        }),
-        TokenFeatures::All | TokenFeatures::Off => None,
-    };
-    let (full, token_block) = if let (Some(by), true) = (by, st.token_layers > 0) {
-        check_cancel(cancel)?;
-        let without = fit.fit_with_block(k, lambda, false)?;
-        let (scored, chosen) = token_choice::choose(full, without, by, &scorer)?;
-        progress.note(&format!(
-            "token block read by the keys of {} and the values of {} of {} layers: \
-             held-out cosine {:.4} (block everywhere {:.4}, nowhere {:.4})",
-            chosen.keys.len(),
-            chosen.values.len(),
-            scored.keys.len(),
-            scored.held.mean_cosine(),
-            chosen.cosine_everywhere,
-            chosen.cosine_nowhere
-        ));
-        (scored, Some(chosen))
-    } else {
-        (full, None)
-    };
-    let gain_inputs = gains::GainInputs {
-        scales: &scales,
-        source_width: src.config().kv_width(),
-        target_head_dim: tgt.config().head_dim,
-        held_keys: &hk,
-        held_values: &hv,
-    };
-    let (full, applied) = gains::apply(full, opts, &gain_inputs, &scorer, progress)?;
-    let full_cosine = full.held.mean_cosine();
-    let reduced = match opts.rank {
-        None => rank::RankOutcome {
-            scored: full,
-            sweep: Vec::new(),
-        },
-        Some(choice) => {
-            let step = rank::RankStep {
-                choice,
-                keys: sk,
-                values: sv,
-                width: tgt.config().kv_width(),
-                label: format!("rank {names}"),
-            };
-            rank::run(&step, full, &scorer, progress, cancel)?
-        }
-    };
-    let heldout::Scored { keys, values, held } = reduced.scored;
-    let report = CalibrationReport {
-        observations: sk.count(),
-        sequences: opts.sequences,
-        seq_len: opts.seq_len,
-        stride: opts.stride,
-        skip_first: opts.skip_first,
-        select_sequences: opts.select_sequences,
-        sweep: points,
-        skipped_k: plan.skipped,
-        max_k: (opts.max_k < own_layers).then_some(opts.max_k),
-        best_above_max_k,
-        r2_k: sweep::layer_r2(&hk, &keys)?,
-        r2_v: sweep::layer_r2(&hv, &values)?,
-        cosine: held.cosine,
-        agreement: Some(held.agreement),
-        single_layer_r2_k: r2k,
-        single_layer_r2_v: r2v,
-        // The capture and the statistics are shared by the directions; the caller fills
-        // in their cost, and the fit time once every direction is done.
-        capture_seconds: 0.0,
-        fit_seconds: 0.0,
-        stats_bytes: 0,
-        rank_sweep: reduced.sweep,
-        full_cosine: Some(full_cosine),
-        token_block,
-        key_gain: opts.key_gain,
-        value_gain: opts.value_gain,
-        attention_weight: opts.attention_weight,
-        matched_key_gains: applied.keys,
-        matched_value_gains: applied.values,
-    };
-    Ok(Fitted {
-        source: src.identity.clone(),
-        target: tgt.identity.clone(),
-        k,
-        lambda,
-        standardize: opts.standardize,
-        keys,
-        values,
-        source_scales: scales,
-        report,
-        token_layers: st.token_layers,
-    })
 }
 
 #[cfg(test)]
