@@ -2,7 +2,9 @@
 //! comparisons as plain lines, answers on stdout and progress and problems on stderr, so
 //! a script can keep the transcript and drop the rest.
 
-use crate::protocol::{Event, PathKind, SwitchMetrics, SwitchTimings};
+use crate::protocol::{
+    Event, GateDecision, GenerationTimings, PathKind, SwitchEstimate, SwitchMetrics, SwitchTimings,
+};
 
 /// Which stream a line belongs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,105 +64,12 @@ impl EventPrinter {
                 text,
                 timings,
                 ..
-            } => {
-                let label = match path {
-                    PathKind::Mapped => "answer",
-                    PathKind::Reference => "reference",
-                };
-                out(format!(
-                    "[turn {turn}] {model} {label} ({:.0} ms to first token, {:.1} tok/s): {}",
-                    timings.first_token_ms,
-                    timings.decode_tokens_per_s,
-                    text.trim()
-                ))
-            }
-            Event::Switch {
-                index,
-                from,
-                to,
-                context_tokens,
-                timings,
-                metrics,
-                gate,
-                measurement_follows,
-                ..
-            } => {
-                let gate = gate
-                    .map(|g| {
-                        format!(
-                            ", gate {:.3} vs {:.3}: {:?}",
-                            g.estimate, g.threshold, g.used
-                        )
-                    })
-                    .unwrap_or_default();
-                if *measurement_follows {
-                    out(format!(
-                        "[switch {index}] {from} -> {to}, {context_tokens} tokens handed over in {:.1} ms{gate}",
-                        timings.end_to_end_ms
-                    ))
-                } else {
-                    out(format!(
-                        "[switch {index}] {from} -> {to}, {context_tokens} tokens: {}{gate}",
-                        measured_line(timings, metrics.as_ref())
-                    ))
-                }
-            }
-            Event::SwitchMeasured {
-                index,
-                timings,
-                metrics,
-                stopped,
-                estimate,
-                ..
-            } => out(format!(
-                "[switch {index}] measured: {}{}{}",
-                measured_line(timings, metrics.as_ref()),
-                estimate
-                    .map(|e| {
-                        let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
-                        format!(
-                            " | estimate: feature distance {}, round trip {}, predicted cosine {}",
-                            show(e.feature_distance),
-                            show(e.round_trip),
-                            show(e.predicted_cosine)
-                        )
-                    })
-                    .unwrap_or_default(),
-                stopped
-                    .as_ref()
-                    .map(|s| format!(" (stopped: {s})"))
-                    .unwrap_or_default()
-            )),
-            Event::SwitchFollowUp {
-                index,
-                top1_agreement,
-                kl,
-                end_to_end_ms,
-                ..
-            } => out(format!(
-                "[switch {index}] end to end {end_to_end_ms:.0} ms{}",
-                match (top1_agreement, kl) {
-                    (Some(a), Some(k)) => format!(", next-turn top-1 agreement {a:.3}, KL {k:.3}"),
-                    _ => String::new(),
-                }
-            )),
-            Event::CacheRepaired {
-                index,
-                model,
-                repaired,
-                total,
-                complete,
-                after_switch_ms,
-                compute_ms,
-                ..
-            } => err(format!(
-                "[switch {index}] repair of {model}'s cache {}: {repaired} / {total} positions, {:.1} s after the switch, {:.1} s of prefill",
-                if *complete { "complete" } else { "cut short" },
-                after_switch_ms / 1e3,
-                compute_ms / 1e3
-            )),
-            Event::MapperLearned { index, .. } => crate::protocol::summary::line(e)
-                .and_then(|l| err(format!("[switch {index}] learned: {l}"))),
+            } => out(generation_line(*turn, *path, model.as_str(), text, timings)),
+            Event::Switch { .. }
+            | Event::SwitchMeasured { .. }
+            | Event::SwitchFollowUp { .. }
+            | Event::CacheRepaired { .. }
+            | Event::MapperLearned { .. } => switch_event_line(e),
             Event::TurnComparison {
                 turn,
                 identical,
@@ -168,14 +77,7 @@ impl EventPrinter {
                 agreement,
             } => out(format!(
                 "[turn {turn}] mapped vs reference: {}",
-                if *identical {
-                    "identical".to_string()
-                } else {
-                    format!(
-                        "first difference at token {}, agreement {agreement:.3}",
-                        first_difference.unwrap_or(0)
-                    )
-                }
+                comparison_verdict(*identical, *first_difference, *agreement)
             )),
             Event::Notice { message } => err(message.clone()),
             Event::Error { message, fatal } => err(format!(
@@ -185,6 +87,142 @@ impl EventPrinter {
             _ => None,
         }
     }
+}
+
+fn generation_line(
+    turn: u32,
+    path: PathKind,
+    model: &str,
+    text: &str,
+    timings: &GenerationTimings,
+) -> String {
+    let label = match path {
+        PathKind::Mapped => "answer",
+        PathKind::Reference => "reference",
+    };
+    format!(
+        "[turn {turn}] {model} {label} ({:.0} ms to first token, {:.1} tok/s): {}",
+        timings.first_token_ms,
+        timings.decode_tokens_per_s,
+        text.trim()
+    )
+}
+
+fn comparison_verdict(identical: bool, first_difference: Option<usize>, agreement: f64) -> String {
+    if identical {
+        "identical".to_string()
+    } else {
+        format!(
+            "first difference at token {}, agreement {agreement:.3}",
+            first_difference.unwrap_or(0)
+        )
+    }
+}
+
+/// The line of an event about a switch: the handoff, its measurement, the next turn's
+/// follow-up, the cache repair and the learning that come after it.
+fn switch_event_line(e: &Event) -> Option<(Stream, String)> {
+    let out = |s: String| Some((Stream::Out, s));
+    let err = |s: String| Some((Stream::Err, s));
+    match e {
+        Event::Switch {
+            index,
+            from,
+            to,
+            context_tokens,
+            timings,
+            metrics,
+            gate,
+            measurement_follows,
+            ..
+        } => {
+            let gate = gate_note(gate.as_ref());
+            if *measurement_follows {
+                out(format!(
+                    "[switch {index}] {from} -> {to}, {context_tokens} tokens handed over in {:.1} ms{gate}",
+                    timings.end_to_end_ms
+                ))
+            } else {
+                out(format!(
+                    "[switch {index}] {from} -> {to}, {context_tokens} tokens: {}{gate}",
+                    measured_line(timings, metrics.as_ref())
+                ))
+            }
+        }
+        Event::SwitchMeasured {
+            index,
+            timings,
+            metrics,
+            stopped,
+            estimate,
+            ..
+        } => out(format!(
+            "[switch {index}] measured: {}{}{}",
+            measured_line(timings, metrics.as_ref()),
+            estimate_note(estimate.as_ref()),
+            stopped
+                .as_ref()
+                .map(|s| format!(" (stopped: {s})"))
+                .unwrap_or_default()
+        )),
+        Event::SwitchFollowUp {
+            index,
+            top1_agreement,
+            kl,
+            end_to_end_ms,
+            ..
+        } => out(format!(
+            "[switch {index}] end to end {end_to_end_ms:.0} ms{}",
+            match (top1_agreement, kl) {
+                (Some(a), Some(k)) => format!(", next-turn top-1 agreement {a:.3}, KL {k:.3}"),
+                _ => String::new(),
+            }
+        )),
+        Event::CacheRepaired {
+            index,
+            model,
+            repaired,
+            total,
+            complete,
+            after_switch_ms,
+            compute_ms,
+            ..
+        } => err(format!(
+            "[switch {index}] repair of {model}'s cache {}: {repaired} / {total} positions, {:.1} s after the switch, {:.1} s of prefill",
+            if *complete { "complete" } else { "cut short" },
+            after_switch_ms / 1e3,
+            compute_ms / 1e3
+        )),
+        Event::MapperLearned { index, .. } => crate::protocol::summary::line(e)
+            .and_then(|l| err(format!("[switch {index}] learned: {l}"))),
+        _ => None,
+    }
+}
+
+/// The gate's verdict on a switch, when a gate decided it.
+fn gate_note(gate: Option<&GateDecision>) -> String {
+    gate.map(|g| {
+        format!(
+            ", gate {:.3} vs {:.3}: {:?}",
+            g.estimate, g.threshold, g.used
+        )
+    })
+    .unwrap_or_default()
+}
+
+/// The quality the switch's estimate predicted, when there is one.
+fn estimate_note(estimate: Option<&SwitchEstimate>) -> String {
+    estimate
+        .map(|e| {
+            let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
+            format!(
+                " | estimate: feature distance {}, round trip {}, predicted cosine {}",
+                show(e.feature_distance),
+                show(e.round_trip),
+                show(e.predicted_cosine)
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// A switch's map and re-prefill times, and its cosine when measured; "-" marks what

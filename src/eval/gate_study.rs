@@ -23,7 +23,7 @@ pub const PREFIXES: [usize; 3] = [128, 256, 512];
 pub const CONTINUATION: usize = 32;
 
 /// One number read off a measured switch.
-type Reading = dyn Fn(&StudySwitch) -> Option<f64>;
+type Reading = fn(&StudySwitch) -> Option<f64>;
 
 /// One measured switch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -121,84 +121,30 @@ pub fn study(
     anchor: usize,
     on_switch: &mut dyn FnMut(usize, &StudySwitch),
 ) -> Result<GateStudy, EvalError> {
+    let pair = StudyPair {
+        src,
+        tgt,
+        forward,
+        reverse,
+        anchor,
+    };
     let mut switches = Vec::with_capacity(windows.len());
     for (i, (text, w)) in windows.iter().enumerate() {
         let p = PREFIXES[i % PREFIXES.len()].min(w.len().saturating_sub(CONTINUATION));
-        let prefix = &w[..p];
-        let mut cache = src.decoder.new_cache();
-        src.decoder.forward(
-            prefix,
-            &mut cache,
-            &ForwardOptions {
-                logits: Logits::None,
-                probe_positions: vec![],
-            },
-        )?;
-        let rope = src.decoder.rope();
-        let distance = feature_distance(forward, &cache, rope, anchor.min(p), p)
-            .map_err(|e| EvalError::Input(e.to_string()))?;
-        let (rs, re) = round_trip_range(anchor.min(p), p);
-        let trip = round_trip(
-            forward,
-            reverse,
-            &cache,
-            prefix,
-            rope,
-            tgt.decoder.rope(),
-            rs,
-            re,
-        )
-        .map_err(|e| EvalError::Input(e.to_string()))?;
-        let opts = TextEvalOptions {
-            prefix: p,
-            continuation: CONTINUATION,
-            probes: 32,
-            anchor,
-            tail: 0,
-        };
-        let r = eval_text(src, tgt, forward, &[w[..p + CONTINUATION].to_vec()], &opts)?;
-        let s = StudySwitch {
-            text: text.clone(),
-            tokens: p,
-            feature_distance: distance,
-            round_trip: trip,
-            cosine: super::text::TextEval::mean(&r.cosine_prefix),
-            agreement: r.scores.agreement.top1,
-        };
+        let s = pair.measure(text, w, p)?;
         on_switch(i, &s);
         switches.push(s);
     }
-    let pick = |f: &dyn Fn(&StudySwitch) -> Option<f64>, y: &dyn Fn(&StudySwitch) -> f64| {
-        switches
-            .iter()
-            .filter_map(|s| f(s).map(|x| (x, y(s))))
-            .filter(|(x, y)| x.is_finite() && y.is_finite())
-            .collect::<Vec<(f64, f64)>>()
-    };
-    let estimators: [(&str, &Reading); 2] = [
-        ("feature_distance", &|s| s.feature_distance),
-        ("round_trip", &|s| s.round_trip),
-    ];
-    let correlations = estimators
+    let correlations = ESTIMATORS
         .iter()
-        .map(|(name, f)| {
-            let c = pick(*f, &|s| s.cosine);
-            let a = pick(*f, &|s| s.agreement);
-            Correlation {
-                estimator: name.to_string(),
-                pearson_cosine: fit::pearson(&c),
-                spearman_cosine: fit::spearman(&c),
-                pearson_agreement: fit::pearson(&a),
-                spearman_agreement: fit::spearman(&a),
-            }
-        })
+        .map(|&(name, f)| correlation(&switches, name, f))
         .collect();
     // A line per estimate, fitted on the even switches and checked on the odd ones;
     // the gate keeps the one that predicts the checked half best.
-    let lines: Vec<GateFit> = estimators
+    let lines: Vec<GateFit> = ESTIMATORS
         .iter()
-        .filter_map(|(name, f)| {
-            let points = pick(*f, &|s| s.cosine);
+        .filter_map(|&(name, f)| {
+            let points = pairs(&switches, f, |s| s.cosine);
             fitted_line(src, tgt, name, &points)
         })
         .collect();
@@ -214,6 +160,102 @@ pub fn study(
         lines,
         fit,
     })
+}
+
+/// The estimates the study compares with the measured values, by name.
+const ESTIMATORS: [(&str, Reading); 2] = [
+    ("feature_distance", |s| s.feature_distance),
+    ("round_trip", |s| s.round_trip),
+];
+
+/// The two models and their mappers each way, as the study's switches use them.
+struct StudyPair<'a> {
+    src: &'a Model,
+    tgt: &'a Model,
+    forward: &'a CacheMapper,
+    reverse: &'a CacheMapper,
+    anchor: usize,
+}
+
+impl StudyPair<'_> {
+    /// One switch after the first `p` tokens of `w`: the estimates from the source's
+    /// cache, then the cosine and agreement the switch measures.
+    fn measure(&self, text: &str, w: &[u32], p: usize) -> Result<StudySwitch, EvalError> {
+        let (src, tgt, anchor) = (self.src, self.tgt, self.anchor);
+        let prefix = &w[..p];
+        let mut cache = src.decoder.new_cache();
+        src.decoder.forward(
+            prefix,
+            &mut cache,
+            &ForwardOptions {
+                logits: Logits::None,
+                probe_positions: vec![],
+            },
+        )?;
+        let rope = src.decoder.rope();
+        let distance = feature_distance(self.forward, &cache, rope, anchor.min(p), p)
+            .map_err(|e| EvalError::Input(e.to_string()))?;
+        let (rs, re) = round_trip_range(anchor.min(p), p);
+        let trip = round_trip(
+            self.forward,
+            self.reverse,
+            &cache,
+            prefix,
+            rope,
+            tgt.decoder.rope(),
+            rs,
+            re,
+        )
+        .map_err(|e| EvalError::Input(e.to_string()))?;
+        let opts = TextEvalOptions {
+            prefix: p,
+            continuation: CONTINUATION,
+            probes: 32,
+            anchor,
+            tail: 0,
+        };
+        let r = eval_text(
+            src,
+            tgt,
+            self.forward,
+            &[w[..p + CONTINUATION].to_vec()],
+            &opts,
+        )?;
+        Ok(StudySwitch {
+            text: text.to_string(),
+            tokens: p,
+            feature_distance: distance,
+            round_trip: trip,
+            cosine: super::text::TextEval::mean(&r.cosine_prefix),
+            agreement: r.scores.agreement.top1,
+        })
+    }
+}
+
+/// (estimate, measured value) of every switch that has the estimate, both finite.
+fn pairs(
+    switches: &[StudySwitch],
+    estimate: Reading,
+    measured: fn(&StudySwitch) -> f64,
+) -> Vec<(f64, f64)> {
+    switches
+        .iter()
+        .filter_map(|s| estimate(s).map(|x| (x, measured(s))))
+        .filter(|(x, y)| x.is_finite() && y.is_finite())
+        .collect()
+}
+
+/// How well the estimate `f` follows the cosine and the agreement.
+fn correlation(switches: &[StudySwitch], name: &str, f: Reading) -> Correlation {
+    let c = pairs(switches, f, |s| s.cosine);
+    let a = pairs(switches, f, |s| s.agreement);
+    Correlation {
+        estimator: name.to_string(),
+        pearson_cosine: fit::pearson(&c),
+        spearman_cosine: fit::spearman(&c),
+        pearson_agreement: fit::pearson(&a),
+        spearman_agreement: fit::spearman(&a),
+    }
 }
 
 /// The least-squares line from an estimate to the cosine over the even points, with its

@@ -30,8 +30,8 @@ use crate::learn::{ConversationPair, LearnOutcome, Learner};
 use crate::mapper::CacheMapper;
 use crate::metrics::answers::{best_exact_match, best_f1, token_f1};
 use crate::metrics::interval::{cluster_bootstrap, Estimate};
-use crate::model::{ForwardOptions, KvCache, LayerKv, Logits, Model};
-use crate::text::ChatMessage;
+use crate::model::{ForwardOptions, KvCache, LayerKv, Logits, Model, ModelError};
+use crate::text::{ChatMessage, ChatTemplate};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 use std::time::Instant;
@@ -217,112 +217,219 @@ pub fn eval_recall(
     on_turn: &mut dyn FnMut(usize),
 ) -> Result<RecallResult, EvalError> {
     let template = tgt.chat_template()?;
-    let tok = &tgt.tokenizer;
     let mut outcomes = Vec::new();
     let mut learning = Vec::new();
-    let (mut map_s, mut pre_s) = (0f64, 0f64);
+    let mut seconds = HandoverSeconds::default();
     for (c, conv) in conversations.iter().enumerate() {
-        let mut src_cache = src.decoder.new_cache();
-        let mut src_held: Vec<u32> = Vec::new();
-        let mapper = learner.as_deref().map_or(mapper, |l| l.mapper());
-        for (j, q) in conv.questions.iter().enumerate() {
-            let messages = messages_for(conv, j);
-            let ids = template.render_ids(tok, &messages, true)?;
-            let before = template.render_ids(tok, &messages[..messages.len() - 1], false)?;
-            let h = common_prefix_len(&[&ids, &before]);
-            if ids.len() < 2 || h == 0 || h >= ids.len() {
-                return Err(EvalError::Input(format!(
-                    "conversation {c} question {}: the rendered prompt does not extend its history",
-                    j + 1
-                )));
-            }
-            let (prompt, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
-            let history = &ids[..h];
-
-            // The source's cache of the history, handed over as it would be at a switch.
-            extend_to(src, &mut src_cache, &mut src_held, history)?;
-            let t0 = Instant::now();
-            let mut reference = tgt.decoder.new_cache();
-            tgt.decoder
-                .forward(history, &mut reference, &ForwardOptions::cache_only())?;
-            pre_s += t0.elapsed().as_secs_f64();
-
-            let t1 = Instant::now();
-            let plan = HandoffPlan::new(h).anchor(opts.anchor).tail(opts.tail);
-            let inputs = HandoffInputs {
-                source: src,
-                source_cache: &src_cache,
-                target: tgt,
-                mapper,
-                tokens: history,
-                exact: Some(&reference),
-            };
-            let mut mapped = tgt.decoder.new_cache();
-            // The oracle swaps the target's own keys or values in for the mapped ones.
-            let mut swap = |layers: &mut [LayerKv], range: Range<usize>| {
-                let Some(oracle) = opts.oracle else {
-                    return Ok(());
-                };
-                for (l, layer) in layers.iter_mut().enumerate() {
-                    let own = reference.layer_range(l, range.start, range.end)?;
-                    match oracle {
-                        Oracle::TrueKeys => layer.k = own.k,
-                        Oracle::TrueValues => layer.v = own.v,
-                        Oracle::TrueBoth => *layer = own,
-                    }
-                }
-                Ok(())
-            };
-            plan.build_edited(&inputs, &mut mapped, Some(&mut swap))?;
-            map_s += t1.elapsed().as_secs_f64();
-
-            // The question, read by each path itself.
-            tgt.decoder
-                .forward(&prompt[h..], &mut reference, &ForwardOptions::cache_only())?;
-            tgt.decoder
-                .forward(&prompt[h..], &mut mapped, &ForwardOptions::cache_only())?;
-            extend_to(src, &mut src_cache, &mut src_held, prompt)?;
-
-            let max = opts.max_answer_tokens;
-            let (_, source) = generate_until(src, src_cache.try_clone()?, last, &[], max)?;
-            let (ids_r, reference_text) = generate_until(tgt, reference, last, &[], max)?;
-            let (ids_m, mapped_text) = generate_until(tgt, mapped, last, &[], max)?;
-            let (source, reference_text, mapped_text) = (
-                source.trim().to_string(),
-                reference_text.trim().to_string(),
-                mapped_text.trim().to_string(),
-            );
-            tracing::debug!(conversation = c, question = j + 1, reference = %reference_text, mapped = %mapped_text, "recall turn");
-            outcomes.push(TurnOutcome {
-                conversation: opts.first_conversation + c,
-                question_number: j + 1,
-                question_id: q.id.clone(),
-                context_tokens: h,
-                f1_source: best_f1(&source, &q.answers),
-                f1_reference: best_f1(&reference_text, &q.answers),
-                f1_mapped: best_f1(&mapped_text, &q.answers),
-                em_source: best_exact_match(&source, &q.answers),
-                em_reference: best_exact_match(&reference_text, &q.answers),
-                em_mapped: best_exact_match(&mapped_text, &q.answers),
-                f1_mapped_vs_reference: token_f1(&mapped_text, &reference_text),
-                identical: ids_r == ids_m,
-                source,
-                reference: reference_text,
-                mapped: mapped_text,
-            });
+        let mut source = SourceHistory {
+            cache: src.decoder.new_cache(),
+            held: Vec::new(),
+        };
+        let turns = TurnRun {
+            src,
+            tgt,
+            mapper: learner.as_deref().map_or(mapper, |l| l.mapper()),
+            template,
+            opts,
+        };
+        for j in 0..conv.questions.len() {
+            outcomes.push(turns.turn(conv, c, j, &mut source, &mut seconds)?);
             on_turn(outcomes.len());
         }
         if let Some(l) = learner.as_deref_mut() {
-            let outcome = learn_from(src, tgt, l, &src_cache, &src_held)?;
+            let outcome = learn_from(src, tgt, l, &source.cache, &source.held)?;
             learning.push(ConversationLearning {
                 conversation: opts.first_conversation + c,
                 outcome,
             });
         }
     }
-    let mut result = summarise(conversations.len(), outcomes, (map_s, pre_s), opts);
+    let times = (seconds.map, seconds.reprefill);
+    let mut result = summarise(conversations.len(), outcomes, times, opts);
     result.learning = learning;
     Ok(result)
+}
+
+/// The source's cache of one conversation, grown turn by turn, and the ids it holds.
+struct SourceHistory {
+    cache: KvCache,
+    held: Vec<u32>,
+}
+
+/// Time spent handing histories over, summed over turns.
+#[derive(Default)]
+struct HandoverSeconds {
+    map: f64,
+    reprefill: f64,
+}
+
+/// What every turn of one conversation reads.
+struct TurnRun<'a> {
+    src: &'a Model,
+    tgt: &'a Model,
+    mapper: &'a CacheMapper,
+    template: &'a ChatTemplate,
+    opts: &'a RecallOptions,
+}
+
+/// The three answers to one question, trimmed, with the target's token ids.
+struct Answers {
+    source: String,
+    reference: String,
+    mapped: String,
+    reference_ids: Vec<u32>,
+    mapped_ids: Vec<u32>,
+}
+
+impl TurnRun<'_> {
+    /// Question `j` of conversation `c`: hand the history over, let each path read the
+    /// question, answer it three ways and score the answers.
+    fn turn(
+        &self,
+        conv: &RecallConversation,
+        c: usize,
+        j: usize,
+        source: &mut SourceHistory,
+        seconds: &mut HandoverSeconds,
+    ) -> Result<TurnOutcome, EvalError> {
+        let (src, tgt) = (self.src, self.tgt);
+        let (ids, h) = self.render(conv, c, j)?;
+        let (prompt, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
+        let history = &ids[..h];
+
+        // The source's cache of the history, handed over as it would be at a switch.
+        extend_to(src, &mut source.cache, &mut source.held, history)?;
+        let (mut reference, mut mapped) = self.hand_over(history, &source.cache, seconds)?;
+
+        // The question, read by each path itself.
+        tgt.decoder
+            .forward(&prompt[h..], &mut reference, &ForwardOptions::cache_only())?;
+        tgt.decoder
+            .forward(&prompt[h..], &mut mapped, &ForwardOptions::cache_only())?;
+        extend_to(src, &mut source.cache, &mut source.held, prompt)?;
+
+        let answers = self.answer(&source.cache, reference, mapped, last)?;
+        tracing::debug!(conversation = c, question = j + 1, reference = %answers.reference, mapped = %answers.mapped, "recall turn");
+        let q = &conv.questions[j];
+        Ok(TurnOutcome {
+            conversation: self.opts.first_conversation + c,
+            question_number: j + 1,
+            question_id: q.id.clone(),
+            context_tokens: h,
+            f1_source: best_f1(&answers.source, &q.answers),
+            f1_reference: best_f1(&answers.reference, &q.answers),
+            f1_mapped: best_f1(&answers.mapped, &q.answers),
+            em_source: best_exact_match(&answers.source, &q.answers),
+            em_reference: best_exact_match(&answers.reference, &q.answers),
+            em_mapped: best_exact_match(&answers.mapped, &q.answers),
+            f1_mapped_vs_reference: token_f1(&answers.mapped, &answers.reference),
+            identical: answers.reference_ids == answers.mapped_ids,
+            source: answers.source,
+            reference: answers.reference,
+            mapped: answers.mapped,
+        })
+    }
+
+    /// The ids of question `j`'s prompt, and how many of them are the history before
+    /// the question's user message.
+    fn render(
+        &self,
+        conv: &RecallConversation,
+        c: usize,
+        j: usize,
+    ) -> Result<(Vec<u32>, usize), EvalError> {
+        let (template, tok) = (self.template, &self.tgt.tokenizer);
+        let messages = messages_for(conv, j);
+        let ids = template.render_ids(tok, &messages, true)?;
+        let before = template.render_ids(tok, &messages[..messages.len() - 1], false)?;
+        let h = common_prefix_len(&[&ids, &before]);
+        if ids.len() < 2 || h == 0 || h >= ids.len() {
+            return Err(EvalError::Input(format!(
+                "conversation {c} question {}: the rendered prompt does not extend its history",
+                j + 1
+            )));
+        }
+        Ok((ids, h))
+    }
+
+    /// The target's re-prefilled cache of `history` and the one mapped from the
+    /// source's, timing each.
+    fn hand_over(
+        &self,
+        history: &[u32],
+        src_cache: &KvCache,
+        seconds: &mut HandoverSeconds,
+    ) -> Result<(KvCache, KvCache), EvalError> {
+        let (opts, tgt) = (self.opts, self.tgt);
+        let t0 = Instant::now();
+        let mut reference = tgt.decoder.new_cache();
+        tgt.decoder
+            .forward(history, &mut reference, &ForwardOptions::cache_only())?;
+        seconds.reprefill += t0.elapsed().as_secs_f64();
+
+        let t1 = Instant::now();
+        let plan = HandoffPlan::new(history.len())
+            .anchor(opts.anchor)
+            .tail(opts.tail);
+        let inputs = HandoffInputs {
+            source: self.src,
+            source_cache: src_cache,
+            target: tgt,
+            mapper: self.mapper,
+            tokens: history,
+            exact: Some(&reference),
+        };
+        let mut mapped = tgt.decoder.new_cache();
+        let mut swap = |layers: &mut [LayerKv], range: Range<usize>| match opts.oracle {
+            None => Ok(()),
+            Some(oracle) => swap_in_own(oracle, &reference, layers, range),
+        };
+        plan.build_edited(&inputs, &mut mapped, Some(&mut swap))?;
+        seconds.map += t1.elapsed().as_secs_f64();
+        Ok((reference, mapped))
+    }
+
+    /// Greedy answers of the source on its own cache and of the target on the
+    /// reference and the mapped one, each continuing from `last`.
+    fn answer(
+        &self,
+        src_cache: &KvCache,
+        reference: KvCache,
+        mapped: KvCache,
+        last: u32,
+    ) -> Result<Answers, EvalError> {
+        let (src, tgt) = (self.src, self.tgt);
+        let max = self.opts.max_answer_tokens;
+        let (_, source) = generate_until(src, src_cache.try_clone()?, last, &[], max)?;
+        let (ids_r, reference_text) = generate_until(tgt, reference, last, &[], max)?;
+        let (ids_m, mapped_text) = generate_until(tgt, mapped, last, &[], max)?;
+        Ok(Answers {
+            source: source.trim().to_string(),
+            reference: reference_text.trim().to_string(),
+            mapped: mapped_text.trim().to_string(),
+            reference_ids: ids_r,
+            mapped_ids: ids_m,
+        })
+    }
+}
+
+/// The oracle swaps the target's own keys or values (from `own`) in for the mapped
+/// ones of `range`.
+fn swap_in_own(
+    oracle: Oracle,
+    own: &KvCache,
+    layers: &mut [LayerKv],
+    range: Range<usize>,
+) -> Result<(), ModelError> {
+    for (l, layer) in layers.iter_mut().enumerate() {
+        let own = own.layer_range(l, range.start, range.end)?;
+        match oracle {
+            Oracle::TrueKeys => layer.k = own.k,
+            Oracle::TrueValues => layer.v = own.v,
+            Oracle::TrueBoth => *layer = own,
+        }
+    }
+    Ok(())
 }
 
 /// Probe positions the target keeps its queries at when a conversation is learned from.

@@ -345,9 +345,55 @@ pub fn eval_task(
     opts: &TaskEvalOptions,
     on_item: &mut dyn FnMut(usize),
 ) -> Result<TaskResult, EvalError> {
-    let tok = &tgt.tokenizer;
-    // Token ids of every distinct context, all but the last token (the target computes
-    // that one).
+    let contexts = encode_contexts(&tgt.tokenizer, def, items)?;
+    let prefixes: Vec<&[u32]> = contexts.values().map(|v| &v[..v.len() - 1]).collect();
+    let shared = build_shared(src, tgt, mapper, &prefixes, opts.anchor)?;
+    tracing::info!(
+        task = def.name,
+        items = items.len(),
+        shared_prefix = shared.len,
+        "task evaluation"
+    );
+    let mut run = ItemRun {
+        src,
+        tgt,
+        mapper,
+        opts,
+        contexts: &contexts,
+        shared,
+        empty: tgt.decoder.new_cache(),
+        map_s: 0.0,
+        pre_s: 0.0,
+    };
+    let mut outcomes = Vec::with_capacity(items.len());
+    for (n, item) in items.iter().enumerate() {
+        let outcome = match item {
+            TaskItem::MultipleChoice {
+                doc_id,
+                choices,
+                gold,
+            } => run.multiple_choice(*doc_id, choices, *gold)?,
+            TaskItem::Generate {
+                doc_id,
+                context,
+                stop,
+                max_tokens,
+                answer,
+            } => run.generate(*doc_id, context, stop, *max_tokens, answer)?,
+        };
+        outcomes.push(outcome);
+        on_item(n + 1);
+    }
+    Ok(summarise(def, outcomes, run.map_s, run.pre_s, items, opts))
+}
+
+/// Token ids of every distinct context, all but the last token (the target computes
+/// that one).
+fn encode_contexts(
+    tok: &crate::text::TextTokenizer,
+    def: &TaskDef,
+    items: &[TaskItem],
+) -> Result<HashMap<String, Vec<u32>>, EvalError> {
     let mut contexts: HashMap<String, Vec<u32>> = HashMap::new();
     for item in items {
         let ctxs: Vec<&str> = match item {
@@ -370,108 +416,115 @@ pub fn eval_task(
             }
         }
     }
-    let prefixes: Vec<&[u32]> = contexts.values().map(|v| &v[..v.len() - 1]).collect();
-    let shared = build_shared(src, tgt, mapper, &prefixes, opts.anchor)?;
-    tracing::info!(
-        task = def.name,
-        items = items.len(),
-        shared_prefix = shared.len,
-        "task evaluation"
-    );
-    let empty = tgt.decoder.new_cache();
-    let mut outcomes = Vec::with_capacity(items.len());
-    let (mut map_s, mut pre_s) = (0f64, 0f64);
-    for (n, item) in items.iter().enumerate() {
-        let outcome = match item {
-            TaskItem::MultipleChoice {
-                doc_id,
-                choices,
-                gold,
-            } => {
-                let mut prepared: HashMap<&str, Prepared> = HashMap::new();
-                let (mut sr, mut sm, mut sf) = (Vec::new(), Vec::new(), Vec::new());
-                for c in choices {
-                    let ids = &contexts[c.context.as_str()];
-                    let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
-                    if !prepared.contains_key(c.context.as_str()) {
-                        let p = prepare(
-                            src,
-                            tgt,
-                            mapper,
-                            &shared,
-                            prefix,
-                            (opts.anchor, opts.tail),
-                            None,
-                        )?;
-                        map_s += p.map_seconds;
-                        pre_s += p.reprefill_seconds;
-                        prepared.insert(c.context.as_str(), p);
-                    }
-                    let p = &prepared[c.context.as_str()];
-                    let cont = tok.encode_raw(&c.continuation)?;
-                    sr.push(continuation_logprob(tgt, &p.reference, last, &cont)?);
-                    sm.push(continuation_logprob(tgt, &p.mapped, last, &cont)?);
-                    sf.push(continuation_logprob(tgt, &empty, last, &cont)?);
-                }
-                let (r, m, f) = (pick(&sr, choices), pick(&sm, choices), pick(&sf, choices));
-                ItemOutcome {
-                    doc_id: *doc_id,
-                    reference_correct: r == *gold,
-                    mapped_correct: m == *gold,
-                    floor_correct: f == *gold,
-                    same_answer: r == m,
-                    identical_generation: None,
-                    generations: None,
-                }
-            }
-            TaskItem::Generate {
-                doc_id,
-                context,
-                stop,
-                max_tokens,
-                answer,
-            } => {
-                let ids = &contexts[context.as_str()];
-                let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
-                let read_from = if opts.target_reads_question {
-                    Some(question_start(tok, context, ids)?)
-                } else {
-                    None
-                };
-                let p = prepare(
-                    src,
-                    tgt,
-                    mapper,
-                    &shared,
-                    prefix,
-                    (opts.anchor, opts.tail),
-                    read_from,
-                )?;
-                map_s += p.map_seconds;
-                pre_s += p.reprefill_seconds;
-                let (ids_r, text_r) = generate_until(tgt, p.reference, last, stop, *max_tokens)?;
-                let (ids_m, text_m) = generate_until(tgt, p.mapped, last, stop, *max_tokens)?;
-                let (ar, am) = (extract_number(&text_r), extract_number(&text_m));
-                let gold = normalize_number(answer);
-                tracing::debug!(doc_id, reference = %text_r, mapped = %text_m, "generated");
-                ItemOutcome {
-                    doc_id: *doc_id,
-                    reference_correct: ar.as_deref() == Some(gold.as_str()),
-                    mapped_correct: am.as_deref() == Some(gold.as_str()),
-                    floor_correct: false,
-                    same_answer: ar == am,
-                    identical_generation: Some(ids_r == ids_m),
-                    generations: Some(Generations {
-                        reference: text_r,
-                        mapped: text_m,
-                    }),
-                }
-            }
-        };
-        outcomes.push(outcome);
-        on_item(n + 1);
+    Ok(contexts)
+}
+
+/// What every item of one task reads, and the time its items spent mapping and
+/// re-prefilling so far.
+struct ItemRun<'a> {
+    src: &'a Model,
+    tgt: &'a Model,
+    mapper: &'a CacheMapper,
+    opts: &'a TaskEvalOptions,
+    contexts: &'a HashMap<String, Vec<u32>>,
+    shared: Shared,
+    /// The floor's cache: no context at all.
+    empty: KvCache,
+    map_s: f64,
+    pre_s: f64,
+}
+
+impl ItemRun<'_> {
+    /// The reference and mapped caches of `prefix`, adding their times to the totals.
+    fn prepare(&mut self, prefix: &[u32], read_from: Option<usize>) -> Result<Prepared, EvalError> {
+        let p = prepare(
+            self.src,
+            self.tgt,
+            self.mapper,
+            &self.shared,
+            prefix,
+            (self.opts.anchor, self.opts.tail),
+            read_from,
+        )?;
+        self.map_s += p.map_seconds;
+        self.pre_s += p.reprefill_seconds;
+        Ok(p)
     }
-    Ok(summarise(def, outcomes, map_s, pre_s, items, opts))
+
+    /// Scores every choice after the reference, the mapped and the empty cache, and
+    /// compares the picks with `gold`.
+    fn multiple_choice(
+        &mut self,
+        doc_id: u64,
+        choices: &[Choice],
+        gold: usize,
+    ) -> Result<ItemOutcome, EvalError> {
+        let (tgt, tok) = (self.tgt, &self.tgt.tokenizer);
+        let contexts = self.contexts;
+        let mut prepared: HashMap<&str, Prepared> = HashMap::new();
+        let (mut sr, mut sm, mut sf) = (Vec::new(), Vec::new(), Vec::new());
+        for c in choices {
+            let ids = &contexts[c.context.as_str()];
+            let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
+            if !prepared.contains_key(c.context.as_str()) {
+                let p = self.prepare(prefix, None)?;
+                prepared.insert(c.context.as_str(), p);
+            }
+            let p = &prepared[c.context.as_str()];
+            let cont = tok.encode_raw(&c.continuation)?;
+            sr.push(continuation_logprob(tgt, &p.reference, last, &cont)?);
+            sm.push(continuation_logprob(tgt, &p.mapped, last, &cont)?);
+            sf.push(continuation_logprob(tgt, &self.empty, last, &cont)?);
+        }
+        let (r, m, f) = (pick(&sr, choices), pick(&sm, choices), pick(&sf, choices));
+        Ok(ItemOutcome {
+            doc_id,
+            reference_correct: r == gold,
+            mapped_correct: m == gold,
+            floor_correct: f == gold,
+            same_answer: r == m,
+            identical_generation: None,
+            generations: None,
+        })
+    }
+
+    /// Generates greedily after the reference and the mapped cache, and compares the
+    /// final numbers with `answer`.
+    fn generate(
+        &mut self,
+        doc_id: u64,
+        context: &str,
+        stop: &[String],
+        max_tokens: usize,
+        answer: &str,
+    ) -> Result<ItemOutcome, EvalError> {
+        let tgt = self.tgt;
+        let ids = &self.contexts[context];
+        let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
+        let read_from = if self.opts.target_reads_question {
+            Some(question_start(&tgt.tokenizer, context, ids)?)
+        } else {
+            None
+        };
+        let p = self.prepare(prefix, read_from)?;
+        let (ids_r, text_r) = generate_until(tgt, p.reference, last, stop, max_tokens)?;
+        let (ids_m, text_m) = generate_until(tgt, p.mapped, last, stop, max_tokens)?;
+        let (ar, am) = (extract_number(&text_r), extract_number(&text_m));
+        let gold = normalize_number(answer);
+        tracing::debug!(doc_id, reference = %text_r, mapped = %text_m, "generated");
+        Ok(ItemOutcome {
+            doc_id,
+            reference_correct: ar.as_deref() == Some(gold.as_str()),
+            mapped_correct: am.as_deref() == Some(gold.as_str()),
+            floor_correct: false,
+            same_answer: ar == am,
+            identical_generation: Some(ids_r == ids_m),
+            generations: Some(Generations {
+                reference: text_r,
+                mapped: text_m,
+            }),
+        })
+    }
 }
 
 fn summarise(

@@ -6,7 +6,7 @@ use super::EvalError;
 use crate::handoff::fidelity;
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
-use crate::metrics::{self, probe_positions, ContinuationScores};
+use crate::metrics::{self, probe_positions, ContinuationScores, QueryGram};
 use crate::model::{ForwardOptions, KvCache, Logits, Model};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -105,15 +105,59 @@ pub fn eval_text(
         continuation: c,
         ..TextEval::default()
     };
-    let l_t = tgt.config().n_layer;
-    let prefix_probes = probe_positions(p, opts.probes);
-    let cont_probes: Vec<usize> = probe_positions(c, opts.probes)
-        .into_iter()
-        .map(|q| q + p)
-        .collect();
+    let run = TextEvalRun {
+        src,
+        tgt,
+        mapper,
+        opts,
+        l_t: tgt.config().n_layer,
+        prefix_probes: probe_positions(p, opts.probes),
+        cont_probes: probe_positions(c, opts.probes)
+            .into_iter()
+            .map(|q| q + p)
+            .collect(),
+        grams: fidelity::query_grams(tgt)?,
+    };
     let mut scores_acc = ContinuationScores::default();
-    let grams = fidelity::query_grams(tgt)?;
     for w in windows {
+        run.window(w, &mut out, &mut scores_acc)?;
+        out.windows += 1;
+    }
+    average(&mut out, &scores_acc);
+    Ok(out)
+}
+
+/// What every window of one text evaluation reads.
+struct TextEvalRun<'a> {
+    src: &'a Model,
+    tgt: &'a Model,
+    mapper: &'a CacheMapper,
+    opts: &'a TextEvalOptions,
+    /// The target's layer count.
+    l_t: usize,
+    prefix_probes: Vec<usize>,
+    /// Probe positions in the continuation, counted from the window's start.
+    cont_probes: Vec<usize>,
+    grams: Vec<QueryGram>,
+}
+
+/// A window's prefix as the target holds it: its own cache with the queries at the
+/// probes, and the cache mapped from the source.
+struct PrefixCaches {
+    truth: KvCache,
+    truth_queries: Vec<Tensor>,
+    mapped: KvCache,
+}
+
+impl TextEvalRun<'_> {
+    /// Adds one window's sums to `out` and `scores_acc`.
+    fn window(
+        &self,
+        w: &[u32],
+        out: &mut TextEval,
+        scores_acc: &mut ContinuationScores,
+    ) -> Result<(), EvalError> {
+        let (p, c) = (self.opts.prefix, self.opts.continuation);
         if w.len() < p + c {
             return Err(EvalError::Input(format!(
                 "a window of {} tokens is shorter than prefix + continuation ({})",
@@ -122,6 +166,15 @@ pub fn eval_text(
             )));
         }
         let (prefix, cont) = (&w[..p], &w[p..p + c]);
+        let mut caches = self.prefill(prefix, out)?;
+        self.add_prefix_fidelity(&caches, out)?;
+        self.add_continuation(cont, &mut caches, out, scores_acc)
+    }
+
+    /// The source's and the target's prefill of the prefix, and the mapped cache; the
+    /// target's prefill and the mapping are timed.
+    fn prefill(&self, prefix: &[u32], out: &mut TextEval) -> Result<PrefixCaches, EvalError> {
+        let (src, tgt) = (self.src, self.tgt);
         let mut src_cache = src.decoder.new_cache();
         src.decoder.forward(
             prefix,
@@ -138,35 +191,50 @@ pub fn eval_text(
             &mut true_cache,
             &ForwardOptions {
                 logits: Logits::None,
-                probe_positions: prefix_probes.clone(),
+                probe_positions: self.prefix_probes.clone(),
             },
         )?;
         out.reprefill_seconds += t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let plan = HandoffPlan::new(p).anchor(opts.anchor).tail(opts.tail);
-        let (mut mapped, _) = plan.build_new(&HandoffInputs {
+        let plan = HandoffPlan::new(self.opts.prefix)
+            .anchor(self.opts.anchor)
+            .tail(self.opts.tail);
+        let (mapped, _) = plan.build_new(&HandoffInputs {
             source: src,
             source_cache: &src_cache,
             target: tgt,
-            mapper,
+            mapper: self.mapper,
             tokens: prefix,
             exact: None,
         })?;
         out.map_seconds += t1.elapsed().as_secs_f64();
+        Ok(PrefixCaches {
+            truth: true_cache,
+            truth_queries: truth.queries,
+            mapped,
+        })
+    }
 
+    /// Per-layer R², attention cosine and key-error concentration over the prefix.
+    fn add_prefix_fidelity(
+        &self,
+        caches: &PrefixCaches,
+        out: &mut TextEval,
+    ) -> Result<(), EvalError> {
+        let l_t = self.l_t;
         let mut r2k = Vec::with_capacity(l_t);
         let mut r2v = Vec::with_capacity(l_t);
         let mut cos_p = Vec::with_capacity(l_t);
         let mut conc = Vec::with_capacity(l_t);
-        for (l, gram) in grams.iter().enumerate().take(l_t) {
+        for (l, gram) in self.grams.iter().enumerate().take(l_t) {
             let f = fidelity::layer_fidelity(
-                tgt,
+                self.tgt,
                 gram,
-                &true_cache,
-                &mapped,
-                p,
-                truth.queries.get(l),
-                &prefix_probes,
+                &caches.truth,
+                &caches.mapped,
+                self.opts.prefix,
+                caches.truth_queries.get(l),
+                &self.prefix_probes,
                 l,
             )?;
             conc.push(f.key_error_concentration);
@@ -178,18 +246,31 @@ pub fn eval_text(
         add(&mut out.r2_v, &r2v);
         add(&mut out.cosine_prefix, &cos_p);
         add(&mut out.key_error_concentration, &conc);
+        Ok(())
+    }
 
+    /// The target continues teacher-forced from its own cache, the mapped one and an
+    /// empty one: attention cosine at the continuation's probes and the scores of the
+    /// three continuations.
+    fn add_continuation(
+        &self,
+        cont: &[u32],
+        caches: &mut PrefixCaches,
+        out: &mut TextEval,
+        scores_acc: &mut ContinuationScores,
+    ) -> Result<(), EvalError> {
+        let tgt = self.tgt;
         let (true_logits, cont_queries) =
-            all_logits(tgt, cont, &mut true_cache, cont_probes.clone())?;
-        let (mapped_logits, _) = all_logits(tgt, cont, &mut mapped, vec![])?;
+            all_logits(tgt, cont, &mut caches.truth, self.cont_probes.clone())?;
+        let (mapped_logits, _) = all_logits(tgt, cont, &mut caches.mapped, vec![])?;
         let mut empty = tgt.decoder.new_cache();
         let (floor_logits, _) = all_logits(tgt, cont, &mut empty, vec![])?;
-        let mut cos_c = Vec::with_capacity(l_t);
-        for (l, q) in cont_queries.iter().enumerate().take(l_t) {
-            let (a, b) = (true_cache.layer(l)?, mapped.layer(l)?);
+        let mut cos_c = Vec::with_capacity(self.l_t);
+        for (l, q) in cont_queries.iter().enumerate().take(self.l_t) {
+            let (a, b) = (caches.truth.layer(l)?, caches.mapped.layer(l)?);
             cos_c.push(metrics::attention_output_cosine(
                 q,
-                &cont_probes,
+                &self.cont_probes,
                 &a.k,
                 &a.v,
                 &b.k,
@@ -198,18 +279,26 @@ pub fn eval_text(
         }
         add(&mut out.cosine_continuation, &cos_c);
         let s = metrics::continuation_scores(&true_logits, &mapped_logits, &floor_logits, cont)?;
-        scores_acc.agreement.top1 += s.agreement.top1;
-        scores_acc.agreement.kl += s.agreement.kl;
-        scores_acc.agreement.positions += s.agreement.positions;
-        scores_acc.agreement_no_prefix.top1 += s.agreement_no_prefix.top1;
-        scores_acc.agreement_no_prefix.kl += s.agreement_no_prefix.kl;
-        scores_acc.agreement_no_prefix.positions += s.agreement_no_prefix.positions;
-        // Perplexities are averaged in log space: the geometric mean over windows.
-        scores_acc.ppl_true += s.ppl_true.ln();
-        scores_acc.ppl_mapped += s.ppl_mapped.ln();
-        scores_acc.ppl_no_prefix += s.ppl_no_prefix.ln();
-        out.windows += 1;
+        add_scores(scores_acc, &s);
+        Ok(())
     }
+}
+
+fn add_scores(acc: &mut ContinuationScores, s: &ContinuationScores) {
+    acc.agreement.top1 += s.agreement.top1;
+    acc.agreement.kl += s.agreement.kl;
+    acc.agreement.positions += s.agreement.positions;
+    acc.agreement_no_prefix.top1 += s.agreement_no_prefix.top1;
+    acc.agreement_no_prefix.kl += s.agreement_no_prefix.kl;
+    acc.agreement_no_prefix.positions += s.agreement_no_prefix.positions;
+    // Perplexities are averaged in log space: the geometric mean over windows.
+    acc.ppl_true += s.ppl_true.ln();
+    acc.ppl_mapped += s.ppl_mapped.ln();
+    acc.ppl_no_prefix += s.ppl_no_prefix.ln();
+}
+
+/// Turns the sums over windows into means.
+fn average(out: &mut TextEval, scores_acc: &ContinuationScores) {
     let n = out.windows.max(1) as f64;
     for v in [
         &mut out.r2_k,
@@ -237,5 +326,4 @@ pub fn eval_text(
     };
     out.map_seconds /= n;
     out.reprefill_seconds /= n;
-    Ok(out)
 }

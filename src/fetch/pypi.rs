@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Component, Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use super::checksum::{copy_with_progress, sha256_file, HashingWriter};
 use super::{FetchError, FetchProgress};
@@ -76,30 +76,73 @@ pub fn pip_download(
 ) -> Result<Vec<PathBuf>, FetchError> {
     fs::create_dir_all(dir).map_err(|e| FetchError::io("cannot create", dir, e))?;
     let py = python();
+    check_pip(&py, entry_hint)?;
+
+    let specs: Vec<String> = packages.iter().map(|p| format!("{p}=={version}")).collect();
+    let mut cmd = download_command(&py, dir, &specs);
+    let shown = shown_command(&py, dir, &specs);
+    tracing::info!("running {shown}");
+    progress.message(&format!("pip: downloading {} wheel(s)", specs.len()));
+    let mut child = cmd.spawn().map_err(|e| FetchError::ToolFailed {
+        command: shown.clone(),
+        status: "could not start".into(),
+        detail: e.to_string(),
+    })?;
+    let err_thread = collect_stderr(&mut child);
+    let tail = follow_stdout(&mut child, &|| {
+        progress.bytes(wheels_size(dir, packages, version), total)
+    });
+    let status = child.wait().map_err(|e| FetchError::ToolFailed {
+        command: shown.clone(),
+        status: "could not wait".into(),
+        detail: e.to_string(),
+    })?;
+    let err_text = err_thread.join().unwrap_or_default();
+    if !status.success() {
+        return Err(FetchError::ToolFailed {
+            command: shown,
+            status: status.to_string(),
+            detail: failure_detail(&err_text, &tail),
+        });
+    }
+    packages
+        .iter()
+        .map(|p| {
+            find_wheel(dir, p, version).ok_or_else(|| FetchError::Archive {
+                path: dir.to_path_buf(),
+                problem: format!("pip reported success but no wheel for {p}=={version} is there"),
+            })
+        })
+        .collect()
+}
+
+/// Fails with what to install when `py` cannot run pip.
+fn check_pip(py: &str, entry_hint: &str) -> Result<(), FetchError> {
     let missing = |program: &'static str, install: &'static str| FetchError::ToolMissing {
         program,
         install,
         manual: entry_hint.to_string(),
     };
-    match Command::new(&py).args(["-m", "pip", "--version"]).stdin(Stdio::null()).output() {
+    match Command::new(py).args(["-m", "pip", "--version"]).stdin(Stdio::null()).output() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(missing("python3", "install Python 3 with pip (or set BATON_PYTHON to an interpreter that has pip)"))
+            Err(missing("python3", "install Python 3 with pip (or set BATON_PYTHON to an interpreter that has pip)"))
         }
         Err(e) => {
-            return Err(FetchError::ToolFailed {
+            Err(FetchError::ToolFailed {
                 command: format!("{py} -m pip --version"),
                 status: "could not start".into(),
                 detail: e.to_string(),
             })
         }
         Ok(out) if !out.status.success() => {
-            return Err(missing("pip", "install pip for Python 3 (e.g. `python3 -m ensurepip --user` or your system's python3-pip package)"))
+            Err(missing("pip", "install pip for Python 3 (e.g. `python3 -m ensurepip --user` or your system's python3-pip package)"))
         }
-        Ok(_) => {}
+        Ok(_) => Ok(()),
     }
+}
 
-    let specs: Vec<String> = packages.iter().map(|p| format!("{p}=={version}")).collect();
-    let mut cmd = Command::new(&py);
+fn download_command(py: &str, dir: &Path, specs: &[String]) -> Command {
+    let mut cmd = Command::new(py);
     cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
         // pure-Python wheels only, so the same file (and digest) is chosen on every host
         .args([
@@ -118,11 +161,16 @@ pub fn pip_download(
         ])
         .arg("-d")
         .arg(dir)
-        .args(&specs)
+        .args(specs)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let shown = format!(
+    cmd
+}
+
+/// The pip command as messages show it, with a long list of packages shortened.
+fn shown_command(py: &str, dir: &Path, specs: &[String]) -> String {
+    format!(
         "{py} -m pip download --no-deps --only-binary=:all: -d {} {}",
         dir.display(),
         if specs.len() > 3 {
@@ -135,28 +183,31 @@ pub fn pip_download(
         } else {
             specs.join(" ")
         }
-    );
-    tracing::info!("running {shown}");
-    progress.message(&format!("pip: downloading {} wheel(s)", specs.len()));
-    let mut child = cmd.spawn().map_err(|e| FetchError::ToolFailed {
-        command: shown.clone(),
-        status: "could not start".into(),
-        detail: e.to_string(),
-    })?;
+    )
+}
+
+/// Reads the child's stderr on a thread of its own, so that neither pipe fills up while
+/// the other is read.
+fn collect_stderr(child: &mut Child) -> std::thread::JoinHandle<String> {
     let stderr = child.stderr.take();
-    let err_thread = std::thread::spawn(move || {
+    std::thread::spawn(move || {
         let mut s = String::new();
         if let Some(mut e) = stderr {
             let _ = e.read_to_string(&mut s);
         }
         s
-    });
+    })
+}
+
+/// Reads pip's stdout to its end, calling `on_saved` whenever a wheel is saved or found
+/// already there; returns its last 20 lines.
+fn follow_stdout(child: &mut Child, on_saved: &dyn Fn()) -> Vec<String> {
     let mut tail: Vec<String> = Vec::new();
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             tracing::debug!("pip: {line}");
             if line.starts_with("Saved ") || line.contains("already downloaded") {
-                progress.bytes(wheels_size(dir, packages, version), total);
+                on_saved();
             }
             tail.push(line);
             if tail.len() > 20 {
@@ -164,34 +215,17 @@ pub fn pip_download(
             }
         }
     }
-    let status = child.wait().map_err(|e| FetchError::ToolFailed {
-        command: shown.clone(),
-        status: "could not wait".into(),
-        detail: e.to_string(),
-    })?;
-    let err_text = err_thread.join().unwrap_or_default();
-    if !status.success() {
-        let detail: Vec<&str> = err_text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let detail = if detail.is_empty() {
-            tail.join(" | ")
-        } else {
-            detail[detail.len().saturating_sub(6)..].join(" | ")
-        };
-        return Err(FetchError::ToolFailed {
-            command: shown,
-            status: status.to_string(),
-            detail,
-        });
+    tail
+}
+
+/// The last lines of pip's stderr, or of its stdout when stderr said nothing.
+fn failure_detail(err_text: &str, tail: &[String]) -> String {
+    let detail: Vec<&str> = err_text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if detail.is_empty() {
+        tail.join(" | ")
+    } else {
+        detail[detail.len().saturating_sub(6)..].join(" | ")
     }
-    packages
-        .iter()
-        .map(|p| {
-            find_wheel(dir, p, version).ok_or_else(|| FetchError::Archive {
-                path: dir.to_path_buf(),
-                problem: format!("pip reported success but no wheel for {p}=={version} is there"),
-            })
-        })
-        .collect()
 }
 
 fn open_wheel(path: &Path) -> Result<zip::ZipArchive<fs::File>, FetchError> {

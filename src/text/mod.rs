@@ -5,6 +5,9 @@ pub mod chat_template;
 mod error;
 mod fingerprint;
 mod gguf_meta;
+mod gguf_tokenizer;
+mod pre_tokenizer;
+mod special_tokens;
 pub mod stream;
 pub mod tokenizer;
 

@@ -12,132 +12,15 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::error::{build_err, TokenizerError};
+use super::error::TokenizerError;
 use super::fingerprint::compute_fingerprint;
-use super::gguf_meta::{int_array, meta, meta_bool, meta_str, meta_str_array, meta_u32};
-use candle_core::quantized::gguf_file::Content;
-use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::normalizers::{NormalizerWrapper, NFC};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::processors::PostProcessorWrapper;
-use tokenizers::{AddedToken, ModelWrapper, SplitDelimiterBehavior, Tokenizer};
+use super::special_tokens::{collect_eos_ids, hard_boundaries, read_config_special_tokens};
+use tokenizers::Tokenizer;
 
-/// Qwen2 / Qwen2.5 / Qwen3 split pattern, verbatim from their `tokenizer.json`
-/// (llama.cpp pre-type `qwen2` uses the same pattern, spelled without `(?i:...)`).
-pub const QWEN2_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// Llama 3 split pattern, verbatim from Meta-Llama-3's `tokenizer.json` (llama.cpp pre-type
-/// `llama-bpe`): like Qwen2's but numbers are split in groups of up to three digits.
-pub const LLAMA3_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// The GPT-2 pattern that the tokenizers crate's `ByteLevel { use_regex: true }` applies.
-/// Listed for documentation; the `gpt2` and `smollm` pipelines get it through `ByteLevel`.
-pub const GPT2_SPLIT_REGEX: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-
-/// GGUF `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
-const TOKEN_TYPE_UNKNOWN: i64 = 2;
-const TOKEN_TYPE_CONTROL: i64 = 3;
-const TOKEN_TYPE_USER_DEFINED: i64 = 4;
-
-/// Token strings that end a turn in the chat formats of the supported families.
-const END_OF_TURN_TOKENS: &[&str] = &[
-    "<|im_end|>",
-    "<|endoftext|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|end_of_text|>",
-    "<end_of_turn>",
-    "<|end|>",
-];
-
-/// The pre-tokenization pipelines this crate knows, keyed by llama.cpp's `tokenizer.ggml.pre`
-/// names. Each reproduces what the family's `tokenizer.json` declares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PreTokenizerKind {
-    /// `qwen2`: NFC normalizer, Split([`QWEN2_SPLIT_REGEX`], Isolated), ByteLevel without regex.
-    Qwen2,
-    /// `llama-bpe` / `llama3`: Split([`LLAMA3_SPLIT_REGEX`], Isolated), ByteLevel without
-    /// regex, BPE with `ignore_merges` (a pre-token that is itself in the vocabulary is taken
-    /// whole), no normalizer.
-    Llama3,
-    /// `smollm` / `starcoder`: Digits(individual), then ByteLevel with the GPT-2 regex
-    /// ([`GPT2_SPLIT_REGEX`]); this is HF SmolLM2's `tokenizer.json`, and llama.cpp groups
-    /// `smollm` with `starcoder` (`\p{N}` split, then the GPT-2 pattern).
-    SmolLm,
-    /// `gpt2`: ByteLevel with the GPT-2 regex.
-    Gpt2,
-}
-
-impl PreTokenizerKind {
-    /// Accepted `tokenizer.ggml.pre` values.
-    pub const SUPPORTED: &'static [&'static str] = &[
-        "qwen2",
-        "llama-bpe",
-        "llama3",
-        "smollm",
-        "starcoder",
-        "gpt2",
-    ];
-
-    /// Map a `tokenizer.ggml.pre` value.
-    pub fn from_gguf_name(name: &str) -> Result<Self, TokenizerError> {
-        match name {
-            "qwen2" => Ok(Self::Qwen2),
-            "llama-bpe" | "llama3" => Ok(Self::Llama3),
-            "smollm" | "starcoder" => Ok(Self::SmolLm),
-            "gpt2" => Ok(Self::Gpt2),
-            other => Err(TokenizerError::UnsupportedPre {
-                name: other.to_string(),
-                supported: Self::SUPPORTED.join(", "),
-            }),
-        }
-    }
-
-    fn normalizer(self) -> Option<NormalizerWrapper> {
-        match self {
-            Self::Qwen2 => Some(NormalizerWrapper::NFC(NFC)),
-            Self::Llama3 | Self::SmolLm | Self::Gpt2 => None,
-        }
-    }
-
-    fn pre_tokenizer(self) -> Result<PreTokenizerWrapper, TokenizerError> {
-        let split = |re: &str| -> Result<PreTokenizerWrapper, TokenizerError> {
-            let s = Split::new(
-                SplitPattern::Regex(re.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(build_err)?;
-            Ok(PreTokenizerWrapper::Split(s))
-        };
-        Ok(match self {
-            Self::Qwen2 => PreTokenizerWrapper::Sequence(PreSequence::new(vec![
-                split(QWEN2_SPLIT_REGEX)?,
-                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
-            ])),
-            Self::Llama3 => PreTokenizerWrapper::Sequence(PreSequence::new(vec![
-                split(LLAMA3_SPLIT_REGEX)?,
-                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
-            ])),
-            Self::SmolLm => PreTokenizerWrapper::Sequence(PreSequence::new(vec![
-                PreTokenizerWrapper::Digits(Digits::new(true)),
-                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
-            ])),
-            Self::Gpt2 => PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
-        })
-    }
-
-    fn ignore_merges(self) -> bool {
-        matches!(self, Self::Llama3)
-    }
-}
+pub use super::pre_tokenizer::{
+    PreTokenizerKind, GPT2_SPLIT_REGEX, LLAMA3_SPLIT_REGEX, QWEN2_SPLIT_REGEX,
+};
+pub(crate) use super::special_tokens::config_token;
 
 struct Inner {
     tokenizer: Tokenizer,
@@ -218,145 +101,7 @@ impl TextTokenizer {
         )
     }
 
-    /// Build the tokenizer from GGUF metadata (`tokenizer.ggml.*`). Only byte-level BPE
-    /// (`tokenizer.ggml.model = "gpt2"`) with a pre-tokenizer listed in
-    /// [`PreTokenizerKind::SUPPORTED`] is accepted.
-    ///
-    /// Control (3), user-defined (4) and unknown (2) tokens become added tokens, matched as
-    /// single tokens anywhere in the text; control and unknown ones are marked special.
-    /// Unused tokens (type 5, e.g. Qwen's `[PAD151665]`) stay plain vocabulary entries that
-    /// no text produces, as in llama.cpp.
-    pub fn from_gguf(content: &Content) -> Result<Self, TokenizerError> {
-        let model = meta_str(content, "tokenizer.ggml.model")?
-            .ok_or_else(|| TokenizerError::MissingKey("tokenizer.ggml.model".into()))?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model.to_string()));
-        }
-        let pre_name = meta_str(content, "tokenizer.ggml.pre")?.ok_or_else(|| {
-            TokenizerError::MissingKey(format!(
-                "tokenizer.ggml.pre` (the pre-tokenizer type; supported: {})",
-                PreTokenizerKind::SUPPORTED.join(", ")
-            ))
-        })?;
-        let pre = PreTokenizerKind::from_gguf_name(pre_name)?;
-
-        let tokens = meta_str_array(content, "tokenizer.ggml.tokens")?;
-        let types = match meta(content, "tokenizer.ggml.token_type") {
-            Some(v) => {
-                let t = int_array(v, "tokenizer.ggml.token_type")?;
-                if t.len() != tokens.len() {
-                    return Err(TokenizerError::BadMetadata {
-                        key: "tokenizer.ggml.token_type".into(),
-                        message: format!("{} entries for {} tokens", t.len(), tokens.len()),
-                    });
-                }
-                t
-            }
-            None => vec![1; tokens.len()],
-        };
-        let merges_raw = meta_str_array(content, "tokenizer.ggml.merges")?;
-        let mut merges = Vec::with_capacity(merges_raw.len());
-        for (i, m) in merges_raw.iter().enumerate() {
-            // Like llama.cpp: split at the first space after the first character.
-            let split_at = m
-                .char_indices()
-                .skip(1)
-                .find(|&(_, c)| c == ' ')
-                .map(|(pos, _)| pos)
-                .ok_or_else(|| TokenizerError::BadMetadata {
-                    key: "tokenizer.ggml.merges".into(),
-                    message: format!("merge #{i} {m:?} has no space separator"),
-                })?;
-            merges.push((m[..split_at].to_string(), m[split_at + 1..].to_string()));
-        }
-
-        let mut vocab = Vocab::with_capacity(tokens.len());
-        let mut duplicates = 0usize;
-        for (id, tok) in tokens.iter().enumerate() {
-            let id = u32::try_from(id).map_err(build_err)?;
-            if vocab.contains_key(*tok) {
-                duplicates += 1;
-            } else {
-                vocab.insert(tok.to_string(), id);
-            }
-        }
-        if duplicates > 0 {
-            tracing::warn!(
-                duplicates,
-                "GGUF vocabulary has duplicate token strings; later duplicates are unreachable"
-            );
-        }
-
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .ignore_merges(pre.ignore_merges())
-            .build()
-            .map_err(build_err)?;
-        let mut tokenizer = Tokenizer::new(ModelWrapper::BPE(bpe));
-        tokenizer
-            .with_normalizer(pre.normalizer())
-            .map_err(build_err)?;
-        tokenizer.with_pre_tokenizer(Some(pre.pre_tokenizer()?));
-        tokenizer.with_decoder(Some(ByteLevelDecoder::new(false, false, false)));
-
-        let bos_id = meta_u32(content, "tokenizer.ggml.bos_token_id")?;
-        let eos_id = meta_u32(content, "tokenizer.ggml.eos_token_id")?;
-        let add_bos = meta_bool(content, "tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-        let add_eos = meta_bool(content, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
-        let token_at = |key: &str, id: Option<u32>| -> Result<Option<String>, TokenizerError> {
-            match id {
-                None => Ok(None),
-                Some(id) => tokens
-                    .get(id as usize)
-                    .map(|t| Some(t.to_string()))
-                    .ok_or_else(|| TokenizerError::BadMetadata {
-                        key: key.to_string(),
-                        message: format!(
-                            "id {id} is outside the {}-token vocabulary",
-                            tokens.len()
-                        ),
-                    }),
-            }
-        };
-        let bos_tok = token_at("tokenizer.ggml.bos_token_id", bos_id)?;
-        let eos_tok = token_at("tokenizer.ggml.eos_token_id", eos_id)?;
-        let post = post_processor(
-            add_bos.then(|| bos_tok.clone().zip(bos_id)).flatten(),
-            add_eos.then(|| eos_tok.clone().zip(eos_id)).flatten(),
-        )?;
-        tokenizer.with_post_processor(Some(post));
-
-        let added: Vec<AddedToken> = tokens
-            .iter()
-            .zip(types.iter())
-            .filter(|(_, &ty)| {
-                ty == TOKEN_TYPE_CONTROL
-                    || ty == TOKEN_TYPE_USER_DEFINED
-                    || ty == TOKEN_TYPE_UNKNOWN
-            })
-            .map(|(tok, &ty)| {
-                AddedToken::from(tok.to_string(), ty != TOKEN_TYPE_USER_DEFINED).normalized(false)
-            })
-            .collect();
-        tokenizer.add_tokens(added).map_err(build_err)?;
-
-        let mut extra_eos = Vec::new();
-        for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
-            if let Some(id) = meta_u32(content, key)? {
-                extra_eos.push(id);
-            }
-        }
-        Self::finish(
-            tokenizer,
-            tokens.len(),
-            bos_id,
-            eos_id,
-            &extra_eos,
-            format!("gguf (pre={pre_name})"),
-        )
-    }
-
-    fn finish(
+    pub(super) fn finish(
         tokenizer: Tokenizer,
         vocab_size: usize,
         bos_id: Option<u32>,
@@ -364,31 +109,8 @@ impl TextTokenizer {
         extra_eos: &[u32],
         source: String,
     ) -> Result<Self, TokenizerError> {
-        let added = tokenizer.get_added_tokens_decoder();
-        let mut eos_ids = Vec::new();
-        let mut push = |id: u32| {
-            if !eos_ids.contains(&id) {
-                eos_ids.push(id);
-            }
-        };
-        if let Some(id) = eos_id {
-            push(id);
-        }
-        for &id in extra_eos {
-            push(id);
-        }
-        for name in END_OF_TURN_TOKENS {
-            if let Some(id) = tokenizer.token_to_id(name) {
-                if added.contains_key(&id) {
-                    push(id);
-                }
-            }
-        }
-        let hard_boundaries = added
-            .iter()
-            .filter(|(_, t)| !t.lstrip && !t.rstrip)
-            .map(|(id, _)| *id)
-            .collect();
+        let eos_ids = collect_eos_ids(&tokenizer, eos_id, extra_eos);
+        let hard_boundaries = hard_boundaries(&tokenizer);
         let fingerprint = compute_fingerprint(&tokenizer)?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -505,76 +227,6 @@ pub fn ensure_same_tokenizer(a: &TextTokenizer, b: &TextTokenizer) -> Result<(),
             a: a.fingerprint().to_string(),
             b: b.fingerprint().to_string(),
         })
-    }
-}
-
-fn post_processor(
-    bos: Option<(String, u32)>,
-    eos: Option<(String, u32)>,
-) -> Result<PostProcessorWrapper, TokenizerError> {
-    if bos.is_none() && eos.is_none() {
-        return Ok(PostProcessorWrapper::ByteLevel(ByteLevel::new(
-            false, false, false,
-        )));
-    }
-    let mut single = Vec::new();
-    let mut pair = Vec::new();
-    let mut specials = Vec::new();
-    if let Some((tok, id)) = &bos {
-        single.push(format!("{tok}:0"));
-        pair.push(format!("{tok}:0"));
-        specials.push((tok.clone(), *id));
-    }
-    single.push("$A:0".to_string());
-    pair.push("$A:0".to_string());
-    if let Some((tok, id)) = &eos {
-        single.push(format!("{tok}:0"));
-        pair.push(format!("{tok}:0"));
-        if !specials.iter().any(|(t, _)| t == tok) {
-            specials.push((tok.clone(), *id));
-        }
-    }
-    if let Some((tok, _)) = &bos {
-        pair.push(format!("{tok}:1"));
-    }
-    pair.push("$B:1".to_string());
-    if let Some((tok, _)) = &eos {
-        pair.push(format!("{tok}:1"));
-    }
-    let tp = TemplateProcessing::builder()
-        .try_single(single)
-        .map_err(build_err)?
-        .try_pair(pair)
-        .map_err(build_err)?
-        .special_tokens(specials)
-        .build()
-        .map_err(build_err)?;
-    Ok(PostProcessorWrapper::Template(tp))
-}
-
-fn read_config_special_tokens(
-    path: &Path,
-) -> Result<(Option<String>, Option<String>), TokenizerError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let cfg: serde_json::Value = serde_json::from_str(&text).map_err(|e| TokenizerError::Load {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
-    Ok((
-        config_token(&cfg, "bos_token"),
-        config_token(&cfg, "eos_token"),
-    ))
-}
-
-/// A special token in `tokenizer_config.json`: a string or `{"content": "..."}`.
-pub(crate) fn config_token(cfg: &serde_json::Value, key: &str) -> Option<String> {
-    match cfg.get(key)? {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
-        _ => None,
     }
 }
 

@@ -94,24 +94,72 @@ pub(crate) fn load_gguf(
     dtype: DType,
     device: &Device,
 ) -> Result<Weights> {
-    let mut report = ConversionReport::default();
-    let embed_q = Arc::new(src.qtensor("token_embd.weight", device)?);
-    let output = if src.has("output.weight") {
-        src.linear("output", None, opts, &mut report, dtype, device)?
-    } else {
-        // Tied embeddings: the output projection is the embedding table.
-        let q = maybe_convert(
-            src.qtensor("token_embd.weight", device)?,
-            opts,
-            &mut report,
-            device,
-        )?;
-        Linear::from_qtensor(q, None, dtype, device)?
+    let mut load = GgufLoad {
+        src,
+        opts,
+        dtype,
+        device,
+        report: ConversionReport::default(),
     };
-    let has_bias = cfg.arch == Arch::Qwen2;
+    let embed_q = Arc::new(load.src.qtensor("token_embd.weight", device)?);
+    let output = load.output()?;
     let mut layers = Vec::with_capacity(cfg.n_layer);
     for i in 0..cfg.n_layer {
+        layers.push(load.layer(cfg, i)?);
+    }
+    let final_norm = load.dense("output_norm.weight")?;
+    Ok(Weights {
+        embedding: Embedding::Quantized(embed_q),
+        layers,
+        final_norm,
+        output,
+        conversion: load.report,
+    })
+}
+
+/// A GGUF file being read into weights of one dtype on one device, with the record of
+/// the blocks converted on the way.
+struct GgufLoad<'s, 'a> {
+    src: &'s mut GgufSource<'a>,
+    opts: LoadOptions,
+    dtype: DType,
+    device: &'s Device,
+    report: ConversionReport,
+}
+
+impl GgufLoad<'_, '_> {
+    fn dense(&mut self, name: &str) -> Result<Tensor> {
+        self.src.dense(name, self.dtype, self.device)
+    }
+
+    fn linear(&mut self, name: &str, bias: Option<&str>) -> Result<Linear> {
+        self.src.linear(
+            name,
+            bias,
+            self.opts,
+            &mut self.report,
+            self.dtype,
+            self.device,
+        )
+    }
+
+    fn output(&mut self) -> Result<Linear> {
+        if self.src.has("output.weight") {
+            return self.linear("output", None);
+        }
+        // Tied embeddings: the output projection is the embedding table.
+        let q = maybe_convert(
+            self.src.qtensor("token_embd.weight", self.device)?,
+            self.opts,
+            &mut self.report,
+            self.device,
+        )?;
+        Linear::from_qtensor(q, None, self.dtype, self.device)
+    }
+
+    fn layer(&mut self, cfg: &ModelConfig, i: usize) -> Result<LayerWeights> {
         let p = format!("blk.{i}");
+        let has_bias = cfg.arch == Arch::Qwen2;
         let bias = |n: &str| {
             if has_bias {
                 Some(format!("{p}.{n}"))
@@ -121,84 +169,28 @@ pub(crate) fn load_gguf(
         };
         let (bq, bk, bv) = (bias("attn_q"), bias("attn_k"), bias("attn_v"));
         let qk_norm = cfg.arch == Arch::Qwen3;
-        layers.push(LayerWeights {
-            attn_norm: src.dense(&format!("{p}.attn_norm.weight"), dtype, device)?,
-            q: src.linear(
-                &format!("{p}.attn_q"),
-                bq.as_deref(),
-                opts,
-                &mut report,
-                dtype,
-                device,
-            )?,
-            k: src.linear(
-                &format!("{p}.attn_k"),
-                bk.as_deref(),
-                opts,
-                &mut report,
-                dtype,
-                device,
-            )?,
-            v: src.linear(
-                &format!("{p}.attn_v"),
-                bv.as_deref(),
-                opts,
-                &mut report,
-                dtype,
-                device,
-            )?,
-            o: src.linear(
-                &format!("{p}.attn_output"),
-                None,
-                opts,
-                &mut report,
-                dtype,
-                device,
-            )?,
+        Ok(LayerWeights {
+            attn_norm: self.dense(&format!("{p}.attn_norm.weight"))?,
+            q: self.linear(&format!("{p}.attn_q"), bq.as_deref())?,
+            k: self.linear(&format!("{p}.attn_k"), bk.as_deref())?,
+            v: self.linear(&format!("{p}.attn_v"), bv.as_deref())?,
+            o: self.linear(&format!("{p}.attn_output"), None)?,
             q_norm: if qk_norm {
-                Some(src.dense(&format!("{p}.attn_q_norm.weight"), dtype, device)?)
+                Some(self.dense(&format!("{p}.attn_q_norm.weight"))?)
             } else {
                 None
             },
             k_norm: if qk_norm {
-                Some(src.dense(&format!("{p}.attn_k_norm.weight"), dtype, device)?)
+                Some(self.dense(&format!("{p}.attn_k_norm.weight"))?)
             } else {
                 None
             },
-            ffn_norm: src.dense(&format!("{p}.ffn_norm.weight"), dtype, device)?,
-            gate: src.linear(
-                &format!("{p}.ffn_gate"),
-                None,
-                opts,
-                &mut report,
-                dtype,
-                device,
-            )?,
-            up: src.linear(
-                &format!("{p}.ffn_up"),
-                None,
-                opts,
-                &mut report,
-                dtype,
-                device,
-            )?,
-            down: src.linear(
-                &format!("{p}.ffn_down"),
-                None,
-                opts,
-                &mut report,
-                dtype,
-                device,
-            )?,
-        });
+            ffn_norm: self.dense(&format!("{p}.ffn_norm.weight"))?,
+            gate: self.linear(&format!("{p}.ffn_gate"), None)?,
+            up: self.linear(&format!("{p}.ffn_up"), None)?,
+            down: self.linear(&format!("{p}.ffn_down"), None)?,
+        })
     }
-    Ok(Weights {
-        embedding: Embedding::Quantized(embed_q),
-        layers,
-        final_norm: src.dense("output_norm.weight", dtype, device)?,
-        output,
-        conversion: report,
-    })
 }
 
 /// The `*.safetensors` files of a directory, sorted; none is not an error here.
