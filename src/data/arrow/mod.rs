@@ -341,3 +341,325 @@ pub fn type_name(t: &DataType) -> String {
         t => t.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::builder::{LargeListBuilder, ListBuilder, StringBuilder};
+    use arrow_array::{ArrayRef, Int32Array, Int64Array, LargeStringArray, StringArray};
+    use arrow_array::{UInt64Array, UInt8Array};
+    use arrow_ipc::writer::StreamWriter;
+    use std::sync::Arc;
+
+    const FIXTURE: &[u8] = include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/mmlu_abstract_algebra_dev.arrow"
+    ));
+
+    const EOS: [u8; 8] = [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
+
+    fn read(bytes: &[u8]) -> Result<ArrowTable, ArrowError> {
+        ArrowTable::from_bytes(Path::new("mmlu_abstract_algebra_dev.arrow"), bytes)
+    }
+
+    /// Decodes every column the way the MMLU loader does.
+    fn decode_all(t: &ArrowTable) -> Result<(), ArrowError> {
+        t.utf8("question")?;
+        t.utf8("subject")?;
+        t.list_utf8("choices")?;
+        t.int64("answer")?;
+        Ok(())
+    }
+
+    #[test]
+    fn the_real_fixture_reads_as_written() {
+        let t = read(FIXTURE).unwrap();
+        assert_eq!(t.num_rows(), 5);
+        let fields = t.schema().fields();
+        let names: Vec<_> = fields.iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["question", "subject", "choices", "answer"]);
+        let types: Vec<_> = fields.iter().map(|f| type_name(f.data_type())).collect();
+        assert_eq!(types, ["utf8", "utf8", "list<utf8>", "int64"]);
+        let q = t.utf8("question").unwrap();
+        assert_eq!(q.len(), 5);
+        assert_eq!(
+            q[0],
+            "Find all c in Z_3 such that Z_3[x]/(x^2 + c) is a field."
+        );
+        assert_eq!(q[4], "Find the characteristic of the ring 2Z.");
+        assert_eq!(t.utf8("subject").unwrap(), vec!["abstract_algebra"; 5]);
+        let c = t.list_utf8("choices").unwrap();
+        assert_eq!(c[0], ["0", "1", "2", "3"]);
+        assert_eq!(
+            c[1],
+            ["True, True", "False, False", "True, False", "False, True"]
+        );
+        assert_eq!(c[4], ["0", "3", "12", "30"]);
+        assert_eq!(t.int64("answer").unwrap(), [1, 1, 2, 0, 0]);
+    }
+
+    #[test]
+    fn asking_for_the_wrong_type_or_a_missing_column_is_an_error() {
+        let t = read(FIXTURE).unwrap();
+        let e = t.int64("question").unwrap_err().to_string();
+        assert!(
+            e.contains("`question`") && e.contains("has type utf8"),
+            "{e}"
+        );
+        let e = t.utf8("choices").unwrap_err().to_string();
+        assert!(e.contains("list<utf8>"), "{e}");
+        let e = t.list_utf8("subject").unwrap_err().to_string();
+        assert!(
+            e.contains("has type utf8") && e.contains("list<utf8>"),
+            "{e}"
+        );
+        let e = t.utf8("nope").unwrap_err().to_string();
+        assert!(e.contains("question, subject, choices, answer"), "{e}");
+        assert!(e.contains("mmlu_abstract_algebra_dev.arrow"), "{e}");
+    }
+
+    /// Offsets where a message starts, plus the end marker's: a stream cut there is
+    /// complete as far as any reader can tell (writers may omit the end marker).
+    fn message_boundaries(bytes: &[u8]) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos + 8 <= bytes.len() {
+            out.push(pos);
+            let meta = i32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().unwrap()) as usize;
+            if meta == 0 {
+                break;
+            }
+            let m = arrow_ipc::root_as_message(&bytes[pos + 8..pos + 8 + meta]).unwrap();
+            pos += 8 + meta + m.bodyLength() as usize;
+        }
+        out
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_unless_it_falls_between_messages() {
+        let bounds = message_boundaries(FIXTURE);
+        // Schema, one record batch, end-of-stream marker.
+        assert_eq!(bounds.len(), 3, "{bounds:?}");
+        assert_eq!(bounds[2] + 8, FIXTURE.len());
+        for len in 0..FIXTURE.len() {
+            match read(&FIXTURE[..len]) {
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(e.contains("mmlu_abstract_algebra_dev.arrow"), "{e}");
+                }
+                Ok(t) => {
+                    // Cut after the schema: an empty table; after the batch: all of it.
+                    let rows = if len == bounds[1] {
+                        0
+                    } else if len == bounds[2] {
+                        5
+                    } else {
+                        panic!(
+                            "a stream cut at byte {len} of {} was accepted",
+                            FIXTURE.len()
+                        )
+                    };
+                    assert_eq!(t.num_rows(), rows, "cut at {len}");
+                    decode_all(&t).unwrap();
+                }
+            }
+        }
+        assert!(read(&[]).unwrap_err().to_string().contains("schema"));
+        for cut in [2, 4, 6] {
+            let e = read(&FIXTURE[..FIXTURE.len() - cut]).unwrap_err();
+            assert!(e.to_string().contains("truncated"), "{e}");
+        }
+    }
+
+    #[test]
+    fn no_single_corrupted_byte_makes_the_reader_panic() {
+        for pos in 0..FIXTURE.len() {
+            for v in [0x00, 0xff, 0x7f, 0x80, FIXTURE[pos] ^ 0x01] {
+                let mut b = FIXTURE.to_vec();
+                b[pos] = v;
+                if let Ok(t) = read(&b) {
+                    let _ = decode_all(&t);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_panic_in_the_decoder_is_an_error() {
+        let e = guarded::<()>(|| panic!("offset out of range")).unwrap_err();
+        assert!(e.contains("offset out of range"), "{e}");
+        assert_eq!(guarded(|| Ok(3)), Ok(3));
+    }
+
+    fn stream(batches: &[RecordBatch]) -> Vec<u8> {
+        let mut w = StreamWriter::try_new(Vec::new(), &batches[0].schema()).unwrap();
+        for b in batches {
+            w.write(b).unwrap();
+        }
+        w.into_inner().unwrap()
+    }
+
+    fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
+        RecordBatch::try_from_iter_with_nullable(
+            columns.into_iter().map(|(name, a)| (name, a, true)),
+        )
+        .unwrap()
+    }
+
+    fn list(rows: &[Option<Vec<Option<&str>>>]) -> ArrayRef {
+        let mut b = ListBuilder::new(StringBuilder::new());
+        for row in rows {
+            match row {
+                Some(items) => {
+                    for item in items {
+                        b.values().append_option(*item);
+                    }
+                    b.append(true);
+                }
+                None => b.append(false),
+            }
+        }
+        Arc::new(b.finish())
+    }
+
+    fn mmlu_batch(
+        q: &[Option<&str>],
+        c: &[Option<Vec<Option<&str>>>],
+        a: &[Option<i64>],
+    ) -> RecordBatch {
+        batch(vec![
+            ("question", Arc::new(StringArray::from(q.to_vec()))),
+            ("choices", list(c)),
+            ("answer", Arc::new(Int64Array::from(a.to_vec()))),
+        ])
+    }
+
+    #[test]
+    fn batches_are_concatenated_with_or_without_the_end_marker() {
+        let mut s = stream(&[
+            mmlu_batch(
+                &[Some("q0"), Some("q1")],
+                &[Some(vec![Some("a"), Some("b")]), Some(vec![])],
+                &[Some(0), Some(-7)],
+            ),
+            mmlu_batch(
+                &[Some(" q2 ")],
+                &[Some(vec![Some("c"), Some("dé"), Some("")])],
+                &[Some(i64::MAX)],
+            ),
+        ]);
+        let check = |bytes: &[u8]| {
+            let t = read(bytes).unwrap();
+            assert_eq!(t.num_rows(), 3);
+            assert_eq!(t.utf8("question").unwrap(), ["q0", "q1", " q2 "]);
+            let c = t.list_utf8("choices").unwrap();
+            assert_eq!(c, vec![vec!["a", "b"], vec![], vec!["c", "dé", ""]]);
+            assert_eq!(t.int64("answer").unwrap(), [0, -7, i64::MAX]);
+        };
+        check(&s);
+        assert!(s.ends_with(&EOS));
+        check(&s[..s.len() - EOS.len()]);
+        // Anything after the end marker is not part of the stream.
+        s.extend([1, 2, 3]);
+        check(&s);
+    }
+
+    #[test]
+    fn large_utf8_and_large_list_read_as_utf8_and_list() {
+        let mut choices = LargeListBuilder::new(StringBuilder::new());
+        choices.values().append_value("x");
+        choices.values().append_value("y");
+        choices.append(true);
+        let s = stream(&[batch(vec![
+            ("question", Arc::new(LargeStringArray::from(vec!["q"]))),
+            ("choices", Arc::new(choices.finish())),
+        ])]);
+        let t = read(&s).unwrap();
+        assert_eq!(t.utf8("question").unwrap(), ["q"]);
+        assert_eq!(t.list_utf8("choices").unwrap(), [["x", "y"]]);
+    }
+
+    #[test]
+    fn a_null_names_the_column_and_the_row_across_batches() {
+        let s = stream(&[
+            mmlu_batch(&[Some("q0")], &[Some(vec![Some("a")])], &[Some(0)]),
+            mmlu_batch(
+                &[Some("q1"), None],
+                &[Some(vec![Some("a"), None]), None],
+                &[Some(1), None],
+            ),
+        ]);
+        let t = read(&s).unwrap();
+        let e = t.utf8("question").unwrap_err().to_string();
+        assert!(
+            e.contains("`question`") && e.contains("row 2 is null"),
+            "{e}"
+        );
+        let e = t.int64("answer").unwrap_err().to_string();
+        assert!(e.contains("`answer`") && e.contains("row 2 is null"), "{e}");
+        let e = t.list_utf8("choices").unwrap_err().to_string();
+        assert!(
+            e.contains("`choices`") && e.contains("row 1 item 1 is null"),
+            "{e}"
+        );
+        // A null list, not a null item, in a batch of its own.
+        let s = stream(&[
+            mmlu_batch(&[Some("q0")], &[Some(vec![Some("a")])], &[Some(0)]),
+            mmlu_batch(&[Some("q1")], &[None], &[Some(1)]),
+        ]);
+        let e = read(&s).unwrap().list_utf8("choices").unwrap_err();
+        assert!(e.to_string().contains("row 1 is null"), "{e}");
+    }
+
+    #[test]
+    fn integers_other_than_int64_are_refused_not_converted() {
+        let columns: [(ArrayRef, &str); 3] = [
+            (Arc::new(UInt64Array::from(vec![1])), "uint64"),
+            (Arc::new(Int32Array::from(vec![1])), "int32"),
+            (Arc::new(UInt8Array::from(vec![1])), "uint8"),
+        ];
+        for (array, name) in columns {
+            let t = read(&stream(&[batch(vec![("answer", array)])])).unwrap();
+            let e = t.int64("answer").unwrap_err().to_string();
+            assert!(
+                e.contains("`answer`") && e.contains(&format!("has type {name}")),
+                "{e}"
+            );
+            assert!(e.contains("only as int64"), "{e}");
+        }
+    }
+
+    #[test]
+    fn invalid_data_in_a_batch_is_an_error_naming_the_file() {
+        // A utf8 column whose bytes are not UTF-8, written without arrow's checks; the
+        // array is never read as text here.
+        let values = arrow_array::BinaryArray::from(vec![&[0xc3u8, 0x28][..]]);
+        let (offsets, bytes, nulls) = values.into_parts();
+        // SAFETY: the array only goes to the writer, which copies its buffers.
+        let bad = unsafe { StringArray::new_unchecked(offsets, bytes, nulls) };
+        let s = stream(&[batch(vec![("q", Arc::new(bad) as ArrayRef)])]);
+        let e = read(&s).unwrap_err();
+        assert!(matches!(e, ArrowError::Format { .. }), "{e}");
+        assert!(
+            e.to_string().contains("mmlu_abstract_algebra_dev.arrow"),
+            "{e}"
+        );
+        assert!(e.to_string().to_lowercase().contains("utf"), "{e}");
+
+        // A body length far beyond the file is refused before anything is allocated.
+        let mut s = stream(&[mmlu_batch(&[Some("q")], &[None], &[Some(1)])]);
+        let bounds = message_boundaries(&s);
+        let meta = bounds[1] + 8;
+        let len = i32::from_le_bytes(s[bounds[1] + 4..meta].try_into().unwrap()) as usize;
+        let body = arrow_ipc::root_as_message(&s[meta..meta + len])
+            .unwrap()
+            .bodyLength();
+        let at = s[meta..meta + len]
+            .windows(8)
+            .position(|w| w == body.to_le_bytes())
+            .unwrap();
+        s[meta + at + 5] = 0x7f;
+        let e = read(&s).unwrap_err().to_string();
+        assert!(e.contains("truncated"), "{e}");
+    }
+}
