@@ -7,7 +7,7 @@
 //! than a hand-written reader can keep checked, and the crate costs little build time
 //! with its default features (compression codecs) off. Two guards stand in front of it so
 //! that a damaged file gives an error naming it, never a panic or an abort: the messages'
-//! framing is checked first (see [`check_framing`]), and the decode runs under
+//! framing is checked first (`check_framing`), and the decode runs under
 //! `catch_unwind`, a panic in it becoming [`ArrowError::Format`].
 //!
 //! Format: <https://arrow.apache.org/docs/format/Columnar.html#serialization-and-interprocess-communication-ipc>.
