@@ -7,7 +7,7 @@ use baton::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, Selec
 use baton::data::corpus::{self, Split};
 use baton::data::recall::load_conversations;
 use baton::eval::recall::{eval_recall, Oracle, RecallOptions};
-use baton::eval::text::{eval_text, TextEval, TextEvalOptions};
+use baton::eval::text::{eval_text, TextEvalOptions};
 use candle_core::Device;
 use std::sync::atomic::AtomicBool;
 
@@ -80,9 +80,9 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
         s.ppl_mapped,
         s.ppl_true,
         s.ppl_no_prefix,
-        TextEval::mean(&r.cosine_prefix),
-        TextEval::mean(&r.r2_k),
-        TextEval::mean(&r.r2_v)
+        baton::metrics::mean(&r.cosine_prefix),
+        baton::metrics::mean(&r.r2_k),
+        baton::metrics::mean(&r.r2_v)
     );
     // On this mixed web/wiki/multilingual text the floor is high (the continuation alone
     // predicts ~60% of next tokens), so the bar is: more top-1 agreement than the floor,

@@ -78,7 +78,7 @@ fn one() -> f32 {
 
 /// The one-line summary of a text evaluation printed for people.
 pub fn text_line(direction: &str, k: usize, r: &TextEval) -> String {
-    let m = TextEval::mean;
+    let m = crate::metrics::mean;
     format!(
         "{direction} (k={k}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | key-error concentration {:.2} | top-1 {:.3} (no prefix {:.3}) KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} | map {:.1} ms vs re-prefill {:.0} ms",
         m(&r.r2_k),

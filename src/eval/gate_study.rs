@@ -226,7 +226,7 @@ impl StudyPair<'_> {
             tokens: p,
             feature_distance: distance,
             round_trip: trip,
-            cosine: super::text::TextEval::mean(&r.cosine_prefix),
+            cosine: crate::metrics::mean(&r.cosine_prefix),
             agreement: r.scores.agreement.top1,
         })
     }

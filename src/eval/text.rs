@@ -57,12 +57,6 @@ pub struct TextEval {
     pub reprefill_seconds: f64,
 }
 
-impl TextEval {
-    pub fn mean(v: &[f64]) -> f64 {
-        v.iter().sum::<f64>() / v.len().max(1) as f64
-    }
-}
-
 fn add(acc: &mut Vec<f64>, v: &[f64]) {
     if acc.is_empty() {
         acc.resize(v.len(), 0.0);

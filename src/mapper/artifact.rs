@@ -187,9 +187,9 @@ impl MapperMeta {
                 ""
             },
             self.lambda,
-            mean(&r.cosine),
-            mean(&r.r2_k),
-            mean(&r.r2_v)
+            crate::metrics::mean(&r.cosine),
+            crate::metrics::mean(&r.r2_k),
+            crate::metrics::mean(&r.r2_v)
         )
     }
 
@@ -201,17 +201,12 @@ impl MapperMeta {
             self.k,
             if self.token_features { " +tokens" } else { "" },
             self.lambda,
-            mean(&self.report.cosine),
+            crate::metrics::mean(&self.report.cosine),
             self.corpus.sequences,
             self.corpus.seq_len,
             path.display()
         )
     }
-}
-
-/// The mean over layers; 0 for none (an artifact always has layers).
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
 /// A loaded artifact: metadata plus the maps, in the ridge module's plain form.

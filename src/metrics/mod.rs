@@ -14,6 +14,12 @@ pub use concentration::{key_error_concentration, QueryGram};
 pub use logits::{continuation_scores, ContinuationScores, NextTokenAgreement};
 pub use regression::r2_per_layer;
 
+/// The mean of per-layer values; 0 for none. A NaN (a layer whose measure could not be
+/// computed) makes the mean NaN: it is never averaged away.
+pub fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
 /// Metric failures are tensor failures or shape mismatches, both named.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricError {
