@@ -18,7 +18,8 @@ pub struct HandoffInputs<'a> {
     pub tokens: &'a [u32],
     /// A cache of the target's own for a prefix of the same tokens (its truth, or a
     /// precomputed opening), copied instead of computed where the plan wants exact
-    /// positions.
+    /// positions. Give one only when the positions the plan keeps are the target's own
+    /// too (or none are kept): copied positions were computed over the exact prefix.
     pub exact: Option<&'a KvCache>,
 }
 
