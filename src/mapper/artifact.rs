@@ -511,28 +511,6 @@ impl MapperArtifact {
     }
 }
 
-/// One entry of `baton mappers --json`: the file, and its metadata or why it could not
-/// be read.
-#[derive(Debug, Serialize)]
-pub struct Listed<'a> {
-    pub path: &'a Path,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub meta: Option<&'a MapperMeta>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// [`list`]'s result as the JSON document lists it.
-pub fn listing(list: &[(PathBuf, Result<MapperMeta, ArtifactError>)]) -> Vec<Listed<'_>> {
-    list.iter()
-        .map(|(path, m)| Listed {
-            path,
-            meta: m.as_ref().ok(),
-            error: m.as_ref().err().map(|e| e.to_string()),
-        })
-        .collect()
-}
-
 /// Every artifact under `<root>/mappers`, newest first; unreadable files are reported,
 /// not skipped silently.
 pub fn list(root: &Path) -> Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> {
