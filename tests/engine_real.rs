@@ -390,3 +390,20 @@ fn the_handoff_bench_times_every_stage_on_the_real_pair() {
     // The switch includes the suffix map it starts with.
     assert!(p.switch_end_to_end.median_ms >= p.map_suffix.median_ms);
 }
+
+#[test]
+fn a_headless_run_reports_the_errors_its_steps_met_and_none_when_there_were_none() {
+    let _one_at_a_time = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+    let fine = [Command::Submit {
+        text: "Say hi.".into(),
+    }];
+    let ran = baton::headless::run_headless(config(4, None), &fine, &mut |_| {}).unwrap();
+    assert!(!ran.failed(), "{:?}", ran.errors);
+    // Past the model's context: the turn fails, the run goes on and says so.
+    let too_long = [Command::Submit {
+        text: "word ".repeat(40_000),
+    }];
+    let ran = baton::headless::run_headless(config(4, None), &too_long, &mut |_| {}).unwrap();
+    assert!(ran.failed());
+    assert!(ran.errors[0].contains("context"), "{:?}", ran.errors);
+}

@@ -2,7 +2,7 @@
 //! run differs from the recording.
 
 use super::common::{print_json, record_path, MapperDirArgs};
-use anyhow::Result;
+use anyhow::{bail, Result};
 use baton::headless::replay;
 use baton::session;
 use candle_core::Device;
@@ -38,7 +38,7 @@ pub fn replay(a: ReplayArgs, dev: &Device) -> Result<()> {
         steps.len(),
         a.session.display()
     );
-    replay::run_headless(cfg, &steps, &mut |e| {
+    let ran = replay::run_headless(cfg, &steps, &mut |e| {
         if let baton::protocol::Event::Error { message, .. } = e {
             eprintln!("error: {message}");
         }
@@ -51,5 +51,11 @@ pub fn replay(a: ReplayArgs, dev: &Device) -> Result<()> {
         print!("{diff}");
     }
     eprintln!("new run recorded to {}", record.display());
+    if ran.failed() {
+        bail!("{} error(s) during the replay", ran.errors.len());
+    }
+    if !diff.is_identical() {
+        bail!("the replay differs from the recording (see above)");
+    }
     Ok(())
 }

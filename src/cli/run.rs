@@ -1,7 +1,7 @@
 //! `baton run`: a scripted conversation without the terminal UI, recorded as a session.
 
 use super::common::{record_path, ConversationArgs};
-use anyhow::Result;
+use anyhow::{bail, Result};
 use baton::headless::{run_headless, Script};
 use candle_core::Device;
 use clap::Args;
@@ -21,7 +21,14 @@ pub fn run(a: RunArgs, dev: &Device) -> Result<()> {
     let record = record_path(a.conversation.record.as_deref())?;
     cfg.record = Some(record.clone());
     let mut printer = baton::console::EventPrinter::new();
-    run_headless(cfg, &script.steps, &mut |e| printer.print(e))?;
+    let ran = run_headless(cfg, &script.steps, &mut |e| printer.print(e))?;
     eprintln!("session recorded to {}", record.display());
+    if ran.failed() {
+        bail!(
+            "{} error(s) during the run (the first: {}); the session keeps everything up to them",
+            ran.errors.len(),
+            ran.errors[0]
+        );
+    }
     Ok(())
 }

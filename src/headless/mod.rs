@@ -5,5 +5,5 @@
 pub mod replay;
 pub mod script;
 
-pub use replay::{replay_config, replay_steps, run_headless, ReplayError};
+pub use replay::{replay_config, replay_steps, run_headless, Ran, ReplayError};
 pub use script::{Script, ScriptError};

@@ -63,7 +63,14 @@ pub fn run_headless(
     cfg: EngineConfig,
     steps: &[Command],
     on_event: &mut dyn FnMut(&Event),
-) -> Result<(), ScriptError> {
+) -> Result<Ran, ScriptError> {
+    let mut ran = Ran::default();
+    let on_event = &mut |e: &Event| {
+        if let Event::Error { message, .. } = e {
+            ran.errors.push(message.clone());
+        }
+        on_event(e)
+    };
     let handle = engine::spawn(cfg);
     script::wait_ready(&handle.events, on_event)?;
     tracing::info!(steps = steps.len(), "running headless steps");
@@ -77,7 +84,21 @@ pub fn run_headless(
         on_event,
     )?;
     handle.shutdown();
-    Ok(())
+    Ok(ran)
+}
+
+/// How a headless run went: the errors the engine reported on the way (a turn or a
+/// switch that failed, a recording that stopped). The run goes on after each, as the
+/// workbench does, but a caller that checks a script must fail when any came.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ran {
+    pub errors: Vec<String>,
+}
+
+impl Ran {
+    pub fn failed(&self) -> bool {
+        !self.errors.is_empty()
+    }
 }
 
 #[cfg(test)]
