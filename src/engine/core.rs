@@ -326,11 +326,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Have every pending measurement copy what it still reads of the caches a switch
-    /// rebuilds.
+    /// Have every pending measurement copy what it still reads of the cache the switch
+    /// is about to rebuild: the inactive model's.
     fn detach_measurements(&mut self) -> Result<(), super::EngineError> {
+        let rebuilt = 1 - self.active;
         for m in self.measurements.iter_mut() {
-            m.detach(&self.slots)?;
+            m.detach(&self.slots, rebuilt)?;
         }
         Ok(())
     }

@@ -54,17 +54,12 @@ pub struct Measurement {
     estimated: bool,
     /// Turns that went ahead of it.
     yielded_to: Vec<u32>,
-    /// Its own copies of the caches it still reads, taken when a later switch was going
-    /// to change them before it finished (see [`Measurement::detach`]).
-    detached: Option<Detached>,
-}
-
-/// A measurement's own copies of the switch's first `n` positions.
-struct Detached {
-    /// The source's cache, for the estimate and the whole map, when still to come.
-    source: Option<KvCache>,
-    /// The cache handed to the target, for the per-layer measures, when still to come.
-    handed: Option<KvCache>,
+    /// Its own copies of the switch's positions of the source's cache (for the estimate
+    /// and the whole map) and of the cache handed to the target (for the per-layer
+    /// measures), taken when a later switch was about to rebuild that slot's cache
+    /// before they were read (see [`Measurement::detach`]).
+    own_source: Option<KvCache>,
+    own_handed: Option<KvCache>,
 }
 
 /// What a measurement step may touch: both slots (the target's truth grows in place
@@ -126,38 +121,35 @@ impl Measurement {
             estimate: None,
             estimated: h.estimated,
             yielded_to: Vec::new(),
-            detached: None,
+            own_source: None,
+            own_handed: None,
         }
     }
 
-    /// Copy what the measurement still reads of the two caches, so that the next
-    /// switch, which rebuilds them, need not wait for it to finish. The copies are of the
-    /// switch's own `n` positions; the rest (the re-prefills, the source's own prefill)
-    /// reads only the conversation's ids.
-    pub(super) fn detach(&mut self, slots: &[Slot; 2]) -> Result<(), EngineError> {
-        if self.detached.is_some() {
-            return Ok(());
+    /// Copy what the measurement still reads of slot `rebuilt`'s cache, which the next
+    /// switch is about to rebuild, so that the switch need not wait for it to finish.
+    /// Only a switch rebuilds the first `n` positions of a cache (turns and pre-maps
+    /// append; a repair waits for the measurements), so only that slot's is copied, and
+    /// only what is still to be read; the re-prefills and the source's own prefill read
+    /// the conversation's ids alone.
+    pub(super) fn detach(&mut self, slots: &[Slot; 2], rebuilt: usize) -> Result<(), EngineError> {
+        let cache = &slots[rebuilt].primary;
+        let source_unread = !self.estimated || !self.map_full_done;
+        if rebuilt == self.source && source_unread && self.own_source.is_none() {
+            self.own_source = Some(cache.try_clone_prefix(self.n)?);
         }
-        let source = if !self.estimated || !self.map_full_done {
-            Some(slots[self.source].primary.try_clone_prefix(self.n)?)
-        } else {
-            None
-        };
-        let handed = if self.reference && !self.reprefilled {
-            Some(slots[self.target].primary.try_clone_prefix(self.n)?)
-        } else {
-            None
-        };
-        self.detached = Some(Detached { source, handed });
+        let handed_unread = self.reference && !self.reprefilled;
+        if rebuilt == self.target && handed_unread && self.own_handed.is_none() {
+            self.own_handed = Some(cache.try_clone_prefix(self.n)?);
+        }
         Ok(())
     }
 
     /// The source's cache of the switch's positions: its own copy once detached.
     fn source_cache<'a>(&'a self, slots: &'a [Slot; 2]) -> &'a KvCache {
-        match self.detached.as_ref().and_then(|d| d.source.as_ref()) {
-            Some(c) => c,
-            None => &slots[self.source].primary,
-        }
+        self.own_source
+            .as_ref()
+            .unwrap_or(&slots[self.source].primary)
     }
 
     /// A turn went ahead of the measurement.
@@ -335,8 +327,8 @@ impl Measurement {
                 "no re-prefill to compare with".into(),
             ));
         };
-        let handed = self.detached.as_ref().and_then(|d| d.handed.as_ref());
-        let mapped = self.mapped_full.as_ref().or(handed).unwrap_or(&tgt.primary);
+        let handed = self.own_handed.as_ref().unwrap_or(&tgt.primary);
+        let mapped = self.mapped_full.as_ref().unwrap_or(handed);
         let gram = tgt
             .grams
             .get(l)
