@@ -41,7 +41,7 @@ pub fn reduce_rank(
             "rank {rank} is outside 1..={m} (the target layer's width)"
         )));
     }
-    let w = column_major(&map.weight, p, m);
+    let w = map.weight_column_major(p, m);
     let (u, sigma, keep) = prediction_directions(stats, &idx, &w, m, rank)?;
     let (left, right) = factors_of(&w, &u, &sigma, &keep, p, m);
     let weight = product(&left, &right, p, m, rank);
@@ -60,17 +60,6 @@ pub fn reduce_rank(
         },
         Factors { rank, left, right },
     ))
-}
-
-/// `W` (row-major `p × m` f32) as a column-major f64 matrix.
-fn column_major(weight: &[f32], p: usize, m: usize) -> Vec<f64> {
-    let mut w = vec![0.0; p * m];
-    for r in 0..p {
-        for col in 0..m {
-            w[r + col * p] = f64::from(weight[r * m + col]);
-        }
-    }
-    w
 }
 
 /// The directions of the map's predictions with the most variance over the calibration

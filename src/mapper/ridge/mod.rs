@@ -129,6 +129,18 @@ pub struct LayerMap {
 }
 
 impl LayerMap {
+    /// `weight` (row-major `p × m` f32, as shipped) as a column-major f64 matrix, the
+    /// form faer's products take.
+    pub(crate) fn weight_column_major(&self, p: usize, m: usize) -> Vec<f64> {
+        let mut w = vec![0.0; p * m];
+        for r in 0..p {
+            for c in 0..m {
+                w[r + c * p] = f64::from(self.weight[r * m + c]);
+            }
+        }
+        w
+    }
+
     /// Target feature width `D_t`.
     pub fn d_t(&self) -> usize {
         self.bias.len()

@@ -58,13 +58,8 @@ pub fn residuals(stats: &PairStats, target_layer: usize, map: &LayerMap) -> Resu
     }
     let prob = Problem::new(stats, &map.sources, cols.clone(), false)?;
     let (p, m) = (prob.p, prob.m);
-    // W as column-major f64 (p × D_t) from the row-major f32 weights actually shipped.
-    let mut w = vec![0.0; p * m];
-    for r in 0..p {
-        for c in 0..m {
-            w[r + c * p] = f64::from(map.weight[r * m + c]);
-        }
-    }
+    // W from the f32 weights actually shipped.
+    let w = map.weight_column_major(p, m);
     let mut aw = vec![0.0; p * m];
     matmul(
         MatMut::from_column_major_slice_mut(&mut aw, p, m),
