@@ -6,7 +6,7 @@
 mod common;
 
 use baton::handoff::{HandoffInputs, HandoffPlan};
-use baton::mapper::artifact;
+use baton::mapper::{artifact, CacheMapper};
 use baton::model::{ForwardOptions, KvCache, Model};
 use candle_core::Tensor;
 use common::engine_rig::{models, tiny, write_pair};
@@ -36,6 +36,49 @@ fn max_diff(a: &KvCache, b: &KvCache, start: usize, end: usize) -> f32 {
     worst
 }
 
+/// Two tiny models with their mappers, a text, and each model's own cache of it.
+struct Pair {
+    _dir: tempfile::TempDir,
+    a: Model,
+    b: Model,
+    mapper: CacheMapper,
+    ids: Vec<u32>,
+    src_cache: KvCache,
+    truth: KvCache,
+}
+
+impl Pair {
+    fn new(words: usize, seed: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        write_pair(dir.path(), false);
+        let (a, b) = models(dir.path());
+        let (_, mapper) = artifact::open_for(Some(&dir.path().join("mappers")), &a, &b).unwrap();
+        let ids = a.tokenizer.encode_raw(&tiny().text(words, seed)).unwrap();
+        let (src_cache, truth) = (prefill(&a, &ids), prefill(&b, &ids));
+        Self {
+            _dir: dir,
+            a,
+            b,
+            mapper,
+            ids,
+            src_cache,
+            truth,
+        }
+    }
+
+    /// The whole text handed from a to b, with no exact cache to copy from.
+    fn inputs(&self) -> HandoffInputs<'_> {
+        HandoffInputs {
+            source: &self.a,
+            source_cache: &self.src_cache,
+            target: &self.b,
+            mapper: &self.mapper,
+            tokens: &self.ids,
+            exact: None,
+        }
+    }
+}
+
 /// A cache made of positions `0..start` of `base` followed by `layers`.
 fn with_layers(base: &KvCache, start: usize, layers: &[baton::model::LayerKv]) -> KvCache {
     let mut c = base.try_clone_prefix(start).unwrap();
@@ -45,23 +88,19 @@ fn with_layers(base: &KvCache, start: usize, layers: &[baton::model::LayerKv]) -
 
 #[test]
 fn each_part_of_a_plan_is_built_as_it_says() {
-    let dir = tempfile::tempdir().unwrap();
-    write_pair(dir.path(), false);
-    let (a, b) = models(dir.path());
-    let (_, mapper) = artifact::open_for(Some(&dir.path().join("mappers")), &a, &b).unwrap();
-    let ids = a.tokenizer.encode_raw(&tiny().text(60, 3)).unwrap();
+    let pair = Pair::new(60, 3);
+    let Pair {
+        a,
+        b,
+        mapper,
+        ids,
+        src_cache,
+        truth,
+        ..
+    } = &pair;
     let n = ids.len();
     assert!(n > 30, "the text gives {n} tokens");
-    let src_cache = prefill(&a, &ids);
-    let truth = prefill(&b, &ids);
-    let inputs = HandoffInputs {
-        source: &a,
-        source_cache: &src_cache,
-        target: &b,
-        mapper: &mapper,
-        tokens: &ids,
-        exact: None,
-    };
+    let inputs = pair.inputs();
 
     // Anchor 3, tail 8: the target's own first 3, the mapper's image of the middle, and
     // the target reading the last 8 over both.
@@ -72,20 +111,13 @@ fn each_part_of_a_plan_is_built_as_it_says() {
     // A prefill of 3 tokens and one of n block their products differently.
     const CHUNKING: f32 = 1e-4;
     assert!(
-        max_diff(&built, &truth, 0, 3) < CHUNKING,
+        max_diff(&built, truth, 0, 3) < CHUNKING,
         "the anchor is the prefill's"
     );
     let middle = mapper
-        .map_range(
-            &src_cache,
-            &ids,
-            a.decoder.rope(),
-            b.decoder.rope(),
-            3,
-            n - 8,
-        )
+        .map_range(src_cache, ids, a.decoder.rope(), b.decoder.rope(), 3, n - 8)
         .unwrap();
-    let mut expected = with_layers(&truth, 3, &middle);
+    let mut expected = with_layers(truth, 3, &middle);
     assert_eq!(
         max_diff(&built, &expected, 3, n - 8),
         0.0,
@@ -99,36 +131,24 @@ fn each_part_of_a_plan_is_built_as_it_says() {
         "the tail is read over the mapped middle"
     );
     // Read over a mapped middle, the tail is not the target's truth.
-    assert!(max_diff(&built, &truth, n - 8, n) > 1e-4);
+    assert!(max_diff(&built, truth, n - 8, n) > 1e-4);
 }
 
 #[test]
 fn a_plan_the_target_reads_whole_is_its_prefill_and_an_exact_cache_is_copied() {
-    let dir = tempfile::tempdir().unwrap();
-    write_pair(dir.path(), false);
-    let (a, b) = models(dir.path());
-    let (_, mapper) = artifact::open_for(Some(&dir.path().join("mappers")), &a, &b).unwrap();
-    let ids = a.tokenizer.encode_raw(&tiny().text(40, 5)).unwrap();
+    let pair = Pair::new(40, 5);
+    let Pair { ids, truth, .. } = &pair;
     let n = ids.len();
-    let src_cache = prefill(&a, &ids);
-    let truth = prefill(&b, &ids);
-    let mut inputs = HandoffInputs {
-        source: &a,
-        source_cache: &src_cache,
-        target: &b,
-        mapper: &mapper,
-        tokens: &ids,
-        exact: None,
-    };
+    let mut inputs = pair.inputs();
     let (read, t) = HandoffPlan::reprefill(n).build_new(&inputs).unwrap();
     assert_eq!(t.map_ms, 0.0, "nothing is mapped");
-    assert_eq!(max_diff(&read, &truth, 0, n), 0.0);
+    assert_eq!(max_diff(&read, truth, 0, n), 0.0);
 
     // Given the truth of the first 10 positions, the rest is computed on top of it.
     let part = truth.try_clone_prefix(10).unwrap();
     inputs.exact = Some(&part);
     let (copied, _) = HandoffPlan::reprefill(n).build_new(&inputs).unwrap();
-    assert!(max_diff(&copied, &truth, 0, n) < 1e-4);
+    assert!(max_diff(&copied, truth, 0, n) < 1e-4);
 
     // An anchor is copied from the exact cache: the same as computing it.
     let (mapped, _) = HandoffPlan::new(n).anchor(4).build_new(&inputs).unwrap();
@@ -139,24 +159,20 @@ fn a_plan_the_target_reads_whole_is_its_prefill_and_an_exact_cache_is_copied() {
 
 #[test]
 fn held_positions_stay_the_whole_map_takes_the_mappers_own_path_and_edits_reach_only_the_map() {
-    let dir = tempfile::tempdir().unwrap();
-    write_pair(dir.path(), false);
-    let (a, b) = models(dir.path());
-    let (_, mapper) = artifact::open_for(Some(&dir.path().join("mappers")), &a, &b).unwrap();
-    let ids = a.tokenizer.encode_raw(&tiny().text(40, 7)).unwrap();
+    let pair = Pair::new(40, 7);
+    let Pair {
+        a,
+        b,
+        mapper,
+        ids,
+        src_cache,
+        truth,
+        ..
+    } = &pair;
     let n = ids.len();
-    let src_cache = prefill(&a, &ids);
-    let truth = prefill(&b, &ids);
-    let inputs = HandoffInputs {
-        source: &a,
-        source_cache: &src_cache,
-        target: &b,
-        mapper: &mapper,
-        tokens: &ids,
-        exact: None,
-    };
+    let inputs = pair.inputs();
     let (rb, ra) = (b.decoder.rope(), a.decoder.rope());
-    let whole = mapper.map_cache(&src_cache, &ids, ra, rb).unwrap();
+    let whole = mapper.map_cache(src_cache, ids, ra, rb).unwrap();
     let (built, _) = HandoffPlan::new(n).build_new(&inputs).unwrap();
     assert_eq!(max_diff(&built, &whole, 0, n), 0.0);
 
@@ -168,9 +184,9 @@ fn held_positions_stay_the_whole_map_takes_the_mappers_own_path_and_edits_reach_
         .build(&inputs, &mut dst)
         .unwrap();
     assert_eq!(dst.len(), n);
-    assert_eq!(max_diff(&dst, &truth, 0, 12), 0.0);
-    let rest = mapper.map_range(&src_cache, &ids, ra, rb, 12, n).unwrap();
-    assert_eq!(max_diff(&dst, &with_layers(&truth, 12, &rest), 12, n), 0.0);
+    assert_eq!(max_diff(&dst, truth, 0, 12), 0.0);
+    let rest = mapper.map_range(src_cache, ids, ra, rb, 12, n).unwrap();
+    assert_eq!(max_diff(&dst, &with_layers(truth, 12, &rest), 12, n), 0.0);
 
     // A cache shorter than what the plan keeps is refused.
     let mut short = truth.try_clone_prefix(5).unwrap();
@@ -206,7 +222,7 @@ fn held_positions_stay_the_whole_map_takes_the_mappers_own_path_and_edits_reach_
         .unwrap();
     assert_eq!(total, 0.0);
     assert!(
-        max_diff(&edited, &truth, 0, 2) < 1e-4,
+        max_diff(&edited, truth, 0, 2) < 1e-4,
         "the anchor is the target's own"
     );
 }
