@@ -226,3 +226,103 @@ fn held_positions_stay_the_whole_map_takes_the_mappers_own_path_and_edits_reach_
         "the anchor is the target's own"
     );
 }
+
+/// The whole text mapped from a to b.
+fn mapped_whole(pair: &Pair) -> KvCache {
+    let (c, _) = HandoffPlan::new(pair.ids.len())
+        .build_new(&pair.inputs())
+        .unwrap();
+    c
+}
+
+#[test]
+fn a_reread_of_every_position_is_the_prefill_and_of_none_changes_nothing() {
+    let pair = Pair::new(60, 11);
+    let Pair { b, ids, truth, .. } = &pair;
+    let n = ids.len();
+    let mapped = mapped_whole(&pair);
+    assert!(
+        max_diff(&mapped, truth, 0, n) > 1e-3,
+        "the map is not exact"
+    );
+
+    let mut all = mapped.try_clone().unwrap();
+    b.decoder.reread(ids, &[0..n], &mut all).unwrap();
+    assert_eq!(max_diff(&all, truth, 0, n), 0.0, "every position re-read");
+
+    let mut none = mapped.try_clone().unwrap();
+    b.decoder.reread(ids, &[], &mut none).unwrap();
+    assert_eq!(max_diff(&none, &mapped, 0, n), 0.0, "nothing re-read");
+
+    // Every position, given as many runs: the same rows, cut differently.
+    let mut runs = mapped.try_clone().unwrap();
+    b.decoder
+        .reread(ids, &[0..5, 5..6, 6..n], &mut runs)
+        .unwrap();
+    assert!(max_diff(&runs, truth, 0, n) < 1e-4);
+}
+
+#[test]
+fn a_reread_prefix_is_the_anchor_a_reread_suffix_is_the_tail_and_a_middle_span_reads_over_the_map()
+{
+    let pair = Pair::new(60, 13);
+    let Pair { b, ids, truth, .. } = &pair;
+    let n = ids.len();
+    let mapped = mapped_whole(&pair);
+
+    // A prefix attends only over itself: the target's own positions.
+    let mut prefix = mapped.try_clone().unwrap();
+    b.decoder.reread(ids, &[0..6], &mut prefix).unwrap();
+    assert!(max_diff(&prefix, truth, 0, 6) < 1e-4);
+    assert_eq!(
+        max_diff(&prefix, &mapped, 6, n),
+        0.0,
+        "the rest stays mapped"
+    );
+
+    // A suffix is the target reading the tail over the mapped rest, as a plan's tail.
+    let mut suffix = mapped.try_clone().unwrap();
+    b.decoder.reread(ids, &[n - 8..n], &mut suffix).unwrap();
+    let mut tail = mapped.try_clone_prefix(n - 8).unwrap();
+    b.decoder
+        .forward(&ids[n - 8..], &mut tail, &ForwardOptions::cache_only())
+        .unwrap();
+    assert_eq!(max_diff(&suffix, &tail, 0, n), 0.0);
+
+    // Two spans in the middle: each reads the mapped positions around it and the spans
+    // before it as re-read at every layer; positions outside them keep their map.
+    let (s1, s2) = (10..14, 30..35);
+    let mut spans = mapped.try_clone().unwrap();
+    b.decoder
+        .reread(ids, &[s1.clone(), s2.clone()], &mut spans)
+        .unwrap();
+    for (a, z) in [(0, s1.start), (s1.end, s2.start), (s2.end, n)] {
+        assert_eq!(max_diff(&spans, &mapped, a, z), 0.0, "{a}..{z} unchanged");
+    }
+    // The second span, taken alone after the first, gives the very same cache.
+    let mut stepwise = mapped.try_clone().unwrap();
+    b.decoder.reread(ids, &[s1.clone()], &mut stepwise).unwrap();
+    b.decoder.reread(ids, &[s2.clone()], &mut stepwise).unwrap();
+    assert!(max_diff(&spans, &stepwise, 0, n) < 1e-4);
+    // Read over a mapped context, a span is neither its map nor the target's truth.
+    assert!(max_diff(&spans, &mapped, s2.start, s2.end) > 1e-4);
+    assert!(max_diff(&spans, truth, s2.start, s2.end) > 1e-4);
+}
+
+#[test]
+fn leading_layers_are_the_prefills_first_layers() {
+    let pair = Pair::new(40, 17);
+    let Pair { b, ids, truth, .. } = &pair;
+    let n = ids.len();
+    let lead = b.decoder.leading_layers(ids, 1).unwrap();
+    assert_eq!(lead.len(), 1);
+    let own = truth.layer(0).unwrap();
+    let d = (&lead[0].k - &own.k)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap();
+    assert_eq!(d.max(0).unwrap().to_scalar::<f32>().unwrap(), 0.0);
+    assert_eq!(lead[0].k.dim(1).unwrap(), n);
+}

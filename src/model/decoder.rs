@@ -220,7 +220,6 @@ impl Decoder {
         let cfg = &self.cfg;
         let t = tokens.len();
         let start = cache.len();
-        let (nh, nkv, hd) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
         let eps = cfg.rms_eps as f32;
         let ids = Tensor::new(tokens, &self.device)?;
         let mut h = self.weights.embedding.forward(&ids, self.dtype)?;
@@ -232,44 +231,9 @@ impl Decoder {
             Some(Tensor::new(p.as_slice(), &self.device)?)
         };
         let mut queries = Vec::new();
-        for (l, w) in self.weights.layers.iter().enumerate() {
-            if stop() {
-                return Err(ModelError::Interrupted);
-            }
-            let x = candle_nn::ops::rms_norm(&h, &w.attn_norm, eps)?;
-            let [q, k, v]: [Tensor; 3] = Linear::forward_many(&[&w.q, &w.k, &w.v], &x)?
-                .try_into()
-                .map_err(|_| {
-                    ModelError::Cache(
-                        "fused q/k/v projection returned the wrong number of outputs".into(),
-                    )
-                })?;
-            let q = q.reshape((t, nh, hd))?.transpose(0, 1)?;
-            let k = k.reshape((t, nkv, hd))?.transpose(0, 1)?;
-            let v = v.reshape((t, nkv, hd))?.transpose(0, 1)?;
-            let (q, k) = match (&w.q_norm, &w.k_norm) {
-                (Some(qn), Some(kn)) => (
-                    candle_nn::ops::rms_norm(&q.contiguous()?, qn, eps)?,
-                    candle_nn::ops::rms_norm(&k.contiguous()?, kn, eps)?,
-                ),
-                _ => (q, k),
-            };
-            let q = self.rope.rotate(&q, start)?;
-            let k = self.rope.rotate(&k, start)?;
-            if let Some(idx) = &probe_idx {
-                queries.push(q.index_select(idx, 1)?);
-            }
-            let kv = cache.write(l, &k, &v)?;
-            let o = attention::causal_attention(&q, &kv.k, &kv.v, start)?;
-            h = w.o.forward_residual(&o, &h)?;
-            // Attention and the MLP take about as long each: asking between them halves
-            // how long a waiting message can wait.
-            if stop() {
-                return Err(ModelError::Interrupted);
-            }
-            let x = candle_nn::ops::rms_norm(&h, &w.ffn_norm, eps)?;
-            let act = Linear::forward_swiglu(&w.gate, &w.up, &x)?;
-            h = w.down.forward_residual(&act, &h)?;
+        let run = [start..start + t];
+        for l in 0..self.weights.layers.len() {
+            h = self.layer(l, h, &run, cache, probe_idx.as_ref(), &mut queries, stop)?;
         }
         cache.advance(t);
         let rows = match want {
@@ -285,6 +249,84 @@ impl Decoder {
             }
         };
         Ok(ForwardOutput { logits, queries })
+    }
+
+    /// Decoder layer `l` over hidden rows `h` that sit at the positions of `runs`
+    /// (contiguous spans in increasing order, rows in the same order). Each run's keys and
+    /// values are written to the cache at its positions before the run attends, causally,
+    /// over the cache's positions before its end: earlier runs' rows as just rewritten,
+    /// every other position as the cache holds it. A prefill is one run at the cache's
+    /// end; a re-read is several runs inside it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn layer(
+        &self,
+        l: usize,
+        h: Tensor,
+        runs: &[std::ops::Range<usize>],
+        cache: &mut KvCache,
+        probe_idx: Option<&Tensor>,
+        queries: &mut Vec<Tensor>,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let w = self.weights.layers.get(l).ok_or_else(|| {
+            ModelError::Cache(format!("layer {l} of a {}-layer model", cfg.n_layer))
+        })?;
+        let t = h.dim(0)?;
+        let (nh, nkv, hd) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
+        let eps = cfg.rms_eps as f32;
+        if stop() {
+            return Err(ModelError::Interrupted);
+        }
+        let x = candle_nn::ops::rms_norm(&h, &w.attn_norm, eps)?;
+        let [q, k, v]: [Tensor; 3] = Linear::forward_many(&[&w.q, &w.k, &w.v], &x)?
+            .try_into()
+            .map_err(|_| {
+                ModelError::Cache(
+                    "fused q/k/v projection returned the wrong number of outputs".into(),
+                )
+            })?;
+        let q = q.reshape((t, nh, hd))?.transpose(0, 1)?;
+        let k = k.reshape((t, nkv, hd))?.transpose(0, 1)?;
+        let v = v.reshape((t, nkv, hd))?.transpose(0, 1)?;
+        let (q, k) = match (&w.q_norm, &w.k_norm) {
+            (Some(qn), Some(kn)) => (
+                candle_nn::ops::rms_norm(&q.contiguous()?, qn, eps)?,
+                candle_nn::ops::rms_norm(&k.contiguous()?, kn, eps)?,
+            ),
+            _ => (q, k),
+        };
+        let o = if let [run] = runs {
+            // One run (every prefill): no row is split off or joined.
+            let q = self.rope.rotate(&q, run.start)?;
+            let k = self.rope.rotate(&k, run.start)?;
+            if let Some(idx) = probe_idx {
+                queries.push(q.index_select(idx, 1)?);
+            }
+            let kv = cache.write_at(l, run.start, &k, &v)?;
+            attention::causal_attention(&q, &kv.k, &kv.v, run.start)?
+        } else {
+            let mut outs = Vec::with_capacity(runs.len());
+            let mut row = 0;
+            for run in runs {
+                let n = run.len();
+                let q = self.rope.rotate(&q.narrow(1, row, n)?, run.start)?;
+                let k = self.rope.rotate(&k.narrow(1, row, n)?, run.start)?;
+                let kv = cache.write_at(l, run.start, &k, &v.narrow(1, row, n)?)?;
+                outs.push(attention::causal_attention(&q, &kv.k, &kv.v, run.start)?);
+                row += n;
+            }
+            Tensor::cat(&outs, 0)?
+        };
+        let h = w.o.forward_residual(&o, &h)?;
+        // Attention and the MLP take about as long each: asking between them halves how
+        // long a waiting message can wait.
+        if stop() {
+            return Err(ModelError::Interrupted);
+        }
+        let x = candle_nn::ops::rms_norm(&h, &w.ffn_norm, eps)?;
+        let act = Linear::forward_swiglu(&w.gate, &w.up, &x)?;
+        Ok(w.down.forward_residual(&act, &h)?)
     }
 
     /// Logits for the last position after running `tokens`: the common case.

@@ -302,16 +302,37 @@ impl KvCache {
     /// and return the layer's views over `0..len+t`. The caller commits with `advance`
     /// once every layer is written.
     pub(crate) fn write(&mut self, l: usize, k: &Tensor, v: &Tensor) -> Result<LayerKv> {
+        self.write_at(l, self.len, k, v)
+    }
+
+    /// Write `k`, `v` ([kv_heads, t, head_dim]) for layer `l` at positions `at..at+t`,
+    /// over what they held (a re-read) or past the end (a prefill, committed with
+    /// `advance`), and return the layer's views over `0..at+t`. Positions past the end
+    /// may not leave a gap.
+    pub(crate) fn write_at(
+        &mut self,
+        l: usize,
+        at: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<LayerKv> {
         let t = k.dim(1)?;
-        if self.len + t > self.capacity {
-            return Err(ModelError::Cache("write past reserved capacity".into()));
+        if at > self.len || at + t > self.capacity {
+            return Err(ModelError::Cache(format!(
+                "writing positions {at}..{} of a cache of {} positions (room for {})",
+                at + t,
+                self.len,
+                self.capacity
+            )));
         }
-        let b = &self.buffers[l];
-        b.k.slice_set(&k.contiguous()?.to_dtype(self.dtype)?, 1, self.len)?;
-        b.v.slice_set(&v.contiguous()?.to_dtype(self.dtype)?, 1, self.len)?;
+        let b = self.buffers.get(l).ok_or_else(|| {
+            ModelError::Cache(format!("layer {l} of a {}-layer cache", self.shape.n_layer))
+        })?;
+        b.k.slice_set(&k.contiguous()?.to_dtype(self.dtype)?, 1, at)?;
+        b.v.slice_set(&v.contiguous()?.to_dtype(self.dtype)?, 1, at)?;
         Ok(LayerKv {
-            k: b.k.narrow(1, 0, self.len + t)?,
-            v: b.v.narrow(1, 0, self.len + t)?,
+            k: b.k.narrow(1, 0, at + t)?,
+            v: b.v.narrow(1, 0, at + t)?,
         })
     }
 

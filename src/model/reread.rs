@@ -1,0 +1,166 @@
+//! The selective re-read: the model recomputes the keys and values of chosen positions of
+//! a cache it already holds (a mapped one, say), layer by layer, in place.
+//!
+//! Each chosen position attends, causally by position, over the cache as it stands: at
+//! every layer the chosen positions before it already carry what the model just
+//! recomputed, every other position what the cache held. Choosing every position is a
+//! prefill (the same layer code, the same rows); choosing none changes nothing. Chosen
+//! positions are taken in order of position, at most [`PREFILL_CHUNK`] rows at a time
+//! through all layers: a later chunk reads an earlier one's rewritten entries at every
+//! layer, exactly as it would in one pass, so chunking bounds memory without changing a
+//! bit.
+
+use super::decoder::{Decoder, PREFILL_CHUNK};
+use super::error::{ModelError, Result};
+use super::kv_cache::{KvCache, LayerKv};
+use candle_core::Tensor;
+use std::ops::Range;
+
+impl Decoder {
+    /// Recompute the positions of `runs` (non-empty, increasing, disjoint spans inside
+    /// the cache) of `cache`, whose tokens are `tokens` (at least as many as the cache
+    /// holds).
+    pub fn reread(&self, tokens: &[u32], runs: &[Range<usize>], cache: &mut KvCache) -> Result<()> {
+        self.reread_until(tokens, runs, cache, &|| false)
+    }
+
+    /// [`Decoder::reread`] that gives up with [`ModelError::Interrupted`] as soon as
+    /// `stop` says so. The cache is then part re-read: a valid cache (every position holds
+    /// keys and values the model attends over), but neither the old one nor the new.
+    pub fn reread_until(
+        &self,
+        tokens: &[u32],
+        runs: &[Range<usize>],
+        cache: &mut KvCache,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<()> {
+        check_runs(runs, cache.len())?;
+        if tokens.len() < cache.len() {
+            return Err(ModelError::Cache(format!(
+                "a re-read of a cache of {} positions given {} tokens",
+                cache.len(),
+                tokens.len()
+            )));
+        }
+        if let Some(&id) = tokens[..cache.len()]
+            .iter()
+            .find(|&&t| t as usize >= self.config().vocab_size)
+        {
+            return Err(ModelError::BadToken {
+                id,
+                vocab: self.config().vocab_size,
+            });
+        }
+        for chunk in chunks(runs, PREFILL_CHUNK) {
+            let ids: Vec<u32> = chunk
+                .iter()
+                .flat_map(|r| tokens[r.clone()].iter().copied())
+                .collect();
+            let ids = Tensor::new(ids.as_slice(), self.device())?;
+            let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
+            let mut no_queries = Vec::new();
+            for l in 0..self.config().n_layer {
+                h = self.layer(l, h, &chunk, cache, None, &mut no_queries, stop)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The model's own keys and values of `tokens` at its first `n_layers` layers (a
+    /// prefill that stops there): what a re-read's first layers would write, to compare
+    /// with what a cache holds.
+    pub fn leading_layers(&self, tokens: &[u32], n_layers: usize) -> Result<Vec<LayerKv>> {
+        let n_layers = n_layers.min(self.config().n_layer);
+        let mut shape = self.kv_shape();
+        shape.n_layer = n_layers;
+        let mut cache = KvCache::new(shape, self.dtype(), self.device());
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            if let Some(&id) = chunk
+                .iter()
+                .find(|&&t| t as usize >= self.config().vocab_size)
+            {
+                return Err(ModelError::BadToken {
+                    id,
+                    vocab: self.config().vocab_size,
+                });
+            }
+            let start = cache.len();
+            let ids = Tensor::new(chunk, self.device())?;
+            let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
+            cache.reserve(chunk.len())?;
+            let run = [start..start + chunk.len()];
+            let mut no_queries = Vec::new();
+            for l in 0..n_layers {
+                h = self.layer(l, h, &run, &mut cache, None, &mut no_queries, &|| false)?;
+            }
+            cache.advance(chunk.len());
+        }
+        (0..n_layers).map(|l| cache.layer(l)).collect()
+    }
+}
+
+/// Runs must be non-empty, in increasing order, disjoint, and inside the cache.
+fn check_runs(runs: &[Range<usize>], len: usize) -> Result<()> {
+    let mut end = 0;
+    for (i, r) in runs.iter().enumerate() {
+        if r.is_empty() || (i > 0 && r.start < end) || r.end > len {
+            return Err(ModelError::Cache(format!(
+                "re-read spans must be non-empty, increasing, disjoint and inside the cache of \
+                 {len} positions; span {i} is {}..{} after one ending at {end}",
+                r.start, r.end
+            )));
+        }
+        end = r.end;
+    }
+    Ok(())
+}
+
+/// The runs split into groups of at most `rows` positions, in order (a run may be cut).
+fn chunks(runs: &[Range<usize>], rows: usize) -> Vec<Vec<Range<usize>>> {
+    let mut out = Vec::new();
+    let mut cur: Vec<Range<usize>> = Vec::new();
+    let mut n = 0;
+    for r in runs {
+        let mut s = r.start;
+        while s < r.end {
+            let take = (r.end - s).min(rows - n);
+            cur.push(s..s + take);
+            n += take;
+            s += take;
+            if n == rows {
+                out.push(std::mem::take(&mut cur));
+                n = 0;
+            }
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_keep_every_position_once_in_order_and_cut_runs_at_the_row_limit() {
+        let runs = [0..3, 5..12, 20..21];
+        let c = chunks(&runs, 4);
+        assert_eq!(c, vec![vec![0..3, 5..6], vec![6..10], vec![10..12, 20..21]]);
+        let flat: Vec<usize> = c.iter().flatten().flat_map(|r| r.clone()).collect();
+        let want: Vec<usize> = runs.iter().flat_map(|r| r.clone()).collect();
+        assert_eq!(flat, want);
+        assert!(chunks(&[], 4).is_empty());
+    }
+
+    #[test]
+    fn bad_runs_are_refused_with_the_span_named() {
+        assert!(check_runs(&[0..2, 4..9], 9).is_ok());
+        assert!(check_runs(&[], 0).is_ok());
+        for bad in [vec![0..2, 1..3], vec![3..3], vec![5..10], vec![4..6, 0..2]] {
+            let e = check_runs(&bad, 9).unwrap_err().to_string();
+            assert!(e.contains("re-read spans"), "{e}");
+        }
+    }
+}
