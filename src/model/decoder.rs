@@ -231,9 +231,10 @@ impl Decoder {
             Some(Tensor::new(p.as_slice(), &self.device)?)
         };
         let mut queries = Vec::new();
-        let run = [start..start + t];
+        let span = start..start + t;
+        let run = std::slice::from_ref(&span);
         for l in 0..self.weights.layers.len() {
-            h = self.layer(l, h, &run, cache, probe_idx.as_ref(), &mut queries, stop)?;
+            h = self.layer(l, h, run, cache, probe_idx.as_ref(), &mut queries, stop)?;
         }
         cache.advance(t);
         let rows = match want {
@@ -326,7 +327,7 @@ impl Decoder {
         }
         let x = candle_nn::ops::rms_norm(&h, &w.ffn_norm, eps)?;
         let act = Linear::forward_swiglu(&w.gate, &w.up, &x)?;
-        Ok(w.down.forward_residual(&act, &h)?)
+        w.down.forward_residual(&act, &h)
     }
 
     /// Logits for the last position after running `tokens`: the common case.

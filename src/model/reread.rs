@@ -88,10 +88,11 @@ impl Decoder {
             let ids = Tensor::new(chunk, self.device())?;
             let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
             cache.reserve(chunk.len())?;
-            let run = [start..start + chunk.len()];
+            let span = start..start + chunk.len();
+            let run = std::slice::from_ref(&span);
             let mut no_queries = Vec::new();
             for l in 0..n_layers {
-                h = self.layer(l, h, &run, &mut cache, None, &mut no_queries, &|| false)?;
+                h = self.layer(l, h, run, &mut cache, None, &mut no_queries, &|| false)?;
             }
             cache.advance(chunk.len());
         }
