@@ -3,6 +3,9 @@
 //! own prefill, the mapper's image, the target reading over the mapped middle), what it
 //! holds stays, and the target's exact cache is copied only where the plan is exact.
 
+// Re-read spans are ranges: a list of one span is a list of one range.
+#![allow(clippy::single_range_in_vec_init)]
+
 mod common;
 
 use baton::handoff::{HandoffInputs, HandoffPlan};
