@@ -304,8 +304,12 @@ fn a_reread_prefix_is_the_anchor_a_reread_suffix_is_the_tail_and_a_middle_span_r
     }
     // The second span, taken alone after the first, gives the very same cache.
     let mut stepwise = mapped.try_clone().unwrap();
-    b.decoder.reread(ids, &[s1.clone()], &mut stepwise).unwrap();
-    b.decoder.reread(ids, &[s2.clone()], &mut stepwise).unwrap();
+    b.decoder
+        .reread(ids, std::slice::from_ref(&s1), &mut stepwise)
+        .unwrap();
+    b.decoder
+        .reread(ids, std::slice::from_ref(&s2), &mut stepwise)
+        .unwrap();
     assert!(max_diff(&spans, &stepwise, 0, n) < 1e-4);
     // Read over a mapped context, a span is neither its map nor the target's truth.
     assert!(max_diff(&spans, &mapped, s2.start, s2.end) > 1e-4);
