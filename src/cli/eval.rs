@@ -76,6 +76,19 @@ pub struct EvalArgs {
     /// the facts.
     #[arg(long, value_enum)]
     pub oracle: Option<OracleArg>,
+    /// The recall suite's target re-reads part of the mapped history once the question
+    /// is known: a share (0.2 or 20%) or a time (150ms), optionally with the selector and
+    /// the spans chosen positions grow into (0.2:source-attention:word; selectors
+    /// source-attention, target-attention, round-trip, deviation, recency; spans token,
+    /// word, sentence). 0 re-reads nothing.
+    #[arg(long, value_parser = parse_reread)]
+    pub reread: Option<RereadArg>,
+    /// Also hand each recall turn over this way, in the same run (repeatable): map,
+    /// tail=N, reread=BUDGET[:SELECTOR[:SPANS]], or tail=N,reread=…. Each is scored
+    /// against the same source-alone and re-prefilled answers and timed against the
+    /// same re-prefill.
+    #[arg(long = "handoff", value_parser = parse_handoff)]
+    pub handoffs: Vec<recall::HandoffVariant>,
     /// Skip the held-out text evaluation (tasks and conversations only).
     #[arg(long)]
     pub no_text: bool,
@@ -105,9 +118,30 @@ impl From<OracleArg> for recall::Oracle {
     }
 }
 
+/// A parsed `--reread` (`None`: re-read nothing).
+#[derive(Debug, Clone, Copy)]
+pub struct RereadArg(pub Option<baton::handoff::reread::RereadSetting>);
+
+fn parse_reread(s: &str) -> Result<RereadArg, String> {
+    baton::handoff::reread::RereadSetting::parse(s)
+        .map(RereadArg)
+        .map_err(|e| e.to_string())
+}
+
+fn parse_handoff(s: &str) -> Result<recall::HandoffVariant, String> {
+    recall::HandoffVariant::parse(s).map_err(|e| e.to_string())
+}
+
 impl EvalArgs {
     /// What the flags cannot ask for together, checked before any model loads.
     pub fn validate(&self) -> Result<()> {
+        if (self.reread.is_some_and(|r| r.0.is_some()) || !self.handoffs.is_empty())
+            && self.conversations == 0
+        {
+            bail!(
+                "--reread and --handoff hand the recall suite's turns over: give --conversations N"
+            );
+        }
         if self.learn && self.conversations == 0 {
             bail!("--learn learns from the recall suite's conversations: give --conversations N");
         }
@@ -149,6 +183,7 @@ impl EvalArgs {
             recall::RecallOptions {
                 anchor: self.anchor,
                 tail: self.tail,
+                reread: self.reread.and_then(|r| r.0),
                 oracle: self.oracle.map(Into::into),
                 first_conversation: self.skip_conversations,
                 ..Default::default()
@@ -216,6 +251,7 @@ pub fn eval(a: EvalArgs, dev: &Device) -> Result<()> {
         task_options,
         conversations: &conversations,
         recall,
+        handoffs: &a.handoffs,
         mapper_dir: a.pair.mapper_dir(),
         precision: a.precision.precision.into(),
         gains: baton::eval::Gains {

@@ -169,7 +169,8 @@ fn plan_for(target: &Slot, n: usize, reprefill: bool, settings: &Settings) -> Ha
     let plan = HandoffPlan::new(n)
         .anchor(settings.anchor)
         .tail(settings.tail);
-    plan.holding(target.primary.len().min(plan.tail_start()))
+    let held = target.primary.len().min(plan.tail_start());
+    plan.holding(held)
 }
 
 /// The gate's choice: re-prefill when the best estimate at hand is below `threshold`.

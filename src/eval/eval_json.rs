@@ -70,6 +70,11 @@ pub struct DirectionEval {
     /// The multi-turn recall suite, when asked for.
     #[serde(default)]
     pub conversations: Option<RecallResult>,
+    /// The recall suite's other handoffs (`--handoff`), run in the same turns as
+    /// `conversations`: the same source-alone and re-prefilled answers, the same
+    /// re-prefill timings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub handoffs: Vec<RecallResult>,
 }
 
 fn one() -> f32 {
@@ -103,10 +108,15 @@ pub fn recall_line(direction: &str, r: &RecallResult) -> String {
         format!("{:.3} [{:.3}, {:.3}]", e.value, e.ci95[0], e.ci95[1])
     };
     format!(
-        "{direction} recall{}: {} conversations, {} turns | F1 source alone {}  target alone {}  mapped {} | EM {:.3} / {:.3} / {:.3} | F1 retention {}  gap recovered {}  identical {} | map {:.1} ms vs re-prefill {:.0} ms",
+        "{direction} recall{}{}: {} conversations, {} turns | F1 source alone {}  target alone {}  mapped {} | EM {:.3} / {:.3} / {:.3} | F1 retention {}  gap recovered {}  identical {} | map {:.1} ms + re-read {:.1} ms ({:.1}% of the history) vs re-prefill {:.0} ms",
         match r.oracle {
             None => String::new(),
             Some(o) => format!(" (diagnosis: {o:?})"),
+        },
+        if r.handoff.is_empty() || r.handoff == "map" {
+            String::new()
+        } else {
+            format!(" [{}]", r.handoff)
         },
         r.conversations,
         r.turns,
@@ -120,6 +130,8 @@ pub fn recall_line(direction: &str, r: &RecallResult) -> String {
         ci(&r.gap_recovered),
         ci(&r.identical),
         r.map_seconds * 1e3,
+        r.reread_seconds * 1e3,
+        r.reread_share * 100.0,
         r.reprefill_seconds * 1e3,
     ) + &learning_note(r)
 }
@@ -256,10 +268,12 @@ mod tests {
                     em_mapped: 0.0,
                     f1_mapped_vs_reference: 0.5,
                     identical: false,
+                    reread_positions: 40,
                 }],
                 (0.08, 2.0),
                 &crate::eval::recall::RecallOptions::default(),
             )),
+            handoffs: Vec::new(),
         }])
     }
 
@@ -294,7 +308,9 @@ mod tests {
         assert!(recall.contains("target alone 1.000"), "{recall}");
         assert!(recall.contains("F1 retention 0.500"), "{recall}");
         assert!(
-            recall.contains("map 80.0 ms vs re-prefill 2000 ms"),
+            recall.contains(
+                "map 80.0 ms + re-read 0.0 ms (20.0% of the history) vs re-prefill 2000 ms"
+            ),
             "{recall}"
         );
     }

@@ -2,7 +2,7 @@
 //! asked tasks, gathered into one [`EvalReport`]. The binary only parses and prints.
 
 use super::eval_json::{recall_line, task_line, text_line, DirectionEval, EvalReport};
-use super::recall::{eval_recall, RecallOptions};
+use super::recall::{eval_recall_variants, HandoffVariant, RecallOptions};
 use super::tasks::{eval_task, TaskEvalOptions};
 use super::text::{eval_text, TextEvalOptions};
 use super::EvalError;
@@ -22,6 +22,8 @@ pub struct EvalPlan<'a> {
     /// The multi-turn recall suite's conversations; empty for none.
     pub conversations: &'a [RecallConversation],
     pub recall: RecallOptions,
+    /// Other handoffs the recall suite runs in the same turns as `recall`'s own.
+    pub handoffs: &'a [HandoffVariant],
     /// Where the mappers are (the cache's mappers/ when `None`).
     pub mapper_dir: Option<&'a Path>,
     pub precision: MapPrecision,
@@ -161,6 +163,7 @@ fn evaluate_direction(
         progress.result(&task_line(&direction, &r));
         tasks.push(r);
     }
+    let mut handoffs = Vec::new();
     let conversations = if plan.conversations.is_empty() {
         None
     } else {
@@ -172,21 +175,30 @@ fn evaluate_direction(
         } else {
             None
         };
+        let mut ways = vec![HandoffVariant::of(&plan.recall)];
+        ways.extend_from_slice(plan.handoffs);
+        let reverse = reverse_mapper(s, t, &ways, plan)?;
         let turns = plan.conversations.iter().map(|c| c.questions.len()).sum();
         progress.task_started("recall (turns)", turns);
-        let r = eval_recall(
+        let r = eval_recall_variants(
             s,
             t,
             &mapper,
+            reverse.as_ref(),
             plan.conversations,
             &plan.recall,
+            &ways,
             learner.as_mut(),
             &mut |n| progress.task_advanced(n),
         );
         progress.task_finished();
-        let r = r?;
-        progress.result(&recall_line(&direction, &r));
-        Some(r)
+        let mut r = r?.into_iter();
+        let first = r.next();
+        for x in first.iter().chain(r.as_slice()) {
+            progress.result(&recall_line(&direction, x));
+        }
+        handoffs = r.collect();
+        first
     };
     Ok(DirectionEval {
         direction,
@@ -200,5 +212,26 @@ fn evaluate_direction(
         text,
         tasks,
         conversations,
+        handoffs,
     })
+}
+
+/// The mapper of the other direction, when a handoff's re-read ranks by the round trip.
+fn reverse_mapper(
+    s: &Model,
+    t: &Model,
+    ways: &[HandoffVariant],
+    plan: &EvalPlan<'_>,
+) -> Result<Option<crate::mapper::CacheMapper>, EvalError> {
+    use crate::handoff::reread::Selector;
+    let wanted = ways
+        .iter()
+        .any(|w| w.reread.is_some_and(|r| r.selector == Selector::RoundTrip));
+    if !wanted {
+        return Ok(None);
+    }
+    let art = artifact::find_for(plan.mapper_dir, t, s)?;
+    Ok(Some(
+        art.cache_mapper(t, s)?.with_precision(plan.precision)?,
+    ))
 }

@@ -96,8 +96,29 @@ pub fn round_trip(
     start: usize,
     end: usize,
 ) -> Result<Option<f64>, GateError> {
+    let each = round_trip_by_position(
+        forward, reverse, src, tokens, src_rope, tgt_rope, start, end,
+    )?;
+    Ok((!each.is_empty()).then(|| each.iter().sum::<f64>() / each.len() as f64))
+}
+
+/// [`round_trip`] per position of `start..end`: the cosine of each position's keys and
+/// values after two maps, averaged over the source's layers. A low one says the map
+/// loses that position: what the re-read's error selector ranks by. Empty for an empty
+/// range.
+#[allow(clippy::too_many_arguments)]
+pub fn round_trip_by_position(
+    forward: &CacheMapper,
+    reverse: &CacheMapper,
+    src: &KvCache,
+    tokens: &[u32],
+    src_rope: &Rope,
+    tgt_rope: &Rope,
+    start: usize,
+    end: usize,
+) -> Result<Vec<f64>, GateError> {
     if end <= start || end > src.len() {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let there = forward.map_range(src, tokens, src_rope, tgt_rope, start, end)?;
     // The reverse map reads positions start..end of a target cache: the positions before
@@ -115,16 +136,19 @@ pub fn round_trip(
     }
     scratch.extend_with(&there)?;
     let back = reverse.map_range(&scratch, tokens, tgt_rope, src_rope, start, end)?;
-    let (mut sum, mut count) = (0.0f64, 0usize);
+    let mut sum = vec![0.0f64; end - start];
+    let mut count = 0usize;
     for (l, b) in back.iter().enumerate() {
         let own = src.layer_range(l, start, end)?;
         for (x, y) in [(&own.k, &b.k), (&own.v, &b.v)] {
             let c = row_cosines(&heads_to_rows(x)?, &heads_to_rows(y)?)?;
-            sum += c.iter().map(|&v| f64::from(v)).sum::<f64>();
-            count += c.len();
+            for (s, v) in sum.iter_mut().zip(c) {
+                *s += f64::from(v);
+            }
+            count += 1;
         }
     }
-    Ok((count > 0).then(|| sum / count as f64))
+    Ok(sum.into_iter().map(|s| s / count.max(1) as f64).collect())
 }
 
 /// Cosine of each row of `a` with the same row of `b` ([n, d] each).

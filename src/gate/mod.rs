@@ -20,7 +20,7 @@
 pub mod estimate;
 pub mod fit;
 
-pub use estimate::{feature_distance, round_trip};
+pub use estimate::{feature_distance, round_trip, round_trip_by_position};
 pub use fit::GateFit;
 
 #[derive(Debug, thiserror::Error)]

@@ -13,6 +13,7 @@
 mod build;
 pub mod fidelity;
 mod plan;
+pub mod reread;
 
 pub use build::{BuildTimings, EditMapped, HandoffInputs};
 pub use plan::HandoffPlan;

@@ -15,12 +15,19 @@ use std::ops::Range;
 /// computed it over exact positions only. Positions the target reads after the mapped
 /// middle attend over it, so they are the target's own reading of a mapped context, not
 /// its truth.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Inside the mapped middle the target may re-read chosen spans (see [`super::reread`]):
+/// it recomputes them layer by layer over the cache as it stands, once the middle is
+/// mapped. The anchor is the re-read of a prefix (over exact positions only, so exact),
+/// and the tail the re-read of a suffix; they stay separate parts because the target
+/// computes them without mapping them first.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandoffPlan {
     len: usize,
     held: usize,
     anchor: usize,
     read_from: usize,
+    reread: Vec<Range<usize>>,
 }
 
 impl HandoffPlan {
@@ -31,6 +38,7 @@ impl HandoffPlan {
             held: 0,
             anchor: 0,
             read_from: len,
+            reread: Vec::new(),
         }
     }
 
@@ -64,6 +72,28 @@ impl HandoffPlan {
     pub fn holding(mut self, held: usize) -> Self {
         self.held = held.min(self.len);
         self
+    }
+
+    /// The target re-reads these spans of the mapped middle (increasing and disjoint)
+    /// once it is mapped; parts of them outside the middle are dropped.
+    pub fn rereading(mut self, runs: Vec<Range<usize>>) -> Self {
+        self.reread = runs;
+        self
+    }
+
+    /// The spans re-read inside the mapped middle.
+    pub fn reread(&self) -> Vec<Range<usize>> {
+        let m = self.mapped();
+        self.reread
+            .iter()
+            .map(|r| r.start.max(m.start)..r.end.min(m.end))
+            .filter(|r| !r.is_empty())
+            .collect()
+    }
+
+    /// Positions re-read inside the mapped middle.
+    pub fn reread_count(&self) -> usize {
+        self.reread().iter().map(|r| r.len()).sum()
     }
 
     /// Positions in all.
@@ -112,9 +142,10 @@ impl HandoffPlan {
         }
     }
 
-    /// Whether the whole cache is mapped: nothing held, no anchor, no tail.
+    /// Whether the whole cache is mapped: nothing held, no anchor, no tail, nothing
+    /// re-read.
     pub fn maps_everything(&self) -> bool {
-        self.mapped() == (0..self.len)
+        self.mapped() == (0..self.len) && self.reread().is_empty()
     }
 }
 
@@ -164,6 +195,22 @@ mod tests {
         assert_eq!(p.read(), 60..100);
         let p = HandoffPlan::new(100).tail(50).read_from(60);
         assert_eq!(p.read(), 50..100);
+    }
+
+    #[test]
+    fn reread_spans_are_kept_inside_the_mapped_middle() {
+        let p = HandoffPlan::new(100)
+            .anchor(4)
+            .tail(10)
+            .rereading(vec![0..6, 20..30, 85..95]);
+        assert_eq!(p.reread(), vec![4..6, 20..30, 85..90]);
+        assert_eq!(p.reread_count(), 17);
+        assert!(!HandoffPlan::new(10).rereading(vec![2..3]).maps_everything());
+        // A re-prefill maps nothing, so it re-reads nothing of a middle either.
+        assert!(HandoffPlan::reprefill(10)
+            .rereading(vec![2..3])
+            .reread()
+            .is_empty());
     }
 
     #[test]

@@ -12,11 +12,20 @@ use candle_core::{DType, Tensor, D};
 /// (after RoPE, one per position) attend causally over `keys` [n_kv_head, len, hd]; the
 /// probabilities are summed over heads and queries.
 pub fn received_by_position(queries: &Tensor, keys: &Tensor) -> Result<Vec<f64>> {
-    let (nh, len, hd) = queries.dims3()?;
+    received_from(queries, keys, 0)
+}
+
+/// Attention received by every key position of one layer from queries at positions
+/// `start..start + m` (`queries` [n_head, m, hd], after RoPE) attending causally over
+/// `keys` [n_kv_head, start + m, hd]: summed over heads and queries, one value per key
+/// position. What a message's tokens read of the context before them.
+pub fn received_from(queries: &Tensor, keys: &Tensor, start: usize) -> Result<Vec<f64>> {
+    let (nh, m, hd) = queries.dims3()?;
     let (nkv, klen, khd) = keys.dims3()?;
-    if klen != len || khd != hd || nkv == 0 || nh % nkv != 0 {
+    if klen != start + m || khd != hd || nkv == 0 || nh % nkv != 0 {
         return Err(MetricError::Shape(format!(
-            "queries {:?} against keys {:?}: one query per key position expected",
+            "queries {:?} at {start} against keys {:?}: keys for every position up to the \
+             last query expected",
             queries.dims(),
             keys.dims()
         )));
@@ -25,21 +34,21 @@ pub fn received_by_position(queries: &Tensor, keys: &Tensor) -> Result<Vec<f64>>
     let q = queries
         .to_dtype(DType::F32)?
         .contiguous()?
-        .reshape((nkv, group * len, hd))?;
+        .reshape((nkv, group * m, hd))?;
     let k = keys.to_dtype(DType::F32)?.contiguous()?;
-    let mut mask = vec![0f32; len * len];
-    for i in 0..len {
-        for m in &mut mask[i * len + i + 1..(i + 1) * len] {
-            *m = f32::NEG_INFINITY;
+    let mut mask = vec![0f32; m * klen];
+    for i in 0..m {
+        for x in &mut mask[i * klen + start + i + 1..(i + 1) * klen] {
+            *x = f32::NEG_INFINITY;
         }
     }
-    let mask = Tensor::from_vec(mask, (len, len), q.device())?;
+    let mask = Tensor::from_vec(mask, (m, klen), q.device())?;
     let scale = 1.0 / (hd as f64).sqrt();
     let s = (q.matmul(&k.t()?)? * scale)?
-        .reshape((nkv, group, len, len))?
+        .reshape((nkv, group, m, klen))?
         .broadcast_add(&mask)?;
     let p = candle_nn::ops::softmax_last_dim(&s)?;
-    // Summed over heads and queries: [len] of key positions.
+    // Summed over heads and queries: [klen] of key positions.
     let got = p.sum(D::Minus2)?.sum(1)?.sum(0)?;
     Ok(got.to_vec1::<f32>()?.into_iter().map(f64::from).collect())
 }
@@ -62,6 +71,32 @@ pub fn relative_to_even(received: &[f64], heads_times_layers: usize) -> Vec<f64>
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    #[test]
+    fn a_message_reading_the_context_hands_out_one_unit_per_head_and_query() {
+        // Three queries at positions 5..8 over 8 keys; the last key is seen only by the
+        // last query, and each query spreads over exactly the positions up to its own.
+        let (nh, nkv, m, hd) = (4, 2, 3, 8);
+        let q = Tensor::zeros((nh, m, hd), DType::F32, &Device::Cpu).unwrap();
+        let k = Tensor::randn(0f32, 1.0, (nkv, 5 + m, hd), &Device::Cpu).unwrap();
+        let got = received_from(&q, &k, 5).unwrap();
+        assert_eq!(got.len(), 8);
+        let total: f64 = got.iter().sum();
+        assert!((total - (nh * m) as f64).abs() < 1e-4, "{total}");
+        let each = |i: usize| nh as f64 / (5 + i + 1) as f64;
+        assert!((got[0] - (each(0) + each(1) + each(2))).abs() < 1e-5);
+        assert!((got[7] - each(2)).abs() < 1e-5);
+        assert!(
+            received_from(&q, &k, 4).is_err(),
+            "keys must end at the last query"
+        );
+        // At start 0 with one query per key it is the window's own attention.
+        let q = Tensor::randn(0f32, 1.0, (nh, 8, hd), &Device::Cpu).unwrap();
+        assert_eq!(
+            received_from(&q, &k, 0).unwrap(),
+            received_by_position(&q, &k).unwrap()
+        );
+    }
 
     #[test]
     fn queries_that_see_nothing_spread_evenly_and_score_one_everywhere() {

@@ -22,19 +22,23 @@
 //! `(F1 mapped − F1 source) / (F1 target − F1 source)`. Turns of one conversation share
 //! a passage, so intervals resample whole conversations.
 
+mod variants;
+
+pub use variants::{HandoffVariant, Handover};
+
 use super::tasks::{common_prefix_len, generate_until};
 use super::EvalError;
 use crate::data::recall::RecallConversation;
-use crate::handoff::{HandoffInputs, HandoffPlan};
+use crate::handoff::reread::RereadSetting;
 use crate::learn::{ConversationPair, LearnOutcome, Learner};
 use crate::mapper::CacheMapper;
 use crate::metrics::answers::{best_exact_match, best_f1, token_f1};
 use crate::metrics::interval::{cluster_bootstrap, Estimate};
-use crate::model::{ForwardOptions, KvCache, LayerKv, Logits, Model, ModelError};
+use crate::model::{ForwardOptions, KvCache, Logits, Model};
 use crate::text::{ChatMessage, ChatTemplate};
 use serde::{Deserialize, Serialize};
-use std::ops::Range;
 use std::time::Instant;
+use variants::TurnInputs;
 
 /// What the user says with the passage, before it.
 pub const PASSAGE_INTRO: &str = "Read this passage. I will ask you questions about it.";
@@ -66,6 +70,9 @@ pub struct RecallOptions {
     pub anchor: usize,
     /// Last history tokens the target re-reads itself on top of the mapped rest.
     pub tail: usize,
+    /// What the target re-reads of the mapped middle once the question is known.
+    #[serde(default)]
+    pub reread: Option<RereadSetting>,
     /// Longest answer generated, in tokens.
     pub max_answer_tokens: usize,
     pub bootstrap_resamples: usize,
@@ -84,6 +91,7 @@ impl Default for RecallOptions {
         Self {
             anchor: 0,
             tail: 0,
+            reread: None,
             max_answer_tokens: 32,
             bootstrap_resamples: 2000,
             seed: 20_261_201,
@@ -116,6 +124,9 @@ pub struct TurnOutcome {
     pub f1_mapped_vs_reference: f64,
     /// The mapped answer is word for word the re-prefilled one.
     pub identical: bool,
+    /// History positions the target re-read before the question.
+    #[serde(default)]
+    pub reread_positions: usize,
 }
 
 /// The suite's result in one direction.
@@ -125,6 +136,14 @@ pub struct RecallResult {
     pub turns: usize,
     pub anchor: usize,
     pub tail: usize,
+    /// The handoff's name (`map`, `tail 64`, `re-read 20%:source-attention:word`).
+    #[serde(default)]
+    pub handoff: String,
+    #[serde(default)]
+    pub reread: Option<RereadSetting>,
+    /// Mean share of the history's positions re-read.
+    #[serde(default)]
+    pub reread_share: f64,
     /// Set when this was a diagnosis, not a handoff.
     #[serde(default)]
     pub oracle: Option<Oracle>,
@@ -146,6 +165,9 @@ pub struct RecallResult {
     /// Mean seconds per turn to hand the history over: the map (with the anchor and tail
     /// the target reads) against the target re-prefilling it.
     pub map_seconds: f64,
+    /// Mean seconds per turn choosing and re-reading spans once the question is known.
+    #[serde(default)]
+    pub reread_seconds: f64,
     pub reprefill_seconds: f64,
     pub outcomes: Vec<TurnOutcome>,
     /// With learning on: what the mapper learned after each conversation, which the
@@ -213,13 +235,46 @@ pub fn eval_recall(
     mapper: &CacheMapper,
     conversations: &[RecallConversation],
     opts: &RecallOptions,
-    mut learner: Option<&mut Learner>,
+    learner: Option<&mut Learner>,
     on_turn: &mut dyn FnMut(usize),
 ) -> Result<RecallResult, EvalError> {
+    let ways = [HandoffVariant::of(opts)];
+    let mut r = eval_recall_variants(
+        src,
+        tgt,
+        mapper,
+        None,
+        conversations,
+        opts,
+        &ways,
+        learner,
+        on_turn,
+    )?;
+    r.pop()
+        .ok_or_else(|| EvalError::Input("the recall suite gave no result".into()))
+}
+
+/// [`eval_recall`] with the history handed over each way of `variants` in the same
+/// turns: one result per variant, all scored against the same source-alone and
+/// re-prefilled answers. `reverse` (the other direction's mapper) is needed by the
+/// round-trip selector only.
+#[allow(clippy::too_many_arguments)]
+pub fn eval_recall_variants(
+    src: &Model,
+    tgt: &Model,
+    mapper: &CacheMapper,
+    reverse: Option<&CacheMapper>,
+    conversations: &[RecallConversation],
+    opts: &RecallOptions,
+    variants: &[HandoffVariant],
+    mut learner: Option<&mut Learner>,
+    on_turn: &mut dyn FnMut(usize),
+) -> Result<Vec<RecallResult>, EvalError> {
     let template = tgt.chat_template()?;
-    let mut outcomes = Vec::new();
+    let mut outcomes: Vec<Vec<TurnOutcome>> = vec![Vec::new(); variants.len()];
     let mut learning = Vec::new();
-    let mut seconds = HandoverSeconds::default();
+    let mut seconds = vec![HandoverSeconds::default(); variants.len()];
+    let mut turns_done = 0;
     for (c, conv) in conversations.iter().enumerate() {
         let mut source = SourceHistory {
             cache: src.decoder.new_cache(),
@@ -229,12 +284,18 @@ pub fn eval_recall(
             src,
             tgt,
             mapper: learner.as_deref().map_or(mapper, |l| l.mapper()),
+            reverse,
             template,
             opts,
+            variants,
         };
         for j in 0..conv.questions.len() {
-            outcomes.push(turns.turn(conv, c, j, &mut source, &mut seconds)?);
-            on_turn(outcomes.len());
+            let each = turns.turn(conv, c, j, &mut source, &mut seconds)?;
+            for (all, o) in outcomes.iter_mut().zip(each) {
+                all.push(o);
+            }
+            turns_done += 1;
+            on_turn(turns_done);
         }
         if let Some(l) = learner.as_deref_mut() {
             let outcome = learn_from(src, tgt, l, &source.cache, &source.held)?;
@@ -244,10 +305,21 @@ pub fn eval_recall(
             });
         }
     }
-    let times = (seconds.map, seconds.reprefill);
-    let mut result = summarise(conversations.len(), outcomes, times, opts);
-    result.learning = learning;
-    Ok(result)
+    Ok(variants
+        .iter()
+        .zip(outcomes)
+        .zip(seconds)
+        .map(|((v, o), sec)| {
+            let mut vopts = *opts;
+            vopts.tail = v.tail;
+            vopts.reread = v.reread;
+            let mut result = summarise(conversations.len(), o, (sec.map, sec.reprefill), &vopts);
+            result.reread_seconds = sec.reread / result.turns.max(1) as f64;
+            result.handoff = v.label();
+            result.learning = learning.clone();
+            result
+        })
+        .collect())
 }
 
 /// The source's cache of one conversation, grown turn by turn, and the ids it holds.
@@ -257,9 +329,10 @@ struct SourceHistory {
 }
 
 /// Time spent handing histories over, summed over turns.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct HandoverSeconds {
     map: f64,
+    reread: f64,
     reprefill: f64,
 }
 
@@ -268,30 +341,33 @@ struct TurnRun<'a> {
     src: &'a Model,
     tgt: &'a Model,
     mapper: &'a CacheMapper,
+    reverse: Option<&'a CacheMapper>,
     template: &'a ChatTemplate,
     opts: &'a RecallOptions,
+    variants: &'a [HandoffVariant],
 }
 
-/// The three answers to one question, trimmed, with the target's token ids.
+/// The answers to one question, trimmed, with the target's token ids: the source's, the
+/// re-prefilled target's and one per handoff variant.
 struct Answers {
     source: String,
     reference: String,
-    mapped: String,
+    mapped: Vec<String>,
     reference_ids: Vec<u32>,
-    mapped_ids: Vec<u32>,
+    mapped_ids: Vec<Vec<u32>>,
 }
 
 impl TurnRun<'_> {
-    /// Question `j` of conversation `c`: hand the history over, let each path read the
-    /// question, answer it three ways and score the answers.
+    /// Question `j` of conversation `c`: hand the history over each way, let each path
+    /// read the question, answer it and score the answers (one outcome per variant).
     fn turn(
         &self,
         conv: &RecallConversation,
         c: usize,
         j: usize,
         source: &mut SourceHistory,
-        seconds: &mut HandoverSeconds,
-    ) -> Result<TurnOutcome, EvalError> {
+        seconds: &mut [HandoverSeconds],
+    ) -> Result<Vec<TurnOutcome>, EvalError> {
         let (src, tgt) = (self.src, self.tgt);
         let (ids, h) = self.render(conv, c, j)?;
         let (prompt, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
@@ -299,35 +375,73 @@ impl TurnRun<'_> {
 
         // The source's cache of the history, handed over as it would be at a switch.
         extend_to(src, &mut source.cache, &mut source.held, history)?;
-        let (mut reference, mut mapped) = self.hand_over(history, &source.cache, seconds)?;
+        let t0 = Instant::now();
+        let mut reference = tgt.decoder.new_cache();
+        tgt.decoder
+            .forward(history, &mut reference, &ForwardOptions::cache_only())?;
+        let reprefill_s = t0.elapsed().as_secs_f64();
+        let inputs = TurnInputs {
+            src,
+            tgt,
+            mapper: self.mapper,
+            reverse: self.reverse,
+            src_cache: &source.cache,
+            reference: &reference,
+            ms_per_position: reprefill_s * 1e3 / h as f64,
+            prompt,
+            history: h,
+            anchor: self.opts.anchor,
+            oracle: self.opts.oracle,
+        };
+        let mut handed = Vec::with_capacity(self.variants.len());
+        for (v, sec) in self.variants.iter().zip(seconds.iter_mut()) {
+            let got = variants::hand_over(v, &inputs)?;
+            sec.map += got.map_ms / 1e3;
+            sec.reread += got.reread_ms / 1e3;
+            sec.reprefill += reprefill_s;
+            handed.push(got);
+        }
 
         // The question, read by each path itself.
         tgt.decoder
             .forward(&prompt[h..], &mut reference, &ForwardOptions::cache_only())?;
-        tgt.decoder
-            .forward(&prompt[h..], &mut mapped, &ForwardOptions::cache_only())?;
+        for got in &mut handed {
+            tgt.decoder
+                .forward(&prompt[h..], &mut got.cache, &ForwardOptions::cache_only())?;
+        }
         extend_to(src, &mut source.cache, &mut source.held, prompt)?;
 
-        let answers = self.answer(&source.cache, reference, mapped, last)?;
-        tracing::debug!(conversation = c, question = j + 1, reference = %answers.reference, mapped = %answers.mapped, "recall turn");
+        let positions: Vec<usize> = handed.iter().map(|g| g.reread_positions).collect();
+        let caches = handed.into_iter().map(|g| g.cache).collect();
+        let answers = self.answer(&source.cache, reference, caches, last)?;
         let q = &conv.questions[j];
-        Ok(TurnOutcome {
-            conversation: self.opts.first_conversation + c,
-            question_number: j + 1,
-            question_id: q.id.clone(),
-            context_tokens: h,
-            f1_source: best_f1(&answers.source, &q.answers),
-            f1_reference: best_f1(&answers.reference, &q.answers),
-            f1_mapped: best_f1(&answers.mapped, &q.answers),
-            em_source: best_exact_match(&answers.source, &q.answers),
-            em_reference: best_exact_match(&answers.reference, &q.answers),
-            em_mapped: best_exact_match(&answers.mapped, &q.answers),
-            f1_mapped_vs_reference: token_f1(&answers.mapped, &answers.reference),
-            identical: answers.reference_ids == answers.mapped_ids,
-            source: answers.source,
-            reference: answers.reference,
-            mapped: answers.mapped,
-        })
+        Ok(answers
+            .mapped
+            .iter()
+            .zip(&answers.mapped_ids)
+            .zip(positions)
+            .map(|((mapped, mapped_ids), reread_positions)| {
+                tracing::debug!(conversation = c, question = j + 1, reference = %answers.reference, %mapped, "recall turn");
+                TurnOutcome {
+                    conversation: self.opts.first_conversation + c,
+                    question_number: j + 1,
+                    question_id: q.id.clone(),
+                    context_tokens: h,
+                    f1_source: best_f1(&answers.source, &q.answers),
+                    f1_reference: best_f1(&answers.reference, &q.answers),
+                    f1_mapped: best_f1(mapped, &q.answers),
+                    em_source: best_exact_match(&answers.source, &q.answers),
+                    em_reference: best_exact_match(&answers.reference, &q.answers),
+                    em_mapped: best_exact_match(mapped, &q.answers),
+                    f1_mapped_vs_reference: token_f1(mapped, &answers.reference),
+                    identical: &answers.reference_ids == mapped_ids,
+                    source: answers.source.clone(),
+                    reference: answers.reference.clone(),
+                    mapped: mapped.clone(),
+                    reread_positions,
+                }
+            })
+            .collect())
     }
 
     /// The ids of question `j`'s prompt, and how many of them are the history before
@@ -352,84 +466,33 @@ impl TurnRun<'_> {
         Ok((ids, h))
     }
 
-    /// The target's re-prefilled cache of `history` and the one mapped from the
-    /// source's, timing each.
-    fn hand_over(
-        &self,
-        history: &[u32],
-        src_cache: &KvCache,
-        seconds: &mut HandoverSeconds,
-    ) -> Result<(KvCache, KvCache), EvalError> {
-        let (opts, tgt) = (self.opts, self.tgt);
-        let t0 = Instant::now();
-        let mut reference = tgt.decoder.new_cache();
-        tgt.decoder
-            .forward(history, &mut reference, &ForwardOptions::cache_only())?;
-        seconds.reprefill += t0.elapsed().as_secs_f64();
-
-        let t1 = Instant::now();
-        let plan = HandoffPlan::new(history.len())
-            .anchor(opts.anchor)
-            .tail(opts.tail);
-        let inputs = HandoffInputs {
-            source: self.src,
-            source_cache: src_cache,
-            target: tgt,
-            mapper: self.mapper,
-            tokens: history,
-            exact: Some(&reference),
-        };
-        let mut mapped = tgt.decoder.new_cache();
-        let mut swap = |layers: &mut [LayerKv], range: Range<usize>| match opts.oracle {
-            None => Ok(()),
-            Some(oracle) => swap_in_own(oracle, &reference, layers, range),
-        };
-        plan.build_edited(&inputs, &mut mapped, Some(&mut swap))?;
-        seconds.map += t1.elapsed().as_secs_f64();
-        Ok((reference, mapped))
-    }
-
     /// Greedy answers of the source on its own cache and of the target on the
-    /// reference and the mapped one, each continuing from `last`.
+    /// reference and each handed-over one, each continuing from `last`.
     fn answer(
         &self,
         src_cache: &KvCache,
         reference: KvCache,
-        mapped: KvCache,
+        mapped: Vec<KvCache>,
         last: u32,
     ) -> Result<Answers, EvalError> {
         let (src, tgt) = (self.src, self.tgt);
         let max = self.opts.max_answer_tokens;
         let (_, source) = generate_until(src, src_cache.try_clone()?, last, &[], max)?;
-        let (ids_r, reference_text) = generate_until(tgt, reference, last, &[], max)?;
-        let (ids_m, mapped_text) = generate_until(tgt, mapped, last, &[], max)?;
+        let (reference_ids, reference_text) = generate_until(tgt, reference, last, &[], max)?;
+        let (mut texts, mut ids) = (Vec::new(), Vec::new());
+        for cache in mapped {
+            let (i, t) = generate_until(tgt, cache, last, &[], max)?;
+            texts.push(t.trim().to_string());
+            ids.push(i);
+        }
         Ok(Answers {
             source: source.trim().to_string(),
             reference: reference_text.trim().to_string(),
-            mapped: mapped_text.trim().to_string(),
-            reference_ids: ids_r,
-            mapped_ids: ids_m,
+            mapped: texts,
+            reference_ids,
+            mapped_ids: ids,
         })
     }
-}
-
-/// The oracle swaps the target's own keys or values (from `own`) in for the mapped
-/// ones of `range`.
-fn swap_in_own(
-    oracle: Oracle,
-    own: &KvCache,
-    layers: &mut [LayerKv],
-    range: Range<usize>,
-) -> Result<(), ModelError> {
-    for (l, layer) in layers.iter_mut().enumerate() {
-        let own = own.layer_range(l, range.start, range.end)?;
-        match oracle {
-            Oracle::TrueKeys => layer.k = own.k,
-            Oracle::TrueValues => layer.v = own.v,
-            Oracle::TrueBoth => *layer = own,
-        }
-    }
-    Ok(())
 }
 
 /// Probe positions the target keeps its queries at when a conversation is learned from.
@@ -498,6 +561,14 @@ pub fn summarise(
         turns: outcomes.len(),
         anchor: opts.anchor,
         tail: opts.tail,
+        handoff: HandoffVariant::of(opts).label(),
+        reread: opts.reread,
+        reread_share: crate::metrics::mean(
+            &outcomes
+                .iter()
+                .map(|o| o.reread_positions as f64 / o.context_tokens.max(1) as f64)
+                .collect::<Vec<_>>(),
+        ),
         oracle: opts.oracle,
         f1_source: mean(0),
         f1_reference: mean(1),
@@ -511,6 +582,7 @@ pub fn summarise(
         identical: mean(6),
         f1_mapped_vs_reference: mean(7),
         map_seconds: map_s / n,
+        reread_seconds: 0.0,
         reprefill_seconds: pre_s / n,
         outcomes,
         learning: Vec::new(),
@@ -569,6 +641,7 @@ mod tests {
             em_mapped: 0.0,
             f1_mapped_vs_reference: f64::from(u8::from(identical)),
             identical,
+            reread_positions: 0,
         }
     }
 

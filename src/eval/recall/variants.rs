@@ -1,0 +1,203 @@
+//! Handoff variants of the recall suite: the same turns handed over several ways in one
+//! run (map only, a tail, a re-read by some selector and budget), so that every variant
+//! is scored against the same source-alone and re-prefilled answers and timed against
+//! the same re-prefill.
+
+use super::{Oracle, RecallOptions};
+use crate::eval::EvalError;
+use crate::handoff::reread::{choose, RereadSetting, SelectInputs};
+use crate::handoff::{HandoffInputs, HandoffPlan};
+use crate::mapper::CacheMapper;
+use crate::model::{KvCache, LayerKv, Model, ModelError};
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+use std::time::Instant;
+
+/// One way of handing the history over.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HandoffVariant {
+    /// Newest history tokens the target reads itself.
+    pub tail: usize,
+    /// What the target re-reads of the mapped middle once the question is known.
+    pub reread: Option<RereadSetting>,
+}
+
+impl HandoffVariant {
+    /// The variant a recall run's own options describe.
+    pub fn of(opts: &RecallOptions) -> Self {
+        Self {
+            tail: opts.tail,
+            reread: opts.reread,
+        }
+    }
+
+    /// Parse `map`, `tail=64`, `reread=0.2[:SELECTOR[:SPANS]]`, or both joined by a comma
+    /// (`tail=64,reread=0.1`).
+    pub fn parse(s: &str) -> Result<Self, EvalError> {
+        let mut v = Self {
+            tail: 0,
+            reread: None,
+        };
+        let bad = |why: String| {
+            EvalError::Input(format!(
+                "handoff {s:?}: {why}; give map, tail=N, reread=BUDGET[:SELECTOR[:SPANS]] or \
+                 tail=N,reread=…"
+            ))
+        };
+        if s.trim() == "map" {
+            return Ok(v);
+        }
+        for part in s.split(',') {
+            match part.trim().split_once('=') {
+                Some(("tail", n)) => {
+                    v.tail = n
+                        .trim()
+                        .parse()
+                        .map_err(|_| bad(format!("tail {n:?} is not a count of tokens")))?;
+                }
+                Some(("reread", r)) => {
+                    v.reread = RereadSetting::parse(r).map_err(|e| bad(e.to_string()))?;
+                }
+                _ => return Err(bad(format!("{part:?} is neither tail= nor reread="))),
+            }
+        }
+        Ok(v)
+    }
+
+    /// How the variant is named in reports: `map`, `tail 64`, `re-read 20%:…`.
+    pub fn label(&self) -> String {
+        match (self.tail, self.reread) {
+            (0, None) => "map".into(),
+            (t, None) => format!("tail {t}"),
+            (0, Some(r)) => format!("re-read {r}"),
+            (t, Some(r)) => format!("tail {t}, re-read {r}"),
+        }
+    }
+}
+
+/// One variant's handed-over cache of one turn's history, with what it cost.
+pub struct Handover {
+    pub cache: KvCache,
+    /// The anchor, the map and the tail, in milliseconds.
+    pub map_ms: f64,
+    /// Choosing what to re-read and re-reading it.
+    pub reread_ms: f64,
+    /// Positions re-read.
+    pub reread_positions: usize,
+}
+
+/// What every variant of one turn reads.
+pub struct TurnInputs<'a> {
+    pub src: &'a Model,
+    pub tgt: &'a Model,
+    pub mapper: &'a CacheMapper,
+    pub reverse: Option<&'a CacheMapper>,
+    /// The source's own cache of the history.
+    pub src_cache: &'a KvCache,
+    /// The target's re-prefilled cache of the history.
+    pub reference: &'a KvCache,
+    /// How long the re-prefill took per position, which a time budget is spent at.
+    pub ms_per_position: f64,
+    /// The history followed by the question.
+    pub prompt: &'a [u32],
+    pub history: usize,
+    pub anchor: usize,
+    pub oracle: Option<Oracle>,
+}
+
+/// Hand the history over as `variant` says: map it (with the anchor and tail), then,
+/// with a re-read, choose the spans with the question known and re-read them.
+pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handover, EvalError> {
+    let history = &t.prompt[..t.history];
+    let started = Instant::now();
+    let plan = HandoffPlan::new(t.history)
+        .anchor(t.anchor)
+        .tail(variant.tail);
+    let inputs = HandoffInputs {
+        source: t.src,
+        source_cache: t.src_cache,
+        target: t.tgt,
+        mapper: t.mapper,
+        tokens: history,
+        exact: Some(t.reference),
+    };
+    let mut cache = t.tgt.decoder.new_cache();
+    let oracle = t.oracle;
+    let mut swap = |layers: &mut [LayerKv], range: Range<usize>| match oracle {
+        None => Ok(()),
+        Some(oracle) => swap_in_own(oracle, t.reference, layers, range),
+    };
+    plan.build_edited(&inputs, &mut cache, Some(&mut swap))?;
+    let map_ms = started.elapsed().as_secs_f64() * 1e3;
+    let Some(setting) = variant.reread else {
+        return Ok(Handover {
+            cache,
+            map_ms,
+            reread_ms: 0.0,
+            reread_positions: 0,
+        });
+    };
+    let started = Instant::now();
+    let select = SelectInputs {
+        source: t.src,
+        source_cache: t.src_cache,
+        target: t.tgt,
+        handed: &cache,
+        mapper: t.mapper,
+        reverse: t.reverse,
+        tokens: t.prompt,
+        history: t.history,
+    };
+    let choice = choose(&setting, &select, plan.mapped(), Some(t.ms_per_position))
+        .map_err(|e| EvalError::Input(e.to_string()))?;
+    let plan = plan.rereading(choice.runs);
+    plan.reread_in(t.tgt, history, &mut cache)?;
+    Ok(Handover {
+        cache,
+        map_ms,
+        reread_ms: started.elapsed().as_secs_f64() * 1e3,
+        reread_positions: plan.reread_count(),
+    })
+}
+
+/// The oracle swaps the target's own keys or values (from `own`) in for the mapped
+/// ones of `range`.
+fn swap_in_own(
+    oracle: Oracle,
+    own: &KvCache,
+    layers: &mut [LayerKv],
+    range: Range<usize>,
+) -> Result<(), ModelError> {
+    for (l, layer) in layers.iter_mut().enumerate() {
+        let own = own.layer_range(l, range.start, range.end)?;
+        match oracle {
+            Oracle::TrueKeys => layer.k = own.k,
+            Oracle::TrueValues => layer.v = own.v,
+            Oracle::TrueBoth => *layer = own,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handoff::reread::Selector;
+
+    #[test]
+    fn variants_parse_and_name_themselves() {
+        assert_eq!(HandoffVariant::parse("map").unwrap().label(), "map");
+        assert_eq!(HandoffVariant::parse("tail=64").unwrap().label(), "tail 64");
+        let v = HandoffVariant::parse("reread=0.1:round-trip").unwrap();
+        assert_eq!(v.reread.unwrap().selector, Selector::RoundTrip);
+        assert_eq!(v.label(), "re-read 10%:round-trip:word");
+        let v = HandoffVariant::parse("tail=32,reread=20%").unwrap();
+        assert_eq!(
+            (v.tail, v.label().as_str()),
+            (32, "tail 32, re-read 20%:source-attention:word")
+        );
+        for bad in ["", "tail=x", "reread=2", "budget=0.2", "reread=0.2:nope"] {
+            assert!(HandoffVariant::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Each selector's score per position of the history: higher is re-read first.
+
+use super::{RereadError, Selector};
+use crate::gate::round_trip_by_position;
+use crate::mapper::features::heads_to_rows;
+use crate::mapper::CacheMapper;
+use crate::metrics::attention_mass::received_from;
+use crate::model::{ForwardOptions, KvCache, Logits, Model};
+use candle_core::DType;
+use std::ops::Range;
+
+/// Queries of the message that score the context at most: its newest ones. A long
+/// message's last tokens read the context as well as all of them do, and the scores
+/// stay bounded in memory (heads × queries × context).
+const MAX_MESSAGE_QUERIES: usize = 128;
+
+/// The target layer at which `deviation` compares the map with the target's own keys
+/// and values: the second, so that the first layer's attention has mixed context in
+/// (layer 0 sees only each token's own embedding) while the target computes only two of
+/// its layers for every position.
+const DEVIATION_LAYER: usize = 1;
+
+/// What the selectors read.
+pub struct SelectInputs<'a> {
+    pub source: &'a Model,
+    /// The source's own cache, holding at least the history (more is ignored).
+    pub source_cache: &'a KvCache,
+    pub target: &'a Model,
+    /// The target's cache as handed over, holding at least the history.
+    pub handed: &'a KvCache,
+    pub mapper: &'a CacheMapper,
+    /// The reverse direction's mapper: the round trip needs it.
+    pub reverse: Option<&'a CacheMapper>,
+    /// The history followed by the next message.
+    pub tokens: &'a [u32],
+    /// How many of `tokens` are the history.
+    pub history: usize,
+}
+
+/// One score per position of the history; positions outside `candidates` score zero.
+pub fn score_positions(
+    selector: Selector,
+    inputs: &SelectInputs<'_>,
+    candidates: Range<usize>,
+) -> Result<Vec<f64>, RereadError> {
+    let h = inputs.history;
+    if candidates.end > h || inputs.tokens.len() < h {
+        return Err(RereadError::Input(format!(
+            "re-read candidates {candidates:?} in a history of {h} positions ({} tokens given)",
+            inputs.tokens.len()
+        )));
+    }
+    let mut scores = vec![0.0; h];
+    if candidates.is_empty() {
+        return Ok(scores);
+    }
+    let got = match selector {
+        Selector::SourceAttention => {
+            message_attention(inputs.source, inputs.source_cache, inputs.tokens, h)?
+        }
+        Selector::TargetAttention => {
+            message_attention(inputs.target, inputs.handed, inputs.tokens, h)?
+        }
+        Selector::RoundTrip => {
+            let reverse = inputs.reverse.ok_or_else(|| {
+                RereadError::Input(
+                    "the round-trip selector needs the mapper of the other direction; \
+                     calibrate it or choose another selector"
+                        .into(),
+                )
+            })?;
+            let cos = round_trip_by_position(
+                inputs.mapper,
+                reverse,
+                inputs.source_cache,
+                inputs.tokens,
+                inputs.source.decoder.rope(),
+                inputs.target.decoder.rope(),
+                candidates.start,
+                candidates.end,
+            )?;
+            let mut s = vec![0.0; candidates.start];
+            s.extend(cos.into_iter().map(|c| 1.0 - c));
+            s
+        }
+        Selector::Deviation => deviation(inputs, candidates.clone())?,
+        Selector::Recency => (0..h).map(|p| p as f64).collect(),
+    };
+    for p in candidates {
+        scores[p] = got.get(p).copied().unwrap_or(0.0);
+    }
+    Ok(scores)
+}
+
+/// Attention the message (`tokens[h..]`) gives each history position when `model` reads
+/// it over `cache`'s first `h` positions, summed over layers, heads and queries.
+fn message_attention(
+    model: &Model,
+    cache: &KvCache,
+    tokens: &[u32],
+    h: usize,
+) -> Result<Vec<f64>, RereadError> {
+    let message = &tokens[h..];
+    if message.is_empty() {
+        return Err(RereadError::Input(
+            "an attention selector reads the next message, and there is none".into(),
+        ));
+    }
+    if cache.len() < h {
+        return Err(RereadError::Input(format!(
+            "the cache holds {} positions of a history of {h}",
+            cache.len()
+        )));
+    }
+    let mut scratch = cache.try_clone_prefix(h)?;
+    let m = message.len();
+    let first = h + m - m.min(MAX_MESSAGE_QUERIES);
+    let out = model.decoder.forward(
+        message,
+        &mut scratch,
+        &ForwardOptions {
+            logits: Logits::None,
+            probe_positions: (first..h + m).collect(),
+        },
+    )?;
+    let mut total = vec![0.0f64; h];
+    for (l, q) in out.queries.iter().enumerate() {
+        let keys = scratch.layer_range(l, 0, h + m)?.k;
+        let got = received_from(q, &keys, first)?;
+        for (t, g) in total.iter_mut().zip(got) {
+            *t += g;
+        }
+    }
+    Ok(total)
+}
+
+/// How far the handed-over keys and values at [`DEVIATION_LAYER`] lie from the target's
+/// own, relative to their size, per position of `candidates` (zero before them).
+fn deviation(inputs: &SelectInputs<'_>, candidates: Range<usize>) -> Result<Vec<f64>, RereadError> {
+    let tgt = &inputs.target.decoder;
+    let layer = DEVIATION_LAYER.min(tgt.config().n_layer - 1);
+    let own = tgt.leading_layers(&inputs.tokens[..candidates.end], layer + 1)?;
+    let own = &own[layer];
+    let handed = inputs
+        .handed
+        .layer_range(layer, candidates.start, candidates.end)?;
+    let n = candidates.len();
+    let mut scores = vec![0.0f64; candidates.start];
+    scores.resize(candidates.start + n, 0.0);
+    for (mine, theirs) in [
+        (own.k.narrow(1, candidates.start, n)?, handed.k),
+        (own.v.narrow(1, candidates.start, n)?, handed.v),
+    ] {
+        let a = heads_to_rows(&mine)?.to_dtype(DType::F32)?;
+        let b = heads_to_rows(&theirs)?.to_dtype(DType::F32)?;
+        let err = (&a - &b)?.sqr()?.sum(1)?.to_vec1::<f32>()?;
+        let size = a.sqr()?.sum(1)?.to_vec1::<f32>()?;
+        for (i, (e, s)) in err.iter().zip(size).enumerate() {
+            scores[candidates.start + i] += f64::from(*e) / (f64::from(s) + 1e-12);
+        }
+    }
+    Ok(scores)
+}
