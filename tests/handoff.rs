@@ -45,6 +45,7 @@ struct Pair {
     a: Model,
     b: Model,
     mapper: CacheMapper,
+    reverse: CacheMapper,
     ids: Vec<u32>,
     src_cache: KvCache,
     truth: KvCache,
@@ -56,6 +57,7 @@ impl Pair {
         write_pair(dir.path(), false);
         let (a, b) = models(dir.path());
         let (_, mapper) = artifact::open_for(Some(&dir.path().join("mappers")), &a, &b).unwrap();
+        let (_, reverse) = artifact::open_for(Some(&dir.path().join("mappers")), &b, &a).unwrap();
         let ids = a.tokenizer.encode_raw(&tiny().text(words, seed)).unwrap();
         let (src_cache, truth) = (prefill(&a, &ids), prefill(&b, &ids));
         Self {
@@ -63,6 +65,7 @@ impl Pair {
             a,
             b,
             mapper,
+            reverse,
             ids,
             src_cache,
             truth,
@@ -332,4 +335,84 @@ fn leading_layers_are_the_prefills_first_layers() {
         .unwrap();
     assert_eq!(d.max(0).unwrap().to_scalar::<f32>().unwrap(), 0.0);
     assert_eq!(lead[0].k.dim(1).unwrap(), n);
+}
+
+#[test]
+fn every_selector_chooses_within_its_budget_inside_the_map_and_the_reread_changes_only_that() {
+    use baton::handoff::reread::{choose, RereadSetting, SelectInputs, Selector, SpanGrowth};
+    let pair = Pair::new(70, 19);
+    let Pair {
+        a,
+        b,
+        ids,
+        src_cache,
+        ..
+    } = &pair;
+    // The history is all but the last 6 tokens, which stand for the next message.
+    let h = ids.len() - 6;
+    let mut source = src_cache.try_clone_prefix(h).unwrap();
+    let plan = HandoffPlan::new(h).anchor(2);
+    let mut inputs = pair.inputs();
+    inputs.tokens = &ids[..h];
+    let (mapped, _) = plan.build_new(&inputs).unwrap();
+    // The source's cache of the history only (the message is the selectors' to read).
+    source.truncate(h);
+    let select = SelectInputs {
+        source: a,
+        source_cache: &source,
+        target: b,
+        handed: &mapped,
+        mapper: &pair.mapper,
+        reverse: Some(&pair.reverse),
+        tokens: ids,
+        history: h,
+    };
+    for selector in Selector::ALL {
+        for spans in SpanGrowth::ALL {
+            let setting = RereadSetting {
+                budget: baton::handoff::reread::RereadBudget::Share(0.25),
+                selector,
+                spans,
+            };
+            let choice = choose(&setting, &select, plan.mapped(), None).unwrap();
+            let what = format!("{} {}", selector.name(), spans.name());
+            let budget = (0.25 * h as f64).round() as usize;
+            assert!(
+                choice.count() <= budget,
+                "{what}: {} > {budget}",
+                choice.count()
+            );
+            assert!(
+                choice.count() > budget / 2,
+                "{what}: only {} of {budget}",
+                choice.count()
+            );
+            assert!(
+                choice.runs.windows(2).all(|w| w[0].end < w[1].start),
+                "{what}"
+            );
+            assert!(
+                choice.runs.iter().all(|r| r.start >= 2 && r.end <= h),
+                "{what}"
+            );
+            let mut cache = mapped.try_clone().unwrap();
+            let planned = plan.clone().rereading(choice.runs.clone());
+            planned.reread_in(b, &ids[..h], &mut cache).unwrap();
+            let first = choice.runs[0].start;
+            assert_eq!(max_diff(&cache, &mapped, 0, first), 0.0, "{what}");
+            assert!(
+                max_diff(&cache, &mapped, first, choice.runs[0].end) > 0.0,
+                "{what}"
+            );
+        }
+    }
+    // Recency takes the newest positions, as a tail would.
+    let setting = RereadSetting::parse("0.25:recency:token").unwrap().unwrap();
+    let choice = choose(&setting, &select, plan.mapped(), None).unwrap();
+    let budget = (0.25 * h as f64).round() as usize;
+    assert_eq!(choice.runs, vec![h - budget..h]);
+    // A time budget spends the given speed: 2 ms a position, 10 ms, 5 positions.
+    let setting = RereadSetting::parse("10ms:recency:token").unwrap().unwrap();
+    let choice = choose(&setting, &select, plan.mapped(), Some(2.0)).unwrap();
+    assert_eq!(choice.count(), 5);
 }

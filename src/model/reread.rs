@@ -141,8 +141,6 @@ fn chunks(runs: &[Range<usize>], rows: usize) -> Vec<Vec<Range<usize>>> {
 }
 
 #[cfg(test)]
-// Spans are ranges: a list of one span is a list of one range.
-#[allow(clippy::single_range_in_vec_init)]
 mod tests {
     use super::*;
 

@@ -70,7 +70,8 @@ fn unit_starts_of(texts: &[String], special: &[bool], growth: SpanGrowth) -> Vec
 /// The spans to re-read: the opening's positions among `candidates`, then, best score
 /// first, each candidate's whole span (cut to `candidates`) while it fits in `budget`
 /// positions in all. A span that would overrun the budget is passed over for smaller ones
-/// after it. Returns increasing, disjoint runs.
+/// after it, and what is left at the end goes to the best positions not yet taken, one
+/// by one. Returns increasing, disjoint runs.
 pub fn pick_spans(
     scores: &[f64],
     candidates: Range<usize>,
@@ -103,29 +104,34 @@ pub fn pick_spans(
                 .then(b.cmp(&a)),
         }
     });
-    for p in order {
-        if count >= budget {
-            break;
+    // Whole spans first; what they leave of the budget (spans too long to fit) goes to
+    // the best positions alone.
+    for whole in [true, false] {
+        for &p in &order {
+            if count >= budget {
+                break;
+            }
+            if chosen[p] {
+                continue;
+            }
+            let (mut s, mut e) = (p, p + 1);
+            if whole {
+                while s > candidates.start && !starts[s] {
+                    s -= 1;
+                }
+                while e < candidates.end && !starts[e] {
+                    e += 1;
+                }
+            }
+            let new = (s..e).filter(|&i| !chosen[i]).count();
+            if count + new > budget {
+                continue;
+            }
+            for c in &mut chosen[s..e] {
+                *c = true;
+            }
+            count += new;
         }
-        if chosen[p] {
-            continue;
-        }
-        let mut s = p;
-        while s > candidates.start && !starts[s] {
-            s -= 1;
-        }
-        let mut e = p + 1;
-        while e < candidates.end && !starts[e] {
-            e += 1;
-        }
-        let new = (s..e).filter(|&i| !chosen[i]).count();
-        if count + new > budget {
-            continue;
-        }
-        for c in &mut chosen[s..e] {
-            *c = true;
-        }
-        count += new;
     }
     runs_of(&chosen)
 }
@@ -189,8 +195,14 @@ mod tests {
         // Budget 5: the opening's position 1, then 4..6 (score 0.9); 6..10 would overrun,
         // so the rest of 1..4 (score 0.1) fills it.
         assert_eq!(pick_spans(&scores, 1..10, &starts, 2, 5), vec![1..6]);
-        // Budget 4: the opening, then 4..6; neither other span fits.
-        assert_eq!(pick_spans(&scores, 1..10, &starts, 2, 4), vec![1..2, 4..6]);
+        // Budget 4: the opening, then 4..6; neither other span fits, so the best
+        // position left (8) fills the budget alone.
+        assert_eq!(
+            pick_spans(&scores, 1..10, &starts, 2, 4),
+            vec![1..2, 4..6, 8..9]
+        );
+        // A span longer than the budget gives way to its best positions.
+        assert_eq!(pick_spans(&scores, 6..10, &starts, 0, 2), vec![8..10]);
         // The opening is taken even past the budget; positions before the candidates
         // (already the target's own) never are.
         assert_eq!(pick_spans(&scores, 1..10, &starts, 3, 0), vec![1..3]);
