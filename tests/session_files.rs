@@ -108,6 +108,7 @@ fn emitted() -> Vec<Event> {
             measurement_follows: true,
             estimate: None,
             mapper: Some(baton::protocol::MapperState::default()),
+            reread: None,
         },
         Event::UserMessage {
             turn: 2,

@@ -166,6 +166,7 @@ fn switch(
             measurement_follows: true,
             estimate: None,
             mapper: None,
+            reread: None,
         },
         Event::SwitchMeasured {
             index,
@@ -751,4 +752,89 @@ fn no_size_panics() {
             }
         }
     }
+}
+
+/// The run, then a third switch set to re-read and what it re-read at the next message.
+fn app_with_a_reread() -> App {
+    let mut app = App::new(AppInfo {
+        reread: Some("20%:source-attention:word".into()),
+        ..AppInfo::default()
+    });
+    app.update(Msg::Resize(140, 40));
+    for e in run() {
+        app.update(Msg::Engine(e));
+    }
+    let (mut switched, _) = switch(
+        2,
+        4,
+        (LARGE, SMALL),
+        (300, 40),
+        SwitchTimings {
+            source_prefill_ms: None,
+            map_full_ms: None,
+            map_suffix_ms: Some(9.0),
+            reprefill_full_ms: None,
+            reprefill_suffix_ms: None,
+            end_to_end_ms: 9.5,
+        },
+        &COSINE_1,
+    );
+    if let Event::Switch { reread, .. } = &mut switched {
+        *reread = Some("20%:source-attention:word".into());
+    }
+    app.update(Msg::Engine(switched));
+    app.update(Msg::Engine(Event::SwitchReread {
+        index: 2,
+        turn: 4,
+        setting: "20%:source-attention:word".into(),
+        positions: 60,
+        context_tokens: 300,
+        spans: vec![[0, 20], [200, 240]],
+        texts: vec![
+            "system prompt".into(),
+            " the budget is 48,000 dollars".into(),
+        ],
+        select_ms: 5.0,
+        reread_ms: 40.0,
+    }));
+    app
+}
+
+#[test]
+fn a_reread_shows_in_the_latency_panel_and_ctrl_k_marks_its_words_in_the_conversation() {
+    let mut app = app_with_a_reread();
+    let latency = format!("{:?}", panel(&app, 70, 18, Panel::Latency).backend());
+    assert!(latency.contains("re-read 45.0 ms"), "{latency}");
+    assert!(
+        latency.contains("60 of 300 tokens re-read (20%)"),
+        "{latency}"
+    );
+    let status = format!(
+        "{:?}",
+        draw(140, 1, |f: &mut Frame| {
+            let r = f.area();
+            render_panel(f, r, &app, Panel::Status)
+        })
+        .backend()
+    );
+    assert!(status.contains("re-read 20%"), "{status}");
+
+    let words = "the budget is 48,000 dollars";
+    let before = format!("{:?}", panel(&app, 100, 80, Panel::Transcript).backend());
+    assert!(!before.contains(words), "{before}");
+    app.update(Msg::Key(Key::ctrl('k')));
+    let after = format!("{:?}", panel(&app, 100, 80, Panel::Transcript).backend());
+    assert!(after.contains(words), "{after}");
+    assert!(after.contains("re-read 60 of 300 tokens"), "{after}");
+    // Ctrl-E steps the budget on and says so.
+    app.update(Msg::Key(Key::ctrl('e')));
+    let status = format!(
+        "{:?}",
+        draw(140, 1, |f: &mut Frame| {
+            let r = f.area();
+            render_panel(f, r, &app, Panel::Status)
+        })
+        .backend()
+    );
+    assert!(status.contains("re-read 40%"), "{status}");
 }

@@ -138,6 +138,8 @@ fn the_settings_flags_are_the_same_for_the_workbench_and_run() {
         "32",
         "--no-learn",
         "--repair",
+        "--reread",
+        "0.1:round-trip:sentence",
         "--system",
         "be brief",
     ];
@@ -149,6 +151,7 @@ fn the_settings_flags_are_the_same_for_the_workbench_and_run() {
         tail: Some(32),
         learn: Some(false),
         repair: Some(true),
+        reread: Some("0.1:round-trip:sentence".parse().unwrap()),
         system: Some("be brief".into()),
     };
     let workbench = match parse(&[&["workbench"], &flags[..]].concat())

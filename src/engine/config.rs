@@ -2,6 +2,7 @@
 
 use crate::calibrate::CalibrateOptions;
 use crate::data::corpus::Document;
+use crate::handoff::reread::RereadSetting;
 use crate::model::Sampling;
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
@@ -44,6 +45,12 @@ pub struct Settings {
     /// Off by default, so that drift is studied on the mapped cache as it is.
     #[serde(default)]
     pub repair: bool,
+    /// At the first message after a switch, the target re-reads part of the mapped
+    /// history before it answers, chosen with the message known (see
+    /// [`crate::handoff::reread`]). `None`: it answers from the map as handed over (and
+    /// every session header written before the re-read existed reads so).
+    #[serde(default)]
+    pub reread: Option<RereadSetting>,
 }
 
 impl Default for Settings {
@@ -60,9 +67,14 @@ impl Default for Settings {
             tail: 0,
             learn: true,
             repair: false,
+            reread: DEFAULT_REREAD,
         }
     }
 }
+
+/// The re-read a conversation starts with (see docs/reread.md for the measurement that
+/// chose it).
+pub const DEFAULT_REREAD: Option<RereadSetting> = None;
 
 impl Settings {
     /// These settings with what `o` sets put over them; what it leaves out stays.
@@ -75,6 +87,7 @@ impl Settings {
             tail,
             learn,
             repair,
+            reread,
             system,
         } = o;
         if let Some(v) = *max_tokens {
@@ -97,6 +110,9 @@ impl Settings {
         }
         if let Some(v) = *repair {
             self.repair = v;
+        }
+        if let Some(v) = reread {
+            self.reread = v.0;
         }
         if let Some(v) = system {
             self.system_prompt = Some(v.clone());
@@ -138,9 +154,52 @@ pub struct SettingsOverrides {
     /// the conversation into its own cache, replacing mapped positions (Ctrl-P toggles).
     #[arg(long, num_args = 0, default_missing_value = "true")]
     pub repair: Option<bool>,
+    /// At the first message after a switch the target re-reads this much of the mapped
+    /// history before answering: a share (0.2 or 20%) or a time (150ms), optionally with
+    /// the selector and span growth (0.2:source-attention:word); 0 or off for none. A
+    /// script's `reread = 0.2` or `reread = "150ms"`.
+    #[arg(long, value_name = "BUDGET[:SELECTOR[:SPANS]]")]
+    pub reread: Option<RereadOverride>,
     /// The system prompt the conversation starts with.
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
+}
+
+/// A re-read setting given as a flag or a script key: `None` inside turns it off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RereadOverride(pub Option<RereadSetting>);
+
+impl std::str::FromStr for RereadOverride {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        RereadSetting::parse(s).map(Self).map_err(|e| e.to_string())
+    }
+}
+
+impl Serialize for RereadOverride {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Some(r) => s.serialize_str(&r.to_string()),
+            None => s.serialize_str("off"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RereadOverride {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // A script may write the share as a number (`reread = 0.2`).
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Number(f64),
+            Text(String),
+        }
+        let text = match Given::deserialize(d)? {
+            Given::Number(x) => x.to_string(),
+            Given::Text(t) => t,
+        };
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// A count that must be at least 1 (0 would mean nothing to do, or divide by zero); a
@@ -226,5 +285,31 @@ mod tests {
         assert_eq!(s.tail, 16);
         assert_eq!(s.system_prompt.as_deref(), Some("hi"));
         assert_eq!(s.max_tokens, Settings::default().max_tokens);
+        s.apply(&SettingsOverrides {
+            reread: Some("0.3:round-trip".parse().unwrap()),
+            ..Default::default()
+        });
+        assert_eq!(s.reread.unwrap().to_string(), "30%:round-trip:word");
+        s.apply(&SettingsOverrides {
+            reread: Some("off".parse().unwrap()),
+            ..Default::default()
+        });
+        assert_eq!(s.reread, None);
+    }
+
+    #[test]
+    fn a_script_gives_the_reread_as_a_number_or_a_string_and_a_bad_one_is_named() {
+        let o: SettingsOverrides = toml::from_str("reread = 0.25").unwrap();
+        assert_eq!(
+            o.reread.unwrap().0.unwrap().to_string(),
+            "25%:source-attention:word"
+        );
+        let o: SettingsOverrides = toml::from_str("reread = \"100ms:deviation\"").unwrap();
+        assert_eq!(
+            o.reread.unwrap().0.unwrap().to_string(),
+            "100ms:deviation:word"
+        );
+        let e = toml::from_str::<SettingsOverrides>("reread = 3").unwrap_err();
+        assert!(e.to_string().contains("re-read budget"), "{e}");
     }
 }

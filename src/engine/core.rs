@@ -16,6 +16,7 @@ use super::load::LoadedMapper;
 use super::measure::Measurement;
 use super::outbox::{Envelope, Outbox};
 use super::repair::Repair;
+use super::reread::PendingReread;
 use super::slot::{opening, Slot};
 use super::switch::{hand_over, Sides};
 use crate::metrics::probe_positions;
@@ -171,6 +172,33 @@ impl Engine {
                 });
                 Ok(())
             }
+            Command::SetReread { setting } => {
+                let parsed = match setting.as_deref() {
+                    None => Ok(None),
+                    Some(s) => crate::handoff::reread::RereadSetting::parse(s),
+                };
+                match parsed {
+                    Ok(r) => {
+                        self.settings.reread = r;
+                        self.out.emit(Event::Notice {
+                            message: match r {
+                                Some(r) => {
+                                    format!("re-read {r} at the first message after a switch")
+                                }
+                                None => {
+                                    "re-read off: the target answers from the map as handed over"
+                                        .into()
+                                }
+                            },
+                        });
+                    }
+                    Err(e) => self.out.emit(Event::Error {
+                        message: e.to_string(),
+                        fatal: false,
+                    }),
+                }
+                Ok(())
+            }
             Command::Bookmark { note } => {
                 self.out.emit(Event::Bookmark {
                     turn: self.turn,
@@ -302,6 +330,16 @@ impl Engine {
             measurement_follows: true,
             estimate: h.estimate,
             mapper: (!h.reprefilled).then_some(self.learning.state(a)),
+            reread: self
+                .settings
+                .reread
+                .filter(|_| h.mapped.is_some())
+                .map(|r| r.to_string()),
+        });
+        self.slots[h.target].pending_reread = h.mapped.clone().map(|mapped| PendingReread {
+            index: h.index,
+            source: h.source,
+            mapped,
         });
         if !h.reprefilled {
             self.repair = Some(Repair::new(h.target, h.index, h.turn));

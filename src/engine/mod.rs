@@ -12,6 +12,7 @@ pub mod load;
 mod measure;
 mod outbox;
 mod repair;
+mod reread;
 mod schedule;
 mod slot;
 pub mod switch;

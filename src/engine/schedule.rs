@@ -127,7 +127,8 @@ impl Engine {
                     }
                     Command::Bookmark { .. }
                     | Command::SetReference { .. }
-                    | Command::SetRepair { .. } => self.handle(e, commands),
+                    | Command::SetRepair { .. }
+                    | Command::SetReread { .. } => self.handle(e, commands),
                     Command::Submit { .. } | Command::Switch | Command::Finish => {
                         self.queued.push_back(e)
                     }

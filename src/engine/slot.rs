@@ -28,6 +28,11 @@ pub struct Slot {
     /// opening, the same in every conversation), computed once so that taking over never
     /// waits for it.
     pub(super) anchor_kv: Option<(Vec<u32>, KvCache)>,
+    /// What the last switch to this model left for the next message to re-read.
+    pub(super) pending_reread: Option<super::reread::PendingReread>,
+    /// Milliseconds per position of this model's last prefill long enough to say: the
+    /// speed a re-read's time budget is spent at.
+    pub(super) read_speed: Option<f64>,
 }
 
 impl Slot {
@@ -40,6 +45,8 @@ impl Slot {
             grams,
             info,
             anchor_kv: None,
+            pending_reread: None,
+            read_speed: None,
         }
     }
 

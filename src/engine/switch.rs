@@ -39,6 +39,9 @@ pub(super) struct Handoff {
     pub suffix_tokens: usize,
     pub gate: Option<GateDecision>,
     pub estimate: Option<SwitchEstimate>,
+    /// The positions the target received mapped (`None` for a re-prefill): what a
+    /// re-read may choose from.
+    pub mapped: Option<std::ops::Range<usize>>,
 }
 
 /// What a switch may touch: both models' slots, the mappers between them, the
@@ -150,6 +153,7 @@ pub(super) fn hand_over(
         suffix_tokens: n - held,
         gate,
         estimate,
+        mapped: (!reprefill && !plan.mapped().is_empty()).then(|| plan.mapped()),
     }))
 }
 

@@ -140,6 +140,9 @@ fn teacher_forced(
 
 impl Engine {
     fn emit_generation(&mut self, path: PathKind, slot: usize, run: &PathRun) {
+        if run.prompt_tokens >= super::reread::MIN_TIMED_PREFILL && run.timings.prefill_ms > 0.0 {
+            self.slots[slot].read_speed = Some(run.timings.prefill_ms / run.prompt_tokens as f64);
+        }
         let model = self.slots[slot].name();
         self.out.emit(Event::Generation {
             turn: self.turn,
@@ -181,6 +184,7 @@ impl Engine {
             sent,
             commands,
         };
+        self.reread_for_message(turn)?;
         let shown = self.generate_path(&cx, PathKind::Mapped)?;
         let cancelled = shown.stop == StopReason::Cancelled;
         let compare = reference && !cancelled && !self.shutdown;

@@ -269,7 +269,7 @@ mod tests {
     #[test]
     fn every_setting_a_script_may_set_is_read_and_a_misspelled_one_is_named() {
         let s = Script::parse(
-            "reference = false\ngate = 0.9\npremap = true\nmax_tokens = 12\nsystem = \"be brief\"\ntail = 32\nlearn = false\nrepair = true\n[[step]]\nuser = \"hi\"\n",
+            "reference = false\ngate = 0.9\npremap = true\nmax_tokens = 12\nsystem = \"be brief\"\ntail = 32\nlearn = false\nrepair = true\nreread = \"0.2:deviation\"\n[[step]]\nuser = \"hi\"\n",
             "t.toml",
         )
         .unwrap();
@@ -283,6 +283,7 @@ mod tests {
                 tail: Some(32),
                 learn: Some(false),
                 repair: Some(true),
+                reread: Some("0.2:deviation".parse().unwrap()),
                 system: Some("be brief".into()),
             }
         );

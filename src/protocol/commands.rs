@@ -19,6 +19,10 @@ pub enum Command {
     /// Turn background repair on or off: while idle, the active model re-prefills the
     /// conversation into its own cache, replacing mapped positions chunk by chunk.
     SetRepair { enabled: bool },
+    /// Set what the target re-reads at the first message after a switch: a setting as
+    /// `20%:source-attention:word` (see `baton run --help`), or `None` for nothing. It
+    /// applies from the next switch on.
+    SetReread { setting: Option<String> },
     /// Mark the current turn with a note, to find it again in the session file.
     Bookmark { note: String },
     /// Finish what runs in the background (the last switch's measurement, learning from
@@ -44,6 +48,9 @@ impl Command {
             }
             (Command::SetRepair { .. }, Event::Notice { message }) => {
                 message.starts_with("cache repair")
+            }
+            (Command::SetReread { .. }, Event::Notice { message }) => {
+                message.starts_with("re-read")
             }
             (Command::Finish, Event::Notice { message }) => message.starts_with("background work"),
             (Command::Cancel, Event::Notice { .. }) => true,

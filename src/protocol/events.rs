@@ -88,6 +88,33 @@ pub enum Event {
         /// older files).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mapper: Option<MapperState>,
+        /// The re-read the target will make at the first message, as
+        /// `20%:source-attention:word` (session format 1.4 on; `None`: it answers from
+        /// the map as handed over). What it re-read is [`Event::SwitchReread`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reread: Option<String>,
+    },
+    /// The target re-read part of switch `index`'s mapped history when the message of
+    /// `turn` arrived, before answering it: the spans chosen with the message known, and
+    /// the time it took, choosing (`select_ms`) and re-reading (`reread_ms`). The
+    /// message waited for both: they are part of the handoff's cost.
+    SwitchReread {
+        index: u32,
+        turn: u32,
+        /// The setting, as `20%:source-attention:word`.
+        setting: String,
+        /// Positions re-read, of the `context_tokens` handed over.
+        positions: usize,
+        context_tokens: usize,
+        /// The spans re-read, `[start, end)` each, in increasing order.
+        spans: Vec<[usize; 2]>,
+        /// The text of each span, so that a reader sees which words were read again.
+        #[serde(default)]
+        texts: Vec<String>,
+        #[serde(with = "float")]
+        select_ms: f64,
+        #[serde(with = "float")]
+        reread_ms: f64,
     },
     /// What switch `index` costs against a re-prefill and how faithful its cache is,
     /// measured after its handoff: the whole cache mapped again and timed, the target's
@@ -237,6 +264,7 @@ impl Event {
         "token",
         "generation",
         "switch",
+        "switch_reread",
         "switch_measured",
         "turn_comparison",
         "switch_follow_up",
@@ -270,6 +298,7 @@ impl Event {
             | Event::SwitchMeasured { turn, .. }
             | Event::TurnComparison { turn, .. }
             | Event::SwitchFollowUp { turn, .. }
+            | Event::SwitchReread { turn, .. }
             | Event::MapperLearned { turn, .. }
             | Event::CacheRepaired { turn, .. }
             | Event::Bookmark { turn, .. }

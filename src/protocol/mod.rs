@@ -139,6 +139,18 @@ mod tests {
                     updates: 2,
                     learned_tokens: 300,
                 }),
+                reread: Some("20%:source-attention:word".into()),
+            },
+            Event::SwitchReread {
+                index: 0,
+                turn: 2,
+                setting: "20%:source-attention:word".into(),
+                positions: 12,
+                context_tokens: 60,
+                spans: vec![[0, 4], [30, 38]],
+                texts: vec!["<|im_start|>system".into(), " 48,000 dollars".into()],
+                select_ms: 3.5,
+                reread_ms: 41.0,
             },
             Event::SwitchMeasured {
                 index: 0,

@@ -119,6 +119,7 @@ pub fn events() -> Vec<Event> {
             measurement_follows: false,
             estimate: None,
             mapper: None,
+            reread: None,
         },
         Event::UserMessage {
             turn: 2,
@@ -187,6 +188,7 @@ pub fn events() -> Vec<Event> {
             measurement_follows: false,
             estimate: None,
             mapper: None,
+            reread: None,
         },
         Event::UserMessage {
             turn: 4,
@@ -239,6 +241,7 @@ pub fn measured_later(events: Vec<Event>) -> Vec<Event> {
                     measurement_follows: true,
                     estimate: None,
                     mapper: None,
+                    reread: None,
                 });
                 waiting = Some(Event::SwitchMeasured {
                     index,

@@ -20,7 +20,9 @@ pub const VERSION: u32 = 1;
 /// - 2: `mapper_learned` events say what a mapper learned from the conversation.
 /// - 3: a `switch` event says which state of its mapper it used (`mapper`): a switch
 ///   no longer waits for learning, so the state depends on what had finished.
-pub const MINOR: u32 = 3;
+/// - 4: a `switch` event names the re-read it will make (`reread`), and a
+///   `switch_reread` event says what the target re-read at the next message.
+pub const MINOR: u32 = 4;
 
 /// Line 1 of a session file: which build, models, mappers and settings produced it, so a
 /// report or a replay can tell whether it is looking at comparable runs.

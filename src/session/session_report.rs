@@ -146,6 +146,14 @@ pub struct SwitchRow {
     /// older than format 1.3).
     #[serde(default)]
     pub mapper: Option<MapperState>,
+    /// The re-read the switch was set to make at the next message (session format 1.4
+    /// on), and what it re-read: positions, and its time, choosing and re-reading.
+    #[serde(default)]
+    pub reread: Option<String>,
+    #[serde(default)]
+    pub reread_positions: Option<usize>,
+    #[serde(default)]
+    pub reread_ms: Option<f64>,
 }
 
 /// The session at a glance. Means are over the rows that have the value.
@@ -258,9 +266,9 @@ impl Rows {
                 t.agreement = Some(*agreement).filter(|a| a.is_finite());
             }
             Event::Switch { .. } => self.switches.extend(SwitchRow::of(event)),
-            Event::SwitchMeasured { .. } | Event::SwitchFollowUp { .. } => {
-                self.complete_switch(event)
-            }
+            Event::SwitchMeasured { .. }
+            | Event::SwitchFollowUp { .. }
+            | Event::SwitchReread { .. } => self.complete_switch(event),
             Event::MapperLearned { .. } => self.learning.extend(LearningRow::of(event)),
             Event::CacheRepaired { .. } => self.repairs.extend(RepairRow::of(event)),
             Event::Bookmark { turn, note } => self.bookmarks.push(BookmarkRow {
@@ -315,6 +323,18 @@ impl Rows {
                     row.top1_agreement = row.top1_agreement.or(*top1_agreement);
                     row.kl = row.kl.or(*kl);
                     row.end_to_end_ms = *end_to_end_ms;
+                }
+            }
+            Event::SwitchReread {
+                index,
+                positions,
+                select_ms,
+                reread_ms,
+                ..
+            } => {
+                if let Some(row) = self.switches.iter_mut().rev().find(|r| r.index == *index) {
+                    row.reread_positions = Some(*positions);
+                    row.reread_ms = Some(select_ms + reread_ms);
                 }
             }
             _ => {}
@@ -442,6 +462,7 @@ impl SwitchRow {
             measurement_follows,
             estimate,
             mapper,
+            reread,
         } = event
         else {
             return None;
@@ -471,6 +492,9 @@ impl SwitchRow {
             round_trip: estimate.and_then(|e| e.round_trip),
             predicted_cosine: estimate.and_then(|e| e.predicted_cosine),
             mapper: *mapper,
+            reread: reread.clone(),
+            reread_positions: None,
+            reread_ms: None,
         };
         row.measure(timings, metrics.as_ref());
         Some(row)

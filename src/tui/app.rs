@@ -43,6 +43,9 @@ pub struct AppInfo {
     pub tail: usize,
     /// Whether the engine starts with background repair on.
     pub repair: bool,
+    /// What the target re-reads at the first message after a switch, as the engine
+    /// names it (`20%:source-attention:word`); `None`: nothing.
+    pub reread: Option<String>,
 }
 
 impl Default for AppInfo {
@@ -54,6 +57,7 @@ impl Default for AppInfo {
             reference: true,
             tail: 0,
             repair: false,
+            reread: None,
         }
     }
 }
@@ -101,6 +105,10 @@ pub struct App {
     mappers: Vec<MapperInfo>,
     reference: bool,
     repair: bool,
+    /// The re-read setting last asked of the engine.
+    reread: Option<String>,
+    /// Whether the conversation panel lists the words each switch's re-read read again.
+    mark_reread: bool,
     /// The active model's cache repaired so far, of its length, since the last switch.
     repaired: Option<(usize, usize)>,
     overlay: Overlay,
@@ -130,6 +138,8 @@ impl App {
         Self {
             reference: info.reference,
             repair: info.repair,
+            reread: info.reread.clone(),
+            mark_reread: false,
             repaired: None,
             info,
             size: (layout::MIN_WIDTH, layout::MIN_HEIGHT),
@@ -268,6 +278,7 @@ impl App {
         Conversation {
             entries: &self.transcript,
             switches: &self.switches,
+            mark_reread: self.mark_reread,
         }
     }
 }

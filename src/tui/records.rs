@@ -157,6 +157,21 @@ pub(crate) struct SwitchRecord {
     pub estimate: Option<crate::protocol::SwitchEstimate>,
     pub follow_up: Option<FollowUp>,
     pub measure: Measure,
+    /// The re-read set for the next message (`20%:source-attention:word`), if any.
+    pub reread_setting: Option<String>,
+    /// What the target re-read when the message came.
+    pub reread: Option<RereadRecord>,
+}
+
+/// What the target re-read of a switch's mapped history at the next message.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RereadRecord {
+    pub positions: usize,
+    pub context_tokens: usize,
+    /// Choosing and re-reading, in milliseconds.
+    pub ms: f64,
+    /// The text of each span re-read.
+    pub texts: Vec<String>,
 }
 
 impl SwitchRecord {

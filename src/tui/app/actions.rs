@@ -87,6 +87,22 @@ impl App {
         vec![Effect::Send(Command::SetRepair { enabled })]
     }
 
+    /// The next re-read budget (off, 10%, 20%, 40%), keeping the selector and spans.
+    pub(super) fn cycle_reread(&mut self) -> Vec<Effect> {
+        let next = next_reread(self.reread.as_deref());
+        self.set_reread(next)
+    }
+
+    pub(super) fn set_reread(&mut self, setting: Option<String>) -> Vec<Effect> {
+        self.reread = setting.clone();
+        let what = match &setting {
+            Some(s) => format!("re-read {s}: at the first message after a switch the target re-reads that much of the mapped history"),
+            None => "re-read off: the target answers from the map as handed over".into(),
+        };
+        self.say(Level::Info, what);
+        vec![Effect::Send(Command::SetReread { setting })]
+    }
+
     pub(super) fn toggle_reference(&mut self) -> Vec<Effect> {
         self.set_reference(!self.reference)
     }
@@ -170,10 +186,45 @@ impl App {
             let conversation = super::Conversation {
                 entries: &self.transcript,
                 switches: &self.switches,
+                mark_reread: self.mark_reread,
             };
             self.transcript_panel
                 .scroll(delta, &conversation, a.transcript);
         }
         vec![]
+    }
+}
+
+/// The budgets Ctrl-E steps through, after off.
+const REREAD_STEPS: [&str; 3] = ["10%", "20%", "40%"];
+
+/// The setting after `current` in the cycle off → 10% → 20% → 40% → off; a budget not
+/// in the cycle (a time, 25%) goes to off. The selector and spans stay.
+fn next_reread(current: Option<&str>) -> Option<String> {
+    let (budget, rest) = match current {
+        None => return Some(REREAD_STEPS[0].to_string()),
+        Some(s) => s.split_once(':').map_or((s, ""), |(b, r)| (b, r)),
+    };
+    let i = REREAD_STEPS.iter().position(|b| *b == budget)?;
+    let next = REREAD_STEPS.get(i + 1)?;
+    Some(if rest.is_empty() {
+        next.to_string()
+    } else {
+        format!("{next}:{rest}")
+    })
+}
+
+#[cfg(test)]
+mod reread_cycle_tests {
+    use super::next_reread;
+
+    #[test]
+    fn the_budget_cycles_through_off_and_keeps_the_selector() {
+        assert_eq!(next_reread(None).as_deref(), Some("10%"));
+        let s = next_reread(Some("10%:round-trip:word"));
+        assert_eq!(s.as_deref(), Some("20%:round-trip:word"));
+        assert_eq!(next_reread(Some("20%")).as_deref(), Some("40%"));
+        assert_eq!(next_reread(Some("40%:deviation:token")), None);
+        assert_eq!(next_reread(Some("150ms:recency:word")), None);
     }
 }

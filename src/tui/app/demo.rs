@@ -91,6 +91,7 @@ impl App {
             Command::Switch => self.send_switch(),
             Command::SetReference { enabled } => self.set_reference(enabled),
             Command::SetRepair { enabled } => self.set_repair(enabled),
+            Command::SetReread { setting } => self.set_reread(setting),
             Command::Cancel | Command::Bookmark { .. } | Command::Finish => {
                 vec![Effect::Send(cmd)]
             }

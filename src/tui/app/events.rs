@@ -3,8 +3,8 @@
 use super::{App, Effect, Level, Overlay};
 use crate::protocol::{CacheOrigin, Event, ModelName, PathKind};
 use crate::tui::records::{
-    Comparison, Entry, Finished, FollowUp, LoadingProgress, Measure, PathText, Reply, SwitchRecord,
-    TurnPair,
+    Comparison, Entry, Finished, FollowUp, LoadingProgress, Measure, PathText, Reply, RereadRecord,
+    SwitchRecord, TurnPair,
 };
 
 impl App {
@@ -74,6 +74,24 @@ impl App {
             Event::SwitchMeasured { .. } => self.switch_measured(e),
             Event::TurnComparison { .. } => self.compared(e),
             Event::SwitchFollowUp { .. } => self.followed_up(e),
+            Event::SwitchReread {
+                index,
+                positions,
+                context_tokens,
+                select_ms,
+                reread_ms,
+                texts,
+                ..
+            } => {
+                if let Some(s) = self.switches.iter_mut().rev().find(|s| s.index == *index) {
+                    s.reread = Some(RereadRecord {
+                        positions: *positions,
+                        context_tokens: *context_tokens,
+                        ms: select_ms + reread_ms,
+                        texts: texts.clone(),
+                    });
+                }
+            }
             Event::RepairProgress {
                 repaired, total, ..
             } => self.repaired = Some((*repaired, *total)),
@@ -161,6 +179,7 @@ impl App {
             measurement_follows,
             estimate,
             mapper: _,
+            reread,
         } = e
         else {
             return;
@@ -186,6 +205,8 @@ impl App {
             } else {
                 Measure::Done
             },
+            reread_setting: reread.clone(),
+            reread: None,
         });
         self.transcript.push(Entry::Switch(self.switches.len() - 1));
         self.say(

@@ -58,6 +58,12 @@ impl App {
                 KeyCode::Char('r') => self.toggle_reference(),
                 KeyCode::Char('p') => self.toggle_repair(),
                 KeyCode::Char('b') => self.start_bookmark(),
+                KeyCode::Char('e') => self.cycle_reread(),
+                KeyCode::Char('k') => {
+                    self.mark_reread = !self.mark_reread;
+                    self.dirty = true;
+                    vec![]
+                }
                 KeyCode::Char('l') => {
                     self.layers.next_measure();
                     vec![]

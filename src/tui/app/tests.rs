@@ -75,6 +75,7 @@ fn switch_event(context_tokens: usize) -> Event {
         measurement_follows: false,
         estimate: None,
         mapper: None,
+        reread: None,
     }
 }
 

@@ -159,6 +159,7 @@ impl App {
             repair: self.repair,
             repaired: self.repaired,
             tail: self.info.tail,
+            reread: self.reread.as_deref(),
             record_path: self.info.record_path.as_deref(),
             recording_stopped: self.recording_stopped,
             mappers: &self.mappers,

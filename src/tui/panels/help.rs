@@ -7,7 +7,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Clear, Paragraph, Wrap};
 use ratatui::Frame;
 
-const KEYS: [(&str, &str); 12] = [
+const KEYS: [(&str, &str); 14] = [
     ("Enter", "send the message (not while a turn runs)"),
     (
         "Tab",
@@ -24,6 +24,14 @@ const KEYS: [(&str, &str); 12] = [
     (
         "Ctrl-P",
         "cache repair on/off: re-prefill the mapped cache while idle",
+    ),
+    (
+        "Ctrl-E",
+        "re-read at the next message after a switch: off → 10% → 20% → 40%",
+    ),
+    (
+        "Ctrl-K",
+        "mark what each switch's re-read read again, in the conversation",
     ),
     ("Ctrl-B", "bookmark the current turn with a note"),
     (

@@ -204,8 +204,33 @@ fn detail(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
         parts.push(format!("new tokens {}", fmt_factor(x)));
     }
     parts.push(format!("handoff {} ms", fmt_ms(s.timings.end_to_end_ms)));
+    match (&s.reread, &s.reread_setting) {
+        (Some(r), _) => {
+            parts.push(format!("re-read {} ms", fmt_ms(r.ms)));
+            parts.push(format!(
+                "{} of {} tokens re-read ({:.0}%)",
+                r.positions,
+                r.context_tokens,
+                100.0 * r.positions as f64 / r.context_tokens.max(1) as f64
+            ));
+        }
+        (None, Some(setting)) if s.follow_up.is_none() => {
+            parts.push(format!("re-read {setting} at the next message"));
+        }
+        _ => {}
+    }
+    let reread_ms = s.reread.as_ref().map_or(0.0, |r| r.ms);
     match s.follow_up {
-        Some(f) => parts.push(format!("end-to-end {} ms", fmt_ms(f.end_to_end_ms))),
+        Some(f) => {
+            if reread_ms > 0.0 {
+                // The message waited for the re-read: what is left is the message itself.
+                parts.push(format!(
+                    "message {} ms",
+                    fmt_ms((f.end_to_end_ms - reread_ms).max(0.0))
+                ));
+            }
+            parts.push(format!("end-to-end {} ms", fmt_ms(f.end_to_end_ms)));
+        }
         None => parts.push("end-to-end after the next turn".into()),
     }
     pack(&parts, width)

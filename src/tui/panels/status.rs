@@ -131,6 +131,8 @@ pub(crate) struct Session<'a> {
     pub repaired: Option<(usize, usize)>,
     /// Newest tokens the target reads itself at a switch (0: all mapped).
     pub tail: usize,
+    /// The re-read setting (`20%:source-attention:word`), if any.
+    pub reread: Option<&'a str>,
     pub record_path: Option<&'a str>,
     pub recording_stopped: bool,
     pub mappers: &'a [MapperInfo],
@@ -236,6 +238,12 @@ fn status_line(s: &Session, fit: Fit) -> Line<'static> {
         // The handoff time includes the target reading these itself.
         spans.push(sep());
         spans.push(Span::raw(format!("tail {}", s.tail)));
+    }
+    if let Some(r) = s.reread {
+        // Only the budget: the selector and spans are in the help and the session.
+        spans.push(sep());
+        let budget = r.split(':').next().unwrap_or(r);
+        spans.push(Span::raw(format!("re-read {budget}")));
     }
     spans.push(sep());
     spans.push(match (s.record_path, s.recording_stopped) {

@@ -19,6 +19,8 @@ const USER: Style = Style::new().fg(Color::Cyan).add_modifier(Modifier::BOLD);
 pub(crate) struct Conversation<'a> {
     pub entries: &'a [Entry],
     pub switches: &'a [SwitchRecord],
+    /// List under each switch the words its re-read read again.
+    pub mark_reread: bool,
 }
 
 /// The conversation panel. It keeps where it is scrolled to; the text is handed to it.
@@ -103,6 +105,9 @@ fn lines(c: &Conversation, width: usize) -> Vec<Line<'static>> {
             Entry::Switch(i) => {
                 if let Some(s) = c.switches.get(*i) {
                     out.extend(wrap(&[(&switch_line(s), BOLD.fg(WARN))], width));
+                    if c.mark_reread {
+                        out.extend(reread_lines(s, width));
+                    }
                 }
             }
             Entry::Bookmark { turn, note } => {
@@ -115,6 +120,32 @@ fn lines(c: &Conversation, width: usize) -> Vec<Line<'static>> {
     out.pop();
     out
 }
+
+/// What the switch's re-read read again, span by span, marked; or why there is none.
+fn reread_lines(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
+    let Some(r) = &s.reread else {
+        let why = match &s.reread_setting {
+            Some(setting) => format!("re-read {setting}: at the next message"),
+            None => "no re-read at this switch (Ctrl-E sets one)".into(),
+        };
+        return wrap(&[(&why, DIM)], width);
+    };
+    let head = format!(
+        "re-read {} of {} tokens at the next message:",
+        r.positions, r.context_tokens
+    );
+    let mut chunks: Vec<(String, Style)> = vec![(head, DIM)];
+    for t in &r.texts {
+        let shown = t.replace('\n', "⏎");
+        chunks.push((" ".into(), Style::default()));
+        chunks.push((shown, REREAD));
+    }
+    let refs: Vec<(&str, Style)> = chunks.iter().map(|(t, s)| (t.as_str(), *s)).collect();
+    wrap(&refs, width)
+}
+
+/// The words a re-read read again.
+const REREAD: Style = Style::new().fg(Color::Black).bg(Color::Yellow);
 
 fn reply(out: &mut Vec<Line<'static>>, r: &Reply, width: usize) {
     let model_style = match r.cache {

@@ -32,6 +32,7 @@ fn handoff_event() -> Event {
             measurement_follows: true,
             estimate: None,
             mapper: None,
+            reread: None,
         },
         other => other,
     }

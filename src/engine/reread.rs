@@ -1,0 +1,105 @@
+//! The re-read at the first message after a switch: the handoff maps at once, and when
+//! the message arrives the target re-reads the part of the mapped history that message
+//! needs (chosen with it known, see [`crate::handoff::reread`]) before it answers. The
+//! message waits for it, so its time is part of the handoff's cost.
+
+use super::core::Engine;
+use super::EngineError;
+use crate::handoff::reread::{choose, SelectInputs};
+use crate::protocol::Event;
+use std::ops::Range;
+use std::time::Instant;
+
+/// What a switch left for the first message to re-read.
+#[derive(Debug, Clone)]
+pub(super) struct PendingReread {
+    /// The switch's index.
+    pub(super) index: u32,
+    /// The slot handed away from.
+    pub(super) source: usize,
+    /// The positions it mapped.
+    pub(super) mapped: Range<usize>,
+}
+
+/// Prefills shorter than this say little about the model's speed per position (fixed
+/// costs dominate); a time budget is spent at the speed of a longer one.
+pub(super) const MIN_TIMED_PREFILL: usize = 32;
+
+impl Engine {
+    /// Before the active model answers the message just added to the conversation:
+    /// re-read what the last switch left to re-read, if the settings ask for it.
+    pub(super) fn reread_for_message(&mut self, turn: u32) -> Result<(), EngineError> {
+        let a = self.active;
+        let Some(pending) = self.slots[a].pending_reread.take() else {
+            return Ok(());
+        };
+        let Some(setting) = self.settings.reread else {
+            return Ok(());
+        };
+        let history = pending.mapped.end.min(self.slots[a].primary.len());
+        let mapped = pending.mapped.start.min(history)..history;
+        if mapped.is_empty() {
+            return Ok(());
+        }
+        // A measurement of this switch measures the cache as it was handed over: it keeps
+        // its own copy of what it has still to read before the re-read changes it.
+        for m in self.measurements.iter_mut() {
+            m.detach(&self.slots, a)?;
+        }
+        let started = Instant::now();
+        let prompt_len = self.conv.len();
+        let tokens = &self.conv.history[..prompt_len];
+        let (target, source) = (&self.slots[a], &self.slots[pending.source]);
+        let inputs = SelectInputs {
+            source: &source.model,
+            source_cache: &source.primary,
+            target: &target.model,
+            handed: &target.primary,
+            mapper: &self.mappers[pending.source].mapper,
+            reverse: Some(&self.mappers[a].mapper),
+            tokens,
+            history,
+        };
+        let choice = match choose(&setting, &inputs, mapped, target.read_speed) {
+            Ok(c) => c,
+            Err(e) => {
+                // The answer still comes, from the map as handed over.
+                self.out.emit(Event::Notice {
+                    message: format!("no re-read before this answer: {e}"),
+                });
+                return Ok(());
+            }
+        };
+        let select_ms = started.elapsed().as_secs_f64() * 1e3;
+        let slot = &mut self.slots[a];
+        let t = Instant::now();
+        slot.model.decoder.reread(
+            &self.conv.history[..history],
+            &choice.runs,
+            &mut slot.primary,
+        )?;
+        let reread_ms = t.elapsed().as_secs_f64() * 1e3;
+        let texts = choice
+            .runs
+            .iter()
+            .map(|r| {
+                slot.model
+                    .tokenizer
+                    .decode(&self.conv.history[r.clone()])
+                    .unwrap_or_default()
+            })
+            .collect();
+        self.out.emit(Event::SwitchReread {
+            index: pending.index,
+            turn,
+            setting: setting.to_string(),
+            positions: choice.count(),
+            context_tokens: history,
+            spans: choice.runs.iter().map(|r| [r.start, r.end]).collect(),
+            texts,
+            select_ms,
+            reread_ms,
+        });
+        Ok(())
+    }
+}
