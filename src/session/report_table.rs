@@ -84,7 +84,7 @@ impl Display for Report {
     }
 }
 
-const SWITCH_COLUMNS: [&str; 17] = [
+const SWITCH_COLUMNS: [&str; 19] = [
     "#",
     "turn",
     "from -> to",
@@ -97,6 +97,8 @@ const SWITCH_COLUMNS: [&str; 17] = [
     "speed-up",
     "suffix speed-up",
     "end to end ms",
+    "re-read",
+    "re-read ms",
     "cos mean",
     "cos min",
     "cos predicted",
@@ -118,6 +120,9 @@ fn switch_cells(s: &SwitchRow) -> Vec<String> {
         times(s.speedup_full),
         times(s.speedup_suffix),
         num(Some(s.end_to_end_ms), 0),
+        s.reread_positions
+            .map_or("-".to_string(), |p| p.to_string()),
+        num(s.reread_ms, 1),
         num(s.cosine_mean, 3),
         num(s.cosine_min, 3),
         num(s.predicted_cosine, 3),

@@ -693,6 +693,33 @@ mod tests {
     }
 
     #[test]
+    fn a_reread_lands_on_the_switch_it_belongs_to_with_its_time() {
+        let mut events = fixtures::events();
+        let at = events
+            .iter()
+            .position(|e| matches!(e, Event::Switch { index: 0, .. }))
+            .unwrap();
+        events.insert(
+            at + 1,
+            Event::SwitchReread {
+                index: 0,
+                turn: 2,
+                setting: "20%:source-attention:word".into(),
+                positions: 7,
+                context_tokens: 30,
+                spans: vec![[1, 8]],
+                texts: vec!["x".into()],
+                select_ms: 1.5,
+                reread_ms: 10.0,
+            },
+        );
+        let r = Report::from_session(&fixtures::session_of(events));
+        assert_eq!(r.switches[0].reread_positions, Some(7));
+        assert_eq!(r.switches[0].reread_ms, Some(11.5));
+        assert_eq!(r.switches[1].reread_positions, None);
+    }
+
+    #[test]
     fn an_empty_session_reports_nothing_measured() {
         let r = Report::from_session(&fixtures::session_of(vec![]));
         assert!(r.turns.is_empty() && r.switches.is_empty());
