@@ -121,7 +121,14 @@ pub fn table_row(p: &BenchPoint) -> String {
         p.map_suffix.median_ms,
         p.speedup_suffix,
         p.switch_end_to_end.median_ms
-    )
+    ) + &match (p.handoff_with_reread, p.reread_share_of_reprefill) {
+        (Some(h), Some(share)) => format!(
+            "  with re-read {:.1} ms = {:.0}% of the re-prefill",
+            h.median_ms,
+            share * 100.0
+        ),
+        _ => String::new(),
+    }
 }
 
 #[cfg(test)]
@@ -148,6 +155,8 @@ mod tests {
             switch_end_to_end: s(map + 20.0),
             speedup_full: pre / map,
             speedup_suffix: pre / map,
+            handoff_with_reread: None,
+            reread_share_of_reprefill: None,
         }
     }
 

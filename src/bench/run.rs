@@ -110,7 +110,11 @@ mod tests {
 
     #[test]
     fn zero_repeats_and_a_suffix_outside_every_length_are_refused_not_clamped() {
-        let o = |repeats, suffix| BenchOptions { repeats, suffix };
+        let o = |repeats, suffix| BenchOptions {
+            repeats,
+            suffix,
+            reread: None,
+        };
         assert!(check_options(&[128, 1024], &o(3, 64)).is_ok());
         assert!(matches!(
             check_options(&[128], &o(0, 64)),

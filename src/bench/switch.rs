@@ -6,6 +6,7 @@
 //! them alike; rows report the median and the spread (min–max).
 
 use crate::bench::decoder::bench_tokens;
+use crate::handoff::reread::{choose, RereadSetting, SelectInputs};
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
 use crate::model::{ForwardOptions, KvCache, Model, ModelError};
@@ -58,7 +59,17 @@ pub struct BenchPoint {
     /// Median re-prefill over median map.
     pub speedup_full: f64,
     pub speedup_suffix: f64,
+    /// With a re-read: the whole map, then choosing and re-reading with a message of
+    /// [`REREAD_MESSAGE`] tokens known (the handoff a first message waits for), and that
+    /// as a share of the full re-prefill's median.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff_with_reread: Option<Spread>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reread_share_of_reprefill: Option<f64>,
 }
+
+/// The message a benched re-read is chosen for, in tokens.
+pub const REREAD_MESSAGE: usize = 32;
 
 /// Cost of one mapped token, to set the time against the floor.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -145,6 +156,8 @@ fn prefill(m: &Model, ids: &[u32], cache: &mut KvCache) -> Result<f64, ModelErro
 pub struct BenchOptions {
     pub repeats: usize,
     pub suffix: usize,
+    /// Also time the handoff with this re-read (see [`BenchPoint::handoff_with_reread`]).
+    pub reread: Option<RereadSetting>,
 }
 
 impl Default for BenchOptions {
@@ -152,6 +165,7 @@ impl Default for BenchOptions {
         Self {
             repeats: 3,
             suffix: 64,
+            reread: None,
         }
     }
 }
@@ -170,31 +184,55 @@ pub fn bench_point(
             "a suffix of {suffix} tokens must be at least 1 and shorter than the {tokens}-token context"
         )));
     }
-    let ids = bench_tokens(
-        tokens,
+    let with_message = bench_tokens(
+        tokens + REREAD_MESSAGE,
         tgt.config().vocab_size.min(src.config().vocab_size),
         7,
     );
+    let ids = &with_message[..tokens];
     let head = tokens - suffix;
     let (mut s_pre, mut t_full, mut m_full, mut m_suf, mut t_suf, mut e2e) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut with_reread = Vec::new();
     // One warm-up pass of everything, then the repeats.
     for rep in 0..=opts.repeats {
         let mut src_cache = src.decoder.new_cache();
-        let sp = prefill(src, &ids, &mut src_cache)?;
+        let sp = prefill(src, ids, &mut src_cache)?;
         let mut tgt_cache = tgt.decoder.new_cache();
-        let tf = prefill(tgt, &ids, &mut tgt_cache)?;
+        let tf = prefill(tgt, ids, &mut tgt_cache)?;
 
         let inputs = HandoffInputs {
             source: src,
             source_cache: &src_cache,
             target: tgt,
             mapper,
-            tokens: &ids,
+            tokens: ids,
             exact: None,
         };
-        let (mapped, built) = HandoffPlan::new(tokens).build_new(&inputs)?;
+        let t = Instant::now();
+        let (mut mapped, built) = HandoffPlan::new(tokens).build_new(&inputs)?;
         let mf = built.map_ms;
+        if let Some(setting) = &opts.reread {
+            let select = SelectInputs {
+                source: src,
+                source_cache: &src_cache,
+                target: tgt,
+                handed: &mapped,
+                mapper,
+                // The bench loads one direction's mapper: no round trip.
+                reverse: None,
+                tokens: &with_message,
+                history: tokens,
+            };
+            let per = tf / tokens as f64;
+            let choice = choose(setting, &select, 0..tokens, Some(per))
+                .map_err(|e| ModelError::Unsupported(e.to_string()))?;
+            tgt.decoder.reread(ids, &choice.runs, &mut mapped)?;
+            sync(tgt);
+            if rep > 0 {
+                with_reread.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
         drop(mapped);
 
         // The target already holds the head (its own prefill); only the suffix moves.
@@ -234,10 +272,16 @@ pub fn bench_point(
         switch_end_to_end: Spread::of(&e2e),
         speedup_full: 0.0,
         speedup_suffix: 0.0,
+        handoff_with_reread: None,
+        reread_share_of_reprefill: None,
     };
+    let handoff_with_reread = (!with_reread.is_empty()).then(|| Spread::of(&with_reread));
     Ok(BenchPoint {
         speedup_full: p.reprefill_full.median_ms / p.map_full.median_ms,
         speedup_suffix: p.reprefill_suffix.median_ms / p.map_suffix.median_ms,
+        reread_share_of_reprefill: handoff_with_reread
+            .map(|h| h.median_ms / p.reprefill_full.median_ms),
+        handoff_with_reread,
         ..p
     })
 }

@@ -25,6 +25,11 @@ pub struct BenchArgs {
     /// Tokens of the suffix handoff (what a target already holding the rest needs).
     #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     pub suffix: usize,
+    /// Also time the handoff with this re-read (a share, 0.2, or a time, 150ms,
+    /// optionally :SELECTOR:SPANS; the round-trip selector is not benched), chosen for a
+    /// message of 32 tokens, against the full re-prefill.
+    #[arg(long, value_parser = parse_reread)]
+    pub reread: Option<RereadArg>,
     #[command(flatten)]
     pub precision: PrecisionArgs,
     /// Also draw map and re-prefill time against context length (.svg or .png).
@@ -32,6 +37,16 @@ pub struct BenchArgs {
     pub plot: Option<std::path::PathBuf>,
     #[arg(long)]
     pub json: bool,
+}
+
+/// A parsed `--reread` (`None`: re-read nothing).
+#[derive(Debug, Clone, Copy)]
+pub struct RereadArg(pub Option<baton::handoff::reread::RereadSetting>);
+
+fn parse_reread(s: &str) -> Result<RereadArg, String> {
+    baton::handoff::reread::RereadSetting::parse(s)
+        .map(RereadArg)
+        .map_err(|e| e.to_string())
 }
 
 impl BenchArgs {
@@ -55,6 +70,7 @@ pub fn bench(a: BenchArgs, dev: &Device) -> Result<()> {
         options: BenchOptions {
             repeats: a.repeats,
             suffix: a.suffix,
+            reread: a.reread.and_then(|r| r.0),
         },
         mapper_dir: a.pair.mapper_dir(),
         precision: a.precision.precision.into(),

@@ -150,6 +150,8 @@ mod tests {
             switch_end_to_end: s(map),
             speedup_full: reprefill / map,
             speedup_suffix: reprefill / map,
+            handoff_with_reread: None,
+            reread_share_of_reprefill: None,
         }
     }
 
