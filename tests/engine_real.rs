@@ -378,7 +378,9 @@ fn the_handoff_bench_times_every_stage_on_the_real_pair() {
     // The handoff with a re-read costs the map and more, and less than reading it all.
     let with = p.handoff_with_reread.unwrap();
     assert!(with.median_ms > p.map_full.median_ms, "{with:?}");
-    assert!(p.reread_share_of_reprefill.is_some_and(|s| s > 0.0 && s.is_finite()));
+    assert!(p
+        .reread_share_of_reprefill
+        .is_some_and(|s| s > 0.0 && s.is_finite()));
     for s in [
         p.source_prefill,
         p.reprefill_full,
