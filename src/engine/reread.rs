@@ -36,6 +36,10 @@ impl Engine {
         let Some(setting) = self.settings.reread else {
             return Ok(());
         };
+        // A repair that finished made the cache the model's own: nothing is left mapped.
+        if self.slots[a].origin != crate::protocol::CacheOrigin::Mapped {
+            return Ok(());
+        }
         let history = pending.mapped.end.min(self.slots[a].primary.len());
         let mapped = pending.mapped.start.min(history)..history;
         if mapped.is_empty() {
