@@ -487,11 +487,7 @@ fn the_status_line_names_a_tail_when_one_is_set() {
         for e in run() {
             app.update(Msg::Engine(e));
         }
-        let shown = draw(140, 1, |f: &mut Frame| {
-            let r = f.area();
-            render_panel(f, r, &app, Panel::Status)
-        });
-        format!("{:?}", shown.backend())
+        status_line(&app)
     };
     assert!(status(32).contains("tail 32"), "{}", status(32));
     assert!(!status(0).contains("tail"), "{}", status(0));
@@ -515,11 +511,7 @@ fn the_status_line_shows_how_far_the_repair_got() {
                 total,
             }));
         }
-        let shown = draw(140, 1, |f: &mut Frame| {
-            let r = f.area();
-            render_panel(f, r, &app, Panel::Status)
-        });
-        format!("{:?}", shown.backend())
+        status_line(&app)
     };
     let partway = status(true, Some((512, 900)));
     assert!(partway.contains("repaired 512 / 900"), "{partway}");
@@ -754,6 +746,15 @@ fn no_size_panics() {
     }
 }
 
+/// The status bar of `app`, 140 columns wide, as text.
+fn status_line(app: &App) -> String {
+    let shown = draw(140, 1, |f: &mut Frame| {
+        let r = f.area();
+        render_panel(f, r, app, Panel::Status)
+    });
+    format!("{:?}", shown.backend())
+}
+
 /// The run, then a third switch set to re-read and what it re-read at the next message.
 fn app_with_a_reread() -> App {
     let mut app = App::new(AppInfo {
@@ -809,14 +810,7 @@ fn a_reread_shows_in_the_latency_panel_and_ctrl_k_marks_its_words_in_the_convers
         latency.contains("60 of 300 tokens re-read (20%)"),
         "{latency}"
     );
-    let status = format!(
-        "{:?}",
-        draw(140, 1, |f: &mut Frame| {
-            let r = f.area();
-            render_panel(f, r, &app, Panel::Status)
-        })
-        .backend()
-    );
+    let status = status_line(&app);
     assert!(status.contains("re-read 20%"), "{status}");
 
     let words = "the budget is 48,000 dollars";
@@ -828,13 +822,6 @@ fn a_reread_shows_in_the_latency_panel_and_ctrl_k_marks_its_words_in_the_convers
     assert!(after.contains("re-read 60 of 300 tokens"), "{after}");
     // Ctrl-E steps the budget on and says so.
     app.update(Msg::Key(Key::ctrl('e')));
-    let status = format!(
-        "{:?}",
-        draw(140, 1, |f: &mut Frame| {
-            let r = f.area();
-            render_panel(f, r, &app, Panel::Status)
-        })
-        .backend()
-    );
+    let status = status_line(&app);
     assert!(status.contains("re-read 40%"), "{status}");
 }

@@ -28,8 +28,8 @@ pub struct BenchArgs {
     /// Also time the handoff with this re-read (a share, 0.2, or a time, 150ms,
     /// optionally :SELECTOR:SPANS; the round-trip selector is not benched), chosen for a
     /// message of 32 tokens, against the full re-prefill.
-    #[arg(long, value_parser = parse_reread)]
-    pub reread: Option<RereadArg>,
+    #[arg(long)]
+    pub reread: Option<baton::engine::RereadOverride>,
     #[command(flatten)]
     pub precision: PrecisionArgs,
     /// Also draw map and re-prefill time against context length (.svg or .png).
@@ -37,16 +37,6 @@ pub struct BenchArgs {
     pub plot: Option<std::path::PathBuf>,
     #[arg(long)]
     pub json: bool,
-}
-
-/// A parsed `--reread` (`None`: re-read nothing).
-#[derive(Debug, Clone, Copy)]
-pub struct RereadArg(pub Option<baton::handoff::reread::RereadSetting>);
-
-fn parse_reread(s: &str) -> Result<RereadArg, String> {
-    baton::handoff::reread::RereadSetting::parse(s)
-        .map(RereadArg)
-        .map_err(|e| e.to_string())
 }
 
 impl BenchArgs {

@@ -81,8 +81,8 @@ pub struct EvalArgs {
     /// the spans chosen positions grow into (0.2:source-attention:word; selectors
     /// source-attention, target-attention, round-trip, deviation, recency; spans token,
     /// word, sentence). 0 re-reads nothing.
-    #[arg(long, value_parser = parse_reread)]
-    pub reread: Option<RereadArg>,
+    #[arg(long)]
+    pub reread: Option<baton::engine::RereadOverride>,
     /// Also hand each recall turn over this way, in the same run (repeatable): map,
     /// tail=N, reread=BUDGET[:SELECTOR[:SPANS]], or tail=N,reread=…. Each is scored
     /// against the same source-alone and re-prefilled answers and timed against the
@@ -116,16 +116,6 @@ impl From<OracleArg> for recall::Oracle {
             OracleArg::TrueBoth => Self::TrueBoth,
         }
     }
-}
-
-/// A parsed `--reread` (`None`: re-read nothing).
-#[derive(Debug, Clone, Copy)]
-pub struct RereadArg(pub Option<baton::handoff::reread::RereadSetting>);
-
-fn parse_reread(s: &str) -> Result<RereadArg, String> {
-    baton::handoff::reread::RereadSetting::parse(s)
-        .map(RereadArg)
-        .map_err(|e| e.to_string())
 }
 
 fn parse_handoff(s: &str) -> Result<recall::HandoffVariant, String> {

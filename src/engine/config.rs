@@ -165,7 +165,8 @@ pub struct SettingsOverrides {
     pub system: Option<String>,
 }
 
-/// A re-read setting given as a flag or a script key: `None` inside turns it off.
+/// A re-read setting given as a flag (`workbench`, `run`, `eval`, `bench`) or a script
+/// key: `None` inside turns it off.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RereadOverride(pub Option<RereadSetting>);
 

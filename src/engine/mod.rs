@@ -19,7 +19,7 @@ pub mod switch;
 mod timing;
 mod turn;
 
-pub use config::{EngineConfig, LearnSetup, Settings, SettingsOverrides};
+pub use config::{EngineConfig, LearnSetup, RereadOverride, Settings, SettingsOverrides};
 pub use core::Engine;
 pub use outbox::{Envelope, Outbox};
 pub use repair::REPAIR_CHUNK;
