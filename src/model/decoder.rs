@@ -124,13 +124,18 @@ impl Decoder {
                 max: self.cfg.context_length,
             });
         }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(ModelError::BadToken {
+        self.check_ids(tokens)
+    }
+
+    /// Every id has a row in the embedding.
+    pub(super) fn check_ids(&self, tokens: &[u32]) -> Result<()> {
+        match tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            Some(&id) => Err(ModelError::BadToken {
                 id,
                 vocab: self.cfg.vocab_size,
-            });
+            }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Run `tokens` after what `cache` holds, in chunks of at most [`PREFILL_CHUNK`];

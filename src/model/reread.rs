@@ -42,15 +42,7 @@ impl Decoder {
                 tokens.len()
             )));
         }
-        if let Some(&id) = tokens[..cache.len()]
-            .iter()
-            .find(|&&t| t as usize >= self.config().vocab_size)
-        {
-            return Err(ModelError::BadToken {
-                id,
-                vocab: self.config().vocab_size,
-            });
-        }
+        self.check_ids(&tokens[..cache.len()])?;
         for chunk in chunks(runs, PREFILL_CHUNK) {
             let ids: Vec<u32> = chunk
                 .iter()
@@ -74,16 +66,8 @@ impl Decoder {
         let mut shape = self.kv_shape();
         shape.n_layer = n_layers;
         let mut cache = KvCache::new(shape, self.dtype(), self.device());
+        self.check_ids(tokens)?;
         for chunk in tokens.chunks(PREFILL_CHUNK) {
-            if let Some(&id) = chunk
-                .iter()
-                .find(|&&t| t as usize >= self.config().vocab_size)
-            {
-                return Err(ModelError::BadToken {
-                    id,
-                    vocab: self.config().vocab_size,
-                });
-            }
             let start = cache.len();
             let ids = Tensor::new(chunk, self.device())?;
             let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
