@@ -66,6 +66,7 @@ fn small_calibration_of_the_default_pair_beats_the_no_prefix_floor() {
             probes: 16,
             anchor: 0,
             tail: 0,
+            reread: None,
         },
     )
     .unwrap();

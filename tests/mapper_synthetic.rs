@@ -695,6 +695,7 @@ fn a_text_evaluation_with_the_whole_prefix_as_tail_is_the_targets_own_reading() 
                 probes: 8,
                 anchor: 0,
                 tail,
+                reread: None,
             },
         )
         .unwrap()

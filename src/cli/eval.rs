@@ -16,8 +16,11 @@ pub struct EvalArgs {
     pub pair: PairArgs,
     #[command(flatten)]
     pub direction: DirectionArgs,
-    /// Held-out text: files or directories, as for calibrate --corpus (default: the
-    /// evaluation part of the calibration corpus, which calibration never reads).
+    /// Held-out text: files or directories, as for calibrate --corpus, or prose of the
+    /// evaluation package that calibration never sees: eval:coqa (stories of five
+    /// kinds, a few hundred words each: use --prefix 192 --continuation 64) and
+    /// eval:lambada (book passages). Default: the evaluation part of the calibration
+    /// corpus, which calibration never reads.
     #[arg(long, num_args = 1..)]
     pub texts: Vec<std::path::PathBuf>,
     /// Windows of prefix + continuation tokens.
@@ -76,11 +79,12 @@ pub struct EvalArgs {
     /// the facts.
     #[arg(long, value_enum)]
     pub oracle: Option<OracleArg>,
-    /// The recall suite's target re-reads part of the mapped history once the question
-    /// is known: a share (0.2 or 20%) or a time (150ms), optionally with the selector and
-    /// the spans chosen positions grow into (0.2:source-attention:word; selectors
-    /// source-attention, target-attention, round-trip, deviation, recency; spans token,
-    /// word, sentence). 0 re-reads nothing.
+    /// The target re-reads part of the mapped context once it knows what it reads next
+    /// (the recall suite's question; a task's question with --target-reads-question or
+    /// its tail; a text window's --tail): a share (0.2 or 20%) or a time (150ms),
+    /// optionally with the selector and the spans chosen positions grow into
+    /// (0.2:source-attention:word; selectors source-attention, target-attention,
+    /// round-trip, deviation, recency; spans token, word, sentence). 0 re-reads nothing.
     #[arg(long)]
     pub reread: Option<baton::engine::RereadOverride>,
     /// Also hand each recall turn over this way, in the same run (repeatable): map,
@@ -125,11 +129,18 @@ fn parse_handoff(s: &str) -> Result<recall::HandoffVariant, String> {
 impl EvalArgs {
     /// What the flags cannot ask for together, checked before any model loads.
     pub fn validate(&self) -> Result<()> {
-        if (self.reread.is_some_and(|r| r.0.is_some()) || !self.handoffs.is_empty())
-            && self.conversations == 0
-        {
+        if !self.handoffs.is_empty() && self.conversations == 0 {
+            bail!("--handoff hands the recall suite's turns over: give --conversations N");
+        }
+        let rereads = self.reread.is_some_and(|r| r.0.is_some());
+        if rereads && !self.no_text && self.tail == 0 {
             bail!(
-                "--reread and --handoff hand the recall suite's turns over: give --conversations N"
+                "--reread in text windows chooses with the prefix's newest tokens as the message the target reads itself: give --tail N (32, say), or --no-text"
+            );
+        }
+        if rereads && !self.tasks.is_empty() && self.tail == 0 && !self.target_reads_question {
+            bail!(
+                "--reread in task contexts chooses with what the target reads itself: give --target-reads-question (generation tasks) or --tail N"
             );
         }
         if self.learn && self.conversations == 0 {
@@ -162,12 +173,14 @@ impl EvalArgs {
                 continuation: self.continuation,
                 anchor: self.anchor,
                 tail: self.tail,
+                reread: self.reread.and_then(|r| r.0),
                 ..Default::default()
             },
             baton::eval::tasks::TaskEvalOptions {
                 anchor: self.anchor,
                 tail: self.tail,
                 target_reads_question: self.target_reads_question,
+                reread: self.reread.and_then(|r| r.0),
                 ..Default::default()
             },
             recall::RecallOptions {

@@ -30,6 +30,10 @@ pub enum CorpusError {
     NoWindow { len: usize },
     #[error("the files and directories named hold no readable text files: give .txt/.md/.py/.rs/.html/.jsonl files or directories holding them")]
     NoTextFiles,
+    #[error(
+        "no text of the evaluation package is named {0:?}: give one of {1}, or a file or directory"
+    )]
+    UnknownPackageText(String, String),
     #[error("cannot render calibration text as a conversation: {0}")]
     Template(String),
     #[error(transparent)]
@@ -266,7 +270,8 @@ pub fn files_or_default(named: &[PathBuf]) -> Result<Vec<PathBuf>, CorpusError> 
 }
 
 /// Windows to evaluate on: the evaluation split of the default corpus, or, for named
-/// files (held out by the user), all of each file, windows taken from each in turn. Text
+/// files and package texts (`eval:coqa`, held out), all of each document, windows taken
+/// from each in turn. Text
 /// for fewer than `count` windows gives the windows there are (the caller says so);
 /// text for none is an error.
 pub fn eval_windows(
@@ -280,7 +285,14 @@ pub fn eval_windows(
     } else {
         Split::Whole
     };
-    let docs = read_documents(&files_or_default(named)?)?;
+    let (package, paths) = super::package_texts::split_inputs(named)?;
+    let mut docs = Vec::new();
+    for t in package {
+        docs.extend(t.documents()?);
+    }
+    if !paths.is_empty() || docs.is_empty() {
+        docs.extend(read_documents(&files_or_default(&paths)?)?);
+    }
     match windows(&docs, tok, split, len, count) {
         Err(CorpusError::TooSmall { got: 0, len, .. }) => Err(CorpusError::NoWindow { len }),
         Err(CorpusError::TooSmall { got, .. }) => windows(&docs, tok, split, len, got),

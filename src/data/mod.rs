@@ -5,5 +5,6 @@
 pub mod arrow;
 pub mod chat_corpus;
 pub mod corpus;
+pub mod package_texts;
 pub mod recall;
 pub mod tasks;

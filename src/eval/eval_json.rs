@@ -20,7 +20,7 @@ use std::path::PathBuf;
 pub const FORMAT: &str = "baton.eval";
 /// 2: `anchor`, `tail` and GSM8K `generations` added. 3: `key_gain`, `value_gain`.
 /// 4: `conversations`, the multi-turn recall suite.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalReport {
@@ -85,7 +85,7 @@ fn one() -> f32 {
 pub fn text_line(direction: &str, k: usize, r: &TextEval) -> String {
     let m = crate::metrics::mean;
     format!(
-        "{direction} (k={k}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | key-error concentration {:.2} | top-1 {:.3} (no prefix {:.3}) KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} | map {:.1} ms vs re-prefill {:.0} ms",
+        "{direction} (k={k}): R² K {:.3} V {:.3} | attention cosine prefix {:.3} / continuation {:.3} | key-error concentration {:.2} | top-1 {:.3} (no prefix {:.3}) KL {:.3} | PPL mapped {:.2} true {:.2} no prefix {:.2} ({} of the context's value kept) | map {:.1} ms{} vs re-prefill {:.0} ms",
         m(&r.r2_k),
         m(&r.r2_v),
         m(&r.cosine_prefix),
@@ -97,7 +97,18 @@ pub fn text_line(direction: &str, k: usize, r: &TextEval) -> String {
         r.scores.ppl_mapped,
         r.scores.ppl_true,
         r.scores.ppl_no_prefix,
+        r.context_value_recovered
+            .map_or("n/a".to_string(), |v| format!("{:.0}%", v * 100.0)),
         r.map_seconds * 1e3,
+        if r.reread_positions > 0.0 {
+            format!(
+                " (re-read {:.1} ms, {:.0} positions)",
+                r.reread_seconds * 1e3,
+                r.reread_positions
+            )
+        } else {
+            String::new()
+        },
         r.reprefill_seconds * 1e3
     )
 }
@@ -216,6 +227,9 @@ mod tests {
             answer_agreement: 0.5,
             map_seconds: 0.01,
             reprefill_seconds: 0.5,
+            reread: crate::handoff::reread::RereadSetting::parse("0.4").unwrap_or_default(),
+            reread_seconds: 0.2,
+            reread_positions: 300.0,
             outcomes: vec![ItemOutcome {
                 doc_id: 3,
                 reference_correct: true,
@@ -287,7 +301,7 @@ mod tests {
     fn the_eval_document_names_its_format_and_version() {
         let v = serde_json::to_value(report()).unwrap_or_default();
         assert_eq!(v["format"], "baton.eval");
-        assert_eq!(v["version"], 4);
+        assert_eq!(v["version"], 5);
     }
 
     #[test]

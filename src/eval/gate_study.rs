@@ -213,6 +213,7 @@ impl StudyPair<'_> {
             probes: 32,
             anchor,
             tail: 0,
+            reread: None,
         };
         let r = eval_text(
             src,

@@ -10,6 +10,7 @@ mod error;
 pub mod eval_json;
 pub mod gate_study;
 pub mod recall;
+pub mod reread;
 pub mod run;
 pub mod tasks;
 pub mod text;

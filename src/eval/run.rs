@@ -3,11 +3,13 @@
 
 use super::eval_json::{recall_line, task_line, text_line, DirectionEval, EvalReport};
 use super::recall::{eval_recall_variants, HandoffVariant, RecallOptions};
-use super::tasks::{eval_task, TaskEvalOptions};
-use super::text::{eval_text, TextEvalOptions};
+use super::reread::RereadModels;
+use super::tasks::{eval_task_with, TaskEvalOptions};
+use super::text::{eval_text_with, TextEvalOptions};
 use super::EvalError;
 use crate::data::recall::RecallConversation;
 use crate::data::tasks::{TaskDef, TaskItem};
+use crate::handoff::reread::RereadSetting;
 use crate::mapper::{artifact, MapPrecision};
 use crate::model::Model;
 use std::path::Path;
@@ -134,6 +136,21 @@ fn evaluate_direction(
         "{direction}: the map runs in {:?}",
         mapper.precision()
     ));
+    let mut ways = vec![HandoffVariant::of(&plan.recall)];
+    ways.extend_from_slice(plan.handoffs);
+    let settings = ways
+        .iter()
+        .filter(|_| !plan.conversations.is_empty())
+        .filter_map(|w| w.reread)
+        .chain(plan.text.reread.filter(|_| !plan.windows.is_empty()))
+        .chain(plan.task_options.reread.filter(|_| !plan.tasks.is_empty()));
+    let reverse = reverse_mapper(s, t, settings, plan)?;
+    let models = RereadModels {
+        source: s,
+        target: t,
+        mapper: &mapper,
+        reverse: reverse.as_ref(),
+    };
     let text = if plan.windows.is_empty() {
         None
     } else {
@@ -143,7 +160,7 @@ fn evaluate_direction(
             plan.text.prefix,
             plan.text.continuation
         ));
-        let r = eval_text(s, t, &mapper, plan.windows, &plan.text)?;
+        let r = eval_text_with(models, plan.windows, &plan.text)?;
         progress.result(&text_line(&direction, art.meta.k, &r));
         Some(r)
     };
@@ -155,7 +172,7 @@ fn evaluate_direction(
             "(to smaller)"
         };
         progress.task_started(&format!("{} {towards}", def.name), items.len());
-        let r = eval_task(s, t, &mapper, def, items, &plan.task_options, &mut |n| {
+        let r = eval_task_with(models, def, items, &plan.task_options, &mut |n| {
             progress.task_advanced(n)
         });
         progress.task_finished();
@@ -175,9 +192,6 @@ fn evaluate_direction(
         } else {
             None
         };
-        let mut ways = vec![HandoffVariant::of(&plan.recall)];
-        ways.extend_from_slice(plan.handoffs);
-        let reverse = reverse_mapper(s, t, &ways, plan)?;
         let turns = plan.conversations.iter().map(|c| c.questions.len()).sum();
         progress.task_started("recall (turns)", turns);
         let r = eval_recall_variants(
@@ -216,17 +230,16 @@ fn evaluate_direction(
     })
 }
 
-/// The mapper of the other direction, when a handoff's re-read ranks by the round trip.
+/// The mapper of the other direction, when a re-read of any evaluation ranks by the round
+/// trip.
 fn reverse_mapper(
     s: &Model,
     t: &Model,
-    ways: &[HandoffVariant],
+    mut settings: impl Iterator<Item = RereadSetting>,
     plan: &EvalPlan<'_>,
 ) -> Result<Option<crate::mapper::CacheMapper>, EvalError> {
     use crate::handoff::reread::Selector;
-    let wanted = ways
-        .iter()
-        .any(|w| w.reread.is_some_and(|r| r.selector == Selector::RoundTrip));
+    let wanted = settings.any(|r| r.selector == Selector::RoundTrip);
     if !wanted {
         return Ok(None);
     }

@@ -12,8 +12,10 @@
 //! mapped once and each item only extends it (mapping is per position, so the mapped
 //! prefix is the same either way).
 
+use super::reread::{RereadDone, RereadModels, RereadTurn};
 use super::EvalError;
 use crate::data::tasks::{extract_number, normalize_number, Choice, TaskDef, TaskItem, TaskKind};
+use crate::handoff::reread::RereadSetting;
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
 use crate::metrics::interval::{
@@ -42,6 +44,10 @@ pub struct TaskEvalOptions {
     /// examples before it are mapped. On top of `tail`, which still applies.
     #[serde(default)]
     pub target_reads_question: bool,
+    /// What the target re-reads of the mapped context, chosen with the part it reads
+    /// itself (the question, the tail) as the message: it needs one of them.
+    #[serde(default)]
+    pub reread: Option<RereadSetting>,
 }
 
 impl Default for TaskEvalOptions {
@@ -52,6 +58,7 @@ impl Default for TaskEvalOptions {
             anchor: 0,
             tail: 0,
             target_reads_question: false,
+            reread: None,
         }
     }
 }
@@ -111,6 +118,14 @@ pub struct TaskResult {
     /// prefilling it.
     pub map_seconds: f64,
     pub reprefill_seconds: f64,
+    /// The re-read, when there was one: its setting, its seconds per item (part of
+    /// `map_seconds`) and the positions it re-read per item.
+    #[serde(default)]
+    pub reread: Option<RereadSetting>,
+    #[serde(default)]
+    pub reread_seconds: f64,
+    #[serde(default)]
+    pub reread_positions: f64,
     pub outcomes: Vec<ItemOutcome>,
 }
 
@@ -128,17 +143,18 @@ struct Prepared {
     mapped: KvCache,
     map_seconds: f64,
     reprefill_seconds: f64,
+    reread: RereadDone,
 }
 
 fn prepare(
-    src: &Model,
-    tgt: &Model,
-    mapper: &CacheMapper,
+    models: RereadModels<'_>,
     shared: &Shared,
     prefix: &[u32],
-    (anchor, tail): (usize, usize),
+    opts: &TaskEvalOptions,
     read_from: Option<usize>,
 ) -> Result<Prepared, EvalError> {
+    let (src, tgt, mapper) = (models.source, models.target, models.mapper);
+    let (anchor, tail) = (opts.anchor, opts.tail);
     let suffix = &prefix[shared.len..];
     let mut reference = shared.target.try_clone()?;
     let t0 = Instant::now();
@@ -149,12 +165,12 @@ fn prepare(
     let reprefill_seconds = t0.elapsed().as_secs_f64();
     // The target reads the tail (and the question, when told to) itself, so neither the
     // source nor the mapper works on it; what the items share is mapped once.
-    let mut plan = HandoffPlan::new(prefix.len()).anchor(anchor).tail(tail);
+    let mut whole = HandoffPlan::new(prefix.len()).anchor(anchor).tail(tail);
     if let Some(q) = read_from {
-        plan = plan.read_from(q);
+        whole = whole.read_from(q);
     }
-    let map_end = plan.mapped().end;
-    let plan = plan.holding(shared.len.min(map_end));
+    let map_end = whole.mapped().end;
+    let plan = whole.clone().holding(shared.len.min(map_end));
     let mut source = None;
     if map_end > shared.len {
         let mut s = shared.source.try_clone()?;
@@ -167,10 +183,11 @@ fn prepare(
     }
     let t1 = Instant::now();
     let mut mapped = shared.mapped.try_clone_prefix(plan.held())?;
+    let source_cache = source.as_ref().unwrap_or(&shared.source);
     plan.build(
         &HandoffInputs {
             source: src,
-            source_cache: source.as_ref().unwrap_or(&shared.source),
+            source_cache,
             target: tgt,
             mapper,
             tokens: prefix,
@@ -178,11 +195,29 @@ fn prepare(
         },
         &mut mapped,
     )?;
+    // The whole context is a candidate, the shared part mapped once included: the
+    // re-read works on this item's copy.
+    let reread = match &opts.reread {
+        None => RereadDone::default(),
+        Some(setting) => models.reread(
+            setting,
+            RereadTurn {
+                plan: whole,
+                source_cache,
+                tokens: prefix,
+                history: map_end,
+                ms_per_position: (!suffix.is_empty())
+                    .then(|| reprefill_seconds * 1e3 / suffix.len() as f64),
+            },
+            &mut mapped,
+        )?,
+    };
     Ok(Prepared {
         reference,
         mapped,
         map_seconds: t1.elapsed().as_secs_f64(),
         reprefill_seconds,
+        reread,
     })
 }
 
@@ -345,6 +380,25 @@ pub fn eval_task(
     opts: &TaskEvalOptions,
     on_item: &mut dyn FnMut(usize),
 ) -> Result<TaskResult, EvalError> {
+    let models = RereadModels {
+        source: src,
+        target: tgt,
+        mapper,
+        reverse: None,
+    };
+    eval_task_with(models, def, items, opts, on_item)
+}
+
+/// [`eval_task`] with the other direction's mapper at hand, for a re-read that ranks by
+/// the round trip.
+pub fn eval_task_with(
+    models: RereadModels<'_>,
+    def: &TaskDef,
+    items: &[TaskItem],
+    opts: &TaskEvalOptions,
+    on_item: &mut dyn FnMut(usize),
+) -> Result<TaskResult, EvalError> {
+    let (src, tgt, mapper) = (models.source, models.target, models.mapper);
     let contexts = encode_contexts(&tgt.tokenizer, def, items)?;
     let prefixes: Vec<&[u32]> = contexts.values().map(|v| &v[..v.len() - 1]).collect();
     let shared = build_shared(src, tgt, mapper, &prefixes, opts.anchor)?;
@@ -355,15 +409,15 @@ pub fn eval_task(
         "task evaluation"
     );
     let mut run = ItemRun {
-        src,
+        models,
         tgt,
-        mapper,
         opts,
         contexts: &contexts,
         shared,
         empty: tgt.decoder.new_cache(),
         map_s: 0.0,
         pre_s: 0.0,
+        reread: RereadDone::default(),
     };
     let mut outcomes = Vec::with_capacity(items.len());
     for (n, item) in items.iter().enumerate() {
@@ -384,7 +438,14 @@ pub fn eval_task(
         outcomes.push(outcome);
         on_item(n + 1);
     }
-    Ok(summarise(def, outcomes, run.map_s, run.pre_s, items, opts))
+    let mut r = summarise(def, outcomes, run.map_s, run.pre_s, items, opts);
+    if opts.reread.is_some() {
+        let n = r.items.max(1) as f64;
+        r.reread = opts.reread;
+        r.reread_seconds = run.reread.ms / 1e3 / n;
+        r.reread_positions = run.reread.positions as f64 / n;
+    }
+    Ok(r)
 }
 
 /// Token ids of every distinct context, all but the last token (the target computes
@@ -422,9 +483,8 @@ fn encode_contexts(
 /// What every item of one task reads, and the time its items spent mapping and
 /// re-prefilling so far.
 struct ItemRun<'a> {
-    src: &'a Model,
+    models: RereadModels<'a>,
     tgt: &'a Model,
-    mapper: &'a CacheMapper,
     opts: &'a TaskEvalOptions,
     contexts: &'a HashMap<String, Vec<u32>>,
     shared: Shared,
@@ -432,22 +492,18 @@ struct ItemRun<'a> {
     empty: KvCache,
     map_s: f64,
     pre_s: f64,
+    /// The re-reads' positions and milliseconds, summed over items.
+    reread: RereadDone,
 }
 
 impl ItemRun<'_> {
     /// The reference and mapped caches of `prefix`, adding their times to the totals.
     fn prepare(&mut self, prefix: &[u32], read_from: Option<usize>) -> Result<Prepared, EvalError> {
-        let p = prepare(
-            self.src,
-            self.tgt,
-            self.mapper,
-            &self.shared,
-            prefix,
-            (self.opts.anchor, self.opts.tail),
-            read_from,
-        )?;
+        let p = prepare(self.models, &self.shared, prefix, self.opts, read_from)?;
         self.map_s += p.map_seconds;
         self.pre_s += p.reprefill_seconds;
+        self.reread.positions += p.reread.positions;
+        self.reread.ms += p.reread.ms;
         Ok(p)
     }
 
@@ -584,6 +640,9 @@ fn summarise(
         answer_agreement: count(&|o| o.same_answer) as f64 / n.max(1) as f64,
         map_seconds: map_s / n.max(1) as f64,
         reprefill_seconds: pre_s / n.max(1) as f64,
+        reread: None,
+        reread_seconds: 0.0,
+        reread_positions: 0.0,
         outcomes,
     }
 }

@@ -2,8 +2,10 @@
 //! replaces the target's own, and the target continues teacher-forced. Every metric of
 //! the metrics module, per target layer where it has layers.
 
+use super::reread::{RereadModels, RereadTurn};
 use super::EvalError;
 use crate::handoff::fidelity;
+use crate::handoff::reread::RereadSetting;
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
 use crate::metrics::{self, probe_positions, ContinuationScores, QueryGram};
@@ -22,6 +24,10 @@ pub struct TextEvalOptions {
     /// The last positions of the prefix the target reads itself, on top of the mapped
     /// rest (the newest part of a conversation, re-read at the handoff).
     pub tail: usize,
+    /// What the target re-reads of the mapped middle, chosen with the tail as the
+    /// message it reads next (so it needs a tail).
+    #[serde(default)]
+    pub reread: Option<RereadSetting>,
 }
 
 impl Default for TextEvalOptions {
@@ -32,6 +38,7 @@ impl Default for TextEvalOptions {
             probes: 32,
             anchor: 0,
             tail: 0,
+            reread: None,
         }
     }
 }
@@ -55,6 +62,18 @@ pub struct TextEval {
     /// Seconds per window: mapping the prefix vs the target re-prefilling it.
     pub map_seconds: f64,
     pub reprefill_seconds: f64,
+    /// Seconds per window choosing and re-reading (part of `map_seconds`), and the
+    /// positions re-read per window.
+    #[serde(default)]
+    pub reread_seconds: f64,
+    #[serde(default)]
+    pub reread_positions: f64,
+    /// How much of the context's value the handed context keeps, in log perplexity of
+    /// the continuation: `(ln PPL none − ln PPL handed) / (ln PPL none − ln PPL true)`.
+    /// Below zero the handed context is worse than none; `None` when the true context
+    /// is worth nothing on these windows (no share of it can be given).
+    #[serde(default)]
+    pub context_value_recovered: Option<f64>,
 }
 
 fn add(acc: &mut Vec<f64>, v: &[f64]) {
@@ -93,6 +112,30 @@ pub fn eval_text(
     windows: &[Vec<u32>],
     opts: &TextEvalOptions,
 ) -> Result<TextEval, EvalError> {
+    let models = RereadModels {
+        source: src,
+        target: tgt,
+        mapper,
+        reverse: None,
+    };
+    eval_text_with(models, windows, opts)
+}
+
+/// [`eval_text`] with the other direction's mapper at hand, for a re-read that ranks by
+/// the round trip.
+pub fn eval_text_with(
+    models: RereadModels<'_>,
+    windows: &[Vec<u32>],
+    opts: &TextEvalOptions,
+) -> Result<TextEval, EvalError> {
+    let (src, tgt, mapper) = (models.source, models.target, models.mapper);
+    if opts.reread.is_some() && opts.tail == 0 {
+        return Err(EvalError::Input(
+            "a re-read in text windows chooses with the newest tokens as the message the \
+             target reads itself: give it a tail (--tail 32, say)"
+                .into(),
+        ));
+    }
     let (p, c) = (opts.prefix, opts.continuation);
     let mut out = TextEval {
         prefix: p,
@@ -103,6 +146,7 @@ pub fn eval_text(
         src,
         tgt,
         mapper,
+        models,
         opts,
         l_t: tgt.config().n_layer,
         prefix_probes: probe_positions(p, opts.probes),
@@ -126,6 +170,7 @@ struct TextEvalRun<'a> {
     src: &'a Model,
     tgt: &'a Model,
     mapper: &'a CacheMapper,
+    models: RereadModels<'a>,
     opts: &'a TextEvalOptions,
     /// The target's layer count.
     l_t: usize,
@@ -188,12 +233,13 @@ impl TextEvalRun<'_> {
                 probe_positions: self.prefix_probes.clone(),
             },
         )?;
-        out.reprefill_seconds += t0.elapsed().as_secs_f64();
+        let reprefill_s = t0.elapsed().as_secs_f64();
+        out.reprefill_seconds += reprefill_s;
         let t1 = Instant::now();
         let plan = HandoffPlan::new(self.opts.prefix)
             .anchor(self.opts.anchor)
             .tail(self.opts.tail);
-        let (mapped, _) = plan.build_new(&HandoffInputs {
+        let (mut mapped, _) = plan.build_new(&HandoffInputs {
             source: src,
             source_cache: &src_cache,
             target: tgt,
@@ -201,6 +247,18 @@ impl TextEvalRun<'_> {
             tokens: prefix,
             exact: None,
         })?;
+        if let Some(setting) = &self.opts.reread {
+            let turn = RereadTurn {
+                history: plan.tail_start(),
+                plan,
+                source_cache: &src_cache,
+                tokens: prefix,
+                ms_per_position: Some(reprefill_s * 1e3 / prefix.len().max(1) as f64),
+            };
+            let done = self.models.reread(setting, turn, &mut mapped)?;
+            out.reread_seconds += done.ms / 1e3;
+            out.reread_positions += done.positions as f64;
+        }
         out.map_seconds += t1.elapsed().as_secs_f64();
         Ok(PrefixCaches {
             truth: true_cache,
@@ -320,4 +378,11 @@ fn average(out: &mut TextEval, scores_acc: &ContinuationScores) {
     };
     out.map_seconds /= n;
     out.reprefill_seconds /= n;
+    out.reread_seconds /= n;
+    out.reread_positions /= n;
+    let s = &out.scores;
+    let worth = s.ppl_no_prefix.ln() - s.ppl_true.ln();
+    out.context_value_recovered = (worth > 0.0 && worth.is_finite())
+        .then(|| (s.ppl_no_prefix.ln() - s.ppl_mapped.ln()) / worth)
+        .filter(|v| v.is_finite());
 }

@@ -4,8 +4,9 @@
 //! the same re-prefill.
 
 use super::{Oracle, RecallOptions};
+use crate::eval::reread::{RereadModels, RereadTurn};
 use crate::eval::EvalError;
-use crate::handoff::reread::{choose, RereadSetting, SelectInputs};
+use crate::handoff::reread::RereadSetting;
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
 use crate::model::{KvCache, LayerKv, Model, ModelError};
@@ -137,26 +138,28 @@ pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handove
             reread_positions: 0,
         });
     };
-    let started = Instant::now();
-    let select = SelectInputs {
+    let models = RereadModels {
         source: t.src,
-        source_cache: t.src_cache,
         target: t.tgt,
-        handed: &cache,
         mapper: t.mapper,
         reverse: t.reverse,
-        tokens: t.prompt,
-        history: t.history,
     };
-    let choice = choose(&setting, &select, plan.mapped(), Some(t.ms_per_position))
-        .map_err(|e| EvalError::Input(e.to_string()))?;
-    let plan = plan.rereading(choice.runs);
-    plan.reread_in(t.tgt, history, &mut cache)?;
+    let done = models.reread(
+        &setting,
+        RereadTurn {
+            plan,
+            source_cache: t.src_cache,
+            tokens: t.prompt,
+            history: t.history,
+            ms_per_position: Some(t.ms_per_position),
+        },
+        &mut cache,
+    )?;
     Ok(Handover {
         cache,
         map_ms,
-        reread_ms: started.elapsed().as_secs_f64() * 1e3,
-        reread_positions: plan.reread_count(),
+        reread_ms: done.ms,
+        reread_positions: done.positions,
     })
 }
 
