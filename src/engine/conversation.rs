@@ -20,7 +20,8 @@ impl Conversation {
     }
 
     /// Add a user message and the opening of the assistant's reply; returns how many ids
-    /// were appended.
+    /// were appended. The message is kept in the tokenizer's normal form (see
+    /// [`TextTokenizer::normalize`]), as are the messages before it.
     pub fn push_user(
         &mut self,
         template: &ChatTemplate,
@@ -28,7 +29,10 @@ impl Conversation {
         text: &str,
     ) -> Result<usize, ChatTemplateError> {
         let mut messages = self.messages.clone();
-        messages.push(ChatMessage::user(text));
+        for m in messages.iter_mut() {
+            m.content = tok.normalize(&m.content)?;
+        }
+        messages.push(ChatMessage::user(tok.normalize(text)?));
         let ids = template.incremental_ids(tok, &self.history, &messages, true)?;
         self.messages = messages;
         self.history.extend_from_slice(&ids);

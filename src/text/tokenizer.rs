@@ -148,6 +148,20 @@ impl TextTokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// `text` in the form the tokenizer reads it (NFC for Qwen's): a conversation keeps
+    /// its messages in this form, so that a message rendered again is the text its ids
+    /// decode to, whatever form of an accent the user typed.
+    pub fn normalize(&self, text: &str) -> Result<String, TokenizerError> {
+        use tokenizers::{NormalizedString, Normalizer};
+        let Some(n) = self.inner.tokenizer.get_normalizer() else {
+            return Ok(text.to_string());
+        };
+        let mut s = NormalizedString::from(text);
+        n.normalize(&mut s)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(s.get().to_string())
+    }
+
     /// Decode ids to text, skipping nothing (special tokens are written out).
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.inner.vocab_size) {
@@ -365,6 +379,23 @@ mod tests {
             tok.decode(&tok.encode(decomposed).unwrap()).unwrap(),
             "\u{e9}"
         );
+    }
+
+    #[test]
+    fn normalize_gives_the_form_the_ids_decode_to() {
+        let tok = tokenizer();
+        for s in [
+            "cafe\u{301} n\u{303}",
+            "café ñ",
+            "👨‍👩‍👧 🦀",
+            "שלום עולם",
+            "e\u{301}\u{301}x",
+        ] {
+            let n = tok.normalize(s).unwrap();
+            assert_eq!(tok.decode(&tok.encode(s).unwrap()).unwrap(), n, "{s:?}");
+            assert_eq!(tok.normalize(&n).unwrap(), n, "idempotent on {s:?}");
+        }
+        assert_eq!(tok.normalize("cafe\u{301}").unwrap(), "caf\u{e9}");
     }
 
     #[test]

@@ -62,7 +62,11 @@ pub fn opts() -> CalibrateOptions {
 /// Chat models a and b under `dir`, their mappers both ways in `dir/mappers`, with the
 /// calibration's statistics when `keep_stats`.
 pub fn write_pair(dir: &Path, keep_stats: bool) {
-    let t = tiny();
+    write_pair_of(&tiny(), dir, keep_stats)
+}
+
+/// [`write_pair`] for chat models shaped as `t` says, calibrated on the same text.
+pub fn write_pair_of(t: &Tiny, dir: &Path, keep_stats: bool) {
     t.write_chat_model(&dir.join("a"), 5);
     t.write_chat_model(&dir.join("b"), 6);
     let (a, b) = models(dir);

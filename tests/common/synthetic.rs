@@ -20,6 +20,10 @@ pub struct Tiny {
     pub vocab: usize,
     pub theta: f64,
     pub context: usize,
+    /// Words a chat model's tokenizer knows besides `w0` …: accented, emoji, right-to-left
+    /// ones, in the normal form (NFC) its tokenizer reads them in. They take ids from
+    /// the end of the vocabulary, before the role words.
+    pub chat_words: &'static [&'static str],
 }
 
 impl Tiny {
@@ -35,6 +39,7 @@ impl Tiny {
             vocab: 128,
             theta: 10_000.0,
             context: 256,
+            chat_words: &[],
         }
     }
 
@@ -327,9 +332,13 @@ impl Tiny {
         );
         candle_core::safetensors::save(&w, dir.join("model.safetensors")).unwrap();
         let words = self.vocab - CHAT_RESERVED;
-        let mut vocab: serde_json::Map<String, serde_json::Value> = (0..words)
+        let known = words - self.chat_words.len();
+        let mut vocab: serde_json::Map<String, serde_json::Value> = (0..known)
             .map(|i| (format!("w{i}"), serde_json::json!(i)))
             .collect();
+        for (i, word) in self.chat_words.iter().enumerate() {
+            vocab.insert(word.to_string(), serde_json::json!(known + i));
+        }
         for (i, word) in ["user", "assistant", "system", "<|im_start|>", "<|im_end|>"]
             .iter()
             .enumerate()
@@ -345,7 +354,8 @@ impl Tiny {
             "truncation": null,
             "padding": null,
             "added_tokens": [special(self.vocab - 2, "<|im_start|>"), special(self.vocab - 1, "<|im_end|>")],
-            "normalizer": null,
+            // NFC, as Qwen's tokenizer normalises (a no-op on the w-words).
+            "normalizer": {"type": "NFC"},
             "pre_tokenizer": {"type": "WhitespaceSplit"},
             "post_processor": null,
             "decoder": null,
@@ -361,7 +371,7 @@ impl Tiny {
 
     /// A message of `words` words a chat model's tokenizer knows.
     pub fn chat_text(&self, words: usize, seed: u64) -> String {
-        let known = (self.vocab - CHAT_RESERVED) as u64;
+        let known = (self.vocab - CHAT_RESERVED - self.chat_words.len()) as u64;
         let mut x = seed | 1;
         (0..words)
             .map(|_| {
