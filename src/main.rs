@@ -15,8 +15,9 @@ fn main() {
     let cli = cli::Cli::parse();
     let _log = baton::logging::init_file_logging(&baton::logging::default_log_dir()).ok();
     if let Err(e) = cli::run(cli) {
-        tracing::error!("{e:#}");
-        eprintln!("error: {e:#}");
+        let line = cli::error_line(&e);
+        tracing::error!("{line}");
+        eprintln!("error: {line}");
         std::process::exit(1);
     }
 }

@@ -334,3 +334,55 @@ fn info_says_whether_the_digest_was_hashed_now_or_trusted_from_its_stamp() {
         .unwrap();
     assert_eq!(check().0, "hashed_now");
 }
+
+#[test]
+fn a_mapper_dir_that_is_a_file_is_refused_before_any_work_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("afile");
+    std::fs::write(&file, "not a directory").unwrap();
+    let f = file.to_str().unwrap();
+    for args in [
+        &["calibrate", "--mapper-dir", f][..],
+        &["run", "--script", "none.toml", "--mapper-dir", f],
+        &["eval", "--mapper-dir", f],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("is a file, not a directory") && err.contains("afile"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("baton calibrate"), "the wrong fix: {err}");
+    }
+}
+
+#[test]
+fn a_vocabulary_larger_than_the_embedding_is_refused_at_load() {
+    use common::synthetic::Tiny;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tiny.gguf");
+    let tiny = Tiny::new("llama");
+    tiny.write_gguf(&p, 1);
+    // The metadata's vocabulary size, a u32 after its key and its type, made 8 larger
+    // than the 128 embedding rows.
+    let mut bytes = std::fs::read(&p).unwrap();
+    let key = b"llama.vocab_size";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the key is in the file")
+        + key.len()
+        + 4;
+    assert_eq!(bytes[at..at + 4], 128u32.to_le_bytes());
+    bytes[at..at + 4].copy_from_slice(&136u32.to_le_bytes());
+    std::fs::write(&p, &bytes).unwrap();
+    let e = load_err(&p).to_string();
+    assert!(e.contains("136 tokens") && e.contains("128 rows"), "{e}");
+    // As written (a vocabulary the embedding covers), it loads.
+    tiny.write_gguf(&p, 1);
+    load_decoder(&p, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)).unwrap();
+}

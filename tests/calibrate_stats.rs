@@ -149,12 +149,28 @@ fn a_refit_from_saved_statistics_alone_gives_the_maps_they_were_fitted_to() {
     let at = saved_stats::stats_dir_in(store.path(), &sr, &tr);
     saved_stats::save(&first.stats[0], &at).unwrap();
     let loaded = saved_stats::load(&at, Direction::Forward, &sr, &tr).unwrap();
-    let again = run(&a, &b, &docs, &opts(0, 0), vec![(at, loaded)]).unwrap();
+    let again = run(&a, &b, &docs, &opts(0, 0), vec![(at.clone(), loaded)]).unwrap();
     let (x, y) = (&first.fitted[0], &again.fitted[0]);
     assert_eq!(x.report.observations, y.report.observations);
     assert_eq!(y.report.sequences, 3);
     let d = relative_difference(x, y);
     assert!(d < 1e-6, "refit differs by {d}");
+    // A NaN in the saved statistics is refused with the tensor's name, not solved into
+    // maps that are NaN everywhere.
+    common::poison_tensor(
+        &at.join("keys.safetensors"),
+        "mean_x",
+        2,
+        &f64::NAN.to_le_bytes(),
+    );
+    let e = saved_stats::load(&at, Direction::Forward, &sr, &tr)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("`mean_x`") && e.contains("not a finite number"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -421,6 +421,26 @@ fn artifact_round_trips_and_refuses_other_models() {
     let err = back.check(&sr, &t2).unwrap_err().to_string();
     assert!(err.contains("different tokenizers"), "{err}");
     assert!(!err.contains("baton calibrate"), "{err}");
+    // Numbers that are not numbers: refused with the tensor's name, never applied.
+    for (name, bad) in [
+        ("keys.1.weight", f32::NAN),
+        ("values.0.bias", f32::INFINITY),
+        ("source.key_std", f32::NAN),
+    ] {
+        let poisoned = dir.path().join("poisoned.safetensors");
+        std::fs::copy(&path, &poisoned).unwrap();
+        common::poison_tensor(&poisoned, name, 3, &bad.to_le_bytes());
+        let e = artifact::load(&poisoned)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.contains(&format!("`{name}`")) && e.contains("not a finite number"),
+            "{e}"
+        );
+        assert!(e.contains("baton calibrate"), "{e}");
+        std::fs::remove_file(&poisoned).unwrap();
+    }
     // A file that is not an artifact.
     let junk = dir.path().join("junk.safetensors");
     std::fs::write(&junk, b"not safetensors").unwrap();

@@ -169,6 +169,27 @@ impl CalibrateArgs {
     }
 }
 
+/// Where the artifacts go can take them: checked before any work, so that a calibration
+/// of a quarter of an hour is never lost to a path it cannot write.
+fn check_writable(dir: &std::path::Path) -> Result<()> {
+    let fix = "name a writable directory with --mapper-dir";
+    std::fs::create_dir_all(dir).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot make the mappers directory {}: {e}; {fix}",
+            dir.display()
+        )
+    })?;
+    let probe = dir.join(format!(".baton-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| {
+        anyhow::anyhow!(
+            "cannot write in the mappers directory {}: {e}; {fix}",
+            dir.display()
+        )
+    })?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     let cancel = Arc::new(AtomicBool::new(false));
     let c = cancel.clone();
@@ -177,11 +198,12 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     let opts = a.options();
     // Before the corpus and the models: a mistaken option should not cost their loading.
     opts.validate_with_prior(a.merge_stats.is_some())?;
+    let dir = baton::engine::load::mapper_dir(&a.pair.mappers.mapper_dir);
+    check_writable(&dir)?;
     let files = corpus::files_or_default(&a.corpus)?;
     let docs = corpus::read_documents(&files)?;
     let (src, tgt) = a.pair.open(dev)?;
     let directions = a.direction.calibrated();
-    let dir = baton::engine::load::mapper_dir(&a.pair.mappers.mapper_dir);
     let prior = match &a.merge_stats {
         Some(dirs) if dirs.is_empty() => {
             saved_prior(std::slice::from_ref(&dir), &directions, [&src, &tgt])?

@@ -66,8 +66,21 @@ pub struct MapperDirArgs {
     /// Mappers directory to use instead of the cache dir's mappers/ (where `calibrate`
     /// writes the artifacts and the other commands read them), e.g. for a mapper fitted
     /// on a special corpus, kept apart from the default one.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_mapper_dir)]
     pub mapper_dir: Option<PathBuf>,
+}
+
+/// A mappers directory: one that exists, or a path where one can be made. Checked when
+/// the flags are read, so that a file named by mistake costs no calibration and gets
+/// no advice to calibrate.
+fn parse_mapper_dir(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    match std::fs::metadata(&p) {
+        Ok(m) if !m.is_dir() => Err(format!(
+            "{s} is a file, not a directory: name a directory for the mappers (it is made if missing)"
+        )),
+        _ => Ok(p),
+    }
 }
 
 /// The two models a command works on, and where their mappers are.

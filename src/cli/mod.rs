@@ -5,6 +5,7 @@ mod bench;
 mod bench_model;
 mod calibrate;
 mod common;
+mod error_line;
 mod eval;
 mod fetch;
 mod gate_study;
@@ -82,6 +83,8 @@ pub enum Command {
 }
 
 /// Carry out the command line.
+pub use error_line::error_line;
+
 pub fn run(cli: Cli) -> Result<()> {
     let dev = cli.device.open()?;
     match cli.command {

@@ -406,10 +406,19 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
         if t.dtype() != Dtype::F32 {
             return Err(bad(format!("{name} is {:?}, not F32", t.dtype())));
         }
-        Ok(t.data()
+        let v: Vec<f32> = t
+            .data()
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+            .collect();
+        // A map with NaN or Inf in it maps every cache to garbage without a word.
+        if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(bad(format!(
+                "tensor `{name}` holds {x} at index {i}, not a finite number: the file is \
+                 damaged; delete it and run `baton calibrate` again"
+            )));
+        }
+        Ok(v)
     };
     let names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
     let has = |n: &str| names.iter().any(|x| x == n);

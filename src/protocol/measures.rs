@@ -77,14 +77,28 @@ pub struct SwitchMetrics {
 }
 
 impl SwitchMetrics {
-    /// Mean attention cosine over the layers that have a finite value.
+    /// Mean attention cosine over the layers; `None` when a layer's could not be computed
+    /// (NaN or infinite): a mean that skipped it would look better than the cache is.
     pub fn cosine_mean(&self) -> Option<f64> {
-        finite_mean(self.attention_cosine.iter().copied())
+        self.all_finite()
+            .then(|| finite_mean(self.attention_cosine.iter().copied()))
+            .flatten()
     }
 
-    /// The worst layer's attention cosine.
+    /// The worst layer's attention cosine; `None` when a layer's could not be computed.
     pub fn cosine_min(&self) -> Option<f64> {
-        finite(&self.attention_cosine).reduce(f64::min)
+        self.all_finite()
+            .then(|| self.attention_cosine.iter().copied().reduce(f64::min))
+            .flatten()
+    }
+
+    /// The first layer whose attention cosine could not be computed.
+    pub fn first_uncomputed_layer(&self) -> Option<usize> {
+        self.attention_cosine.iter().position(|v| !v.is_finite())
+    }
+
+    fn all_finite(&self) -> bool {
+        self.first_uncomputed_layer().is_none()
     }
 }
 
@@ -97,10 +111,6 @@ pub fn finite_mean(values: impl IntoIterator<Item = f64>) -> Option<f64> {
         .filter(|v| v.is_finite())
         .fold((0usize, 0.0), |(n, s), v| (n + 1, s + v));
     (n > 0).then(|| sum / n as f64)
-}
-
-fn finite(values: &[f64]) -> impl Iterator<Item = f64> + '_ {
-    values.iter().copied().filter(|v| v.is_finite())
 }
 
 /// The gate's choice at a switch: map when the fidelity estimate clears the threshold,

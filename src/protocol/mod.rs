@@ -303,8 +303,16 @@ mod tests {
         assert_eq!(back.attention_cosine[1], 0.5);
         assert_eq!(back.top1_agreement, None);
         assert_eq!(back.kl, None);
-        assert_eq!(back.cosine_mean(), Some(0.5));
-        assert_eq!(back.cosine_min(), Some(0.5));
+        // A layer that could not be measured is not averaged away.
+        assert_eq!(back.cosine_mean(), None);
+        assert_eq!(back.cosine_min(), None);
+        assert_eq!(back.first_uncomputed_layer(), Some(0));
+        let finite = SwitchMetrics {
+            attention_cosine: vec![0.25, 0.5],
+            ..back
+        };
+        assert_eq!(finite.cosine_mean(), Some(0.375));
+        assert_eq!(finite.cosine_min(), Some(0.25));
     }
 
     #[test]

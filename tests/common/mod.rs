@@ -51,3 +51,19 @@ pub fn skipped(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
+
+/// Overwrite element `index` of tensor `name` in the safetensors file at `path` with
+/// `bytes` (one element's little-endian bytes): a file damaged where no checksum of the
+/// format looks.
+pub fn poison_tensor(path: &std::path::Path, name: &str, index: usize, bytes: &[u8]) {
+    let mut file = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&file[8..8 + n]).unwrap();
+    let start = header[name]["data_offsets"][0]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no tensor {name} in {}", path.display()))
+        as usize;
+    let at = 8 + n + start + index * bytes.len();
+    file[at..at + bytes.len()].copy_from_slice(bytes);
+    std::fs::write(path, file).unwrap();
+}

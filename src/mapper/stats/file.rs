@@ -156,7 +156,16 @@ fn read_tensors(st: &SafeTensors<'_>, out: &mut PairStats, path: &Path) -> Resul
         for (k, b) in t.data().chunks_exact(8).enumerate() {
             let mut a = [0u8; 8];
             a.copy_from_slice(b);
-            sink(k, f64::from_le_bytes(a));
+            let v = f64::from_le_bytes(a);
+            // Maps solved from these would be NaN everywhere.
+            if !v.is_finite() {
+                return Err(bad(format!(
+                    "tensor `{name}` holds {v} at index {k}, not a finite number: the \
+                     statistics are damaged; delete the file (`baton calibrate` saves them \
+                     again; what was learned starts again)"
+                )));
+            }
+            sink(k, v);
         }
         Ok(())
     };

@@ -87,6 +87,24 @@ fn maybe_convert(
     Ok(converted)
 }
 
+/// A vocabulary larger than the embedding would load and fail only when a token past the
+/// rows comes up, mid-answer. A smaller one is normal: embeddings are padded (Qwen's has
+/// 151,936 rows for 151,665 tokens).
+fn check_vocabulary(cfg: &ModelConfig, embedding: &[usize]) -> Result<()> {
+    let rows = embedding.first().copied().unwrap_or(0);
+    if cfg.vocab_size > rows {
+        return Err(ModelError::BadMetadata {
+            key: "vocabulary size".into(),
+            reason: format!(
+                "the metadata names {} tokens but the embedding has {rows} rows: the file is \
+                 inconsistent; fetch or convert it again",
+                cfg.vocab_size
+            ),
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn load_gguf(
     src: &mut GgufSource<'_>,
     cfg: &ModelConfig,
@@ -102,6 +120,7 @@ pub(crate) fn load_gguf(
         report: ConversionReport::default(),
     };
     let embed_q = Arc::new(load.src.qtensor("token_embd.weight", device)?);
+    check_vocabulary(cfg, embed_q.shape().dims())?;
     let output = load.output()?;
     let mut layers = Vec::with_capacity(cfg.n_layer);
     for i in 0..cfg.n_layer {
@@ -276,6 +295,7 @@ pub(crate) fn load_safetensors(
         });
     }
     let embed = get("model.embed_tokens.weight")?;
+    check_vocabulary(cfg, embed.dims())?;
     let output = if vb.contains_tensor("lm_head.weight") {
         linear("lm_head", false)?
     } else {

@@ -231,6 +231,14 @@ fn summary(s: &Series, compact: bool) -> String {
         Better::Higher => "min",
         Better::Lower => "max",
     };
+    if let Some(layer) = s.values.iter().position(|v| !v.is_finite()) {
+        // A mean without that layer would look better than the cache is.
+        return if compact {
+            format!("layer {layer} not computed")
+        } else {
+            format!("mean n/a · layer {layer} could not be computed")
+        };
+    }
     match (finite_mean(s.values.iter().copied()), worst(s)) {
         (Some(mean), Some((_, w))) if compact => format!("mean {mean:.3} · {word} {w:.3}"),
         (Some(mean), Some((layer, w))) => {

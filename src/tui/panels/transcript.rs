@@ -232,6 +232,9 @@ fn switch_line(s: &SwitchRecord) -> String {
         (None, Some(p)) => text.push_str(&format!(" · predicted cosine {p:.3}")),
         (None, None) => {}
     }
+    if let Some(layer) = s.metrics.as_ref().and_then(|m| m.first_uncomputed_layer()) {
+        text.push_str(&format!(" · cosine not computed (layer {layer})"));
+    }
     if let Some(g) = s.gate {
         if g.used == CacheOrigin::Reprefilled {
             text.push_str(&format!(
