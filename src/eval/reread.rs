@@ -41,6 +41,10 @@ pub struct RereadTurn<'a> {
     pub history: usize,
     /// The target's prefill speed, which a time budget is spent at.
     pub ms_per_position: Option<f64>,
+    /// The cache holds `plan`'s tail mapped (built without it), so the tail is re-read
+    /// with the chosen spans in one pass; otherwise it was read over the middle as mapped
+    /// and is read again over the re-read middle.
+    pub tail_mapped: bool,
 }
 
 impl RereadModels<'_> {
@@ -76,11 +80,27 @@ impl RereadModels<'_> {
         let candidates = candidates.start..candidates.end.min(turn.history);
         let choice = choose(setting, &select, candidates, turn.ms_per_position)
             .map_err(|e| EvalError::Input(e.to_string()))?;
-        let plan = turn.plan.rereading(choice.runs);
+        let tail = if turn.tail_mapped {
+            turn.plan.read().len()
+        } else {
+            0
+        };
+        let plan = if turn.tail_mapped {
+            let read = turn.plan.read();
+            let mut runs = choice.runs;
+            runs.retain(|r| r.end <= read.start);
+            runs.push(read);
+            // The tail is part of the middle now: one pass re-reads it with the spans.
+            HandoffPlan::new(turn.plan.len())
+                .anchor(turn.plan.own().end)
+                .rereading(runs)
+        } else {
+            turn.plan.rereading(choice.runs)
+        };
         let tokens = &turn.tokens[..plan.len()];
         plan.reread_in(self.target, tokens, cache)?;
         Ok(RereadDone {
-            positions: plan.reread_count(),
+            positions: plan.reread_count() - tail,
             ms: started.elapsed().as_secs_f64() * 1e3,
         })
     }

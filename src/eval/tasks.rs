@@ -208,6 +208,9 @@ fn prepare(
                 history: map_end,
                 ms_per_position: (!suffix.is_empty())
                     .then(|| reprefill_seconds * 1e3 / suffix.len() as f64),
+                // The question is past the source's cache, so it cannot be mapped: it
+                // was read over the mapped middle and is read again.
+                tail_mapped: false,
             },
             &mut mapped,
         )?,

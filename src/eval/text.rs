@@ -239,7 +239,13 @@ impl TextEvalRun<'_> {
         let plan = HandoffPlan::new(self.opts.prefix)
             .anchor(self.opts.anchor)
             .tail(self.opts.tail);
-        let (mut mapped, _) = plan.build_new(&HandoffInputs {
+        // With a re-read to follow, the tail is mapped here and re-read with the chosen
+        // spans, in one pass instead of two.
+        let built = match self.opts.reread {
+            Some(_) => HandoffPlan::new(self.opts.prefix).anchor(self.opts.anchor),
+            None => plan.clone(),
+        };
+        let (mut mapped, _) = built.build_new(&HandoffInputs {
             source: src,
             source_cache: &src_cache,
             target: tgt,
@@ -254,6 +260,7 @@ impl TextEvalRun<'_> {
                 source_cache: &src_cache,
                 tokens: prefix,
                 ms_per_position: Some(reprefill_s * 1e3 / prefix.len().max(1) as f64),
+                tail_mapped: true,
             };
             let done = self.models.reread(setting, turn, &mut mapped)?;
             out.reread_seconds += done.ms / 1e3;

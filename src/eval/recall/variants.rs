@@ -107,13 +107,20 @@ pub struct TurnInputs<'a> {
 }
 
 /// Hand the history over as `variant` says: map it (with the anchor and tail), then,
-/// with a re-read, choose the spans with the question known and re-read them.
+/// with a re-read, choose the spans with the question known and re-read them (the tail
+/// with them).
 pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handover, EvalError> {
     let history = &t.prompt[..t.history];
     let started = Instant::now();
     let plan = HandoffPlan::new(t.history)
         .anchor(t.anchor)
         .tail(variant.tail);
+    // With a re-read to follow, the tail is mapped here and re-read with the chosen
+    // spans, in one pass instead of two.
+    let built = match variant.reread {
+        Some(_) => HandoffPlan::new(t.history).anchor(t.anchor),
+        None => plan.clone(),
+    };
     let inputs = HandoffInputs {
         source: t.src,
         source_cache: t.src_cache,
@@ -128,7 +135,7 @@ pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handove
         None => Ok(()),
         Some(oracle) => swap_in_own(oracle, t.reference, layers, range),
     };
-    plan.build_edited(&inputs, &mut cache, Some(&mut swap))?;
+    built.build_edited(&inputs, &mut cache, Some(&mut swap))?;
     let map_ms = started.elapsed().as_secs_f64() * 1e3;
     let Some(setting) = variant.reread else {
         return Ok(Handover {
@@ -152,6 +159,7 @@ pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handove
             tokens: t.prompt,
             history: t.history,
             ms_per_position: Some(t.ms_per_position),
+            tail_mapped: true,
         },
         &mut cache,
     )?;
