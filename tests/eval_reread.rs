@@ -93,6 +93,19 @@ fn a_text_window_whose_middle_is_re_read_whole_is_the_targets_own_reading() {
     // the share is of), never more.
     let part = eval(8, Some("0.25:source-attention:token"));
     assert_eq!(part.reread_positions, 8.0, "25% of 32 history positions");
+
+    // The tail alone: measured on the same windows whatever the handoff, and a tail of
+    // the whole prefix alone is the target's own reading of it.
+    assert!(tail_only.ppl_tail_alone.is_some());
+    assert_eq!(tail_only.ppl_tail_alone, whole.ppl_tail_alone);
+    let all = eval(40, None);
+    let (alone, truth) = (all.ppl_tail_alone.unwrap(), all.scores.ppl_true);
+    assert!((alone / truth - 1.0).abs() < 1e-4, "{alone} vs {truth}");
+    assert_eq!(
+        eval(0, None).ppl_tail_alone,
+        None,
+        "no tail, nothing to compare"
+    );
 }
 
 #[test]

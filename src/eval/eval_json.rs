@@ -98,7 +98,10 @@ pub fn text_line(direction: &str, k: usize, r: &TextEval) -> String {
         r.scores.ppl_true,
         r.scores.ppl_no_prefix,
         r.context_value_recovered
-            .map_or("n/a".to_string(), |v| format!("{:.0}%", v * 100.0)),
+            .map_or("n/a".to_string(), |v| format!("{:.0}%", v * 100.0))
+            + &r.tail_alone_value
+                .map(|v| format!("; the tail alone {:.0}%", v * 100.0))
+                .unwrap_or_default(),
         r.map_seconds * 1e3,
         if r.reread_positions > 0.0 {
             format!(

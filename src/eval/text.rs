@@ -74,6 +74,14 @@ pub struct TextEval {
     /// is worth nothing on these windows (no share of it can be given).
     #[serde(default)]
     pub context_value_recovered: Option<f64>,
+    /// With a tail: the continuation's perplexity after the tail alone (the target reading
+    /// only the prefix's last `tail` tokens), and the share of the context's value that
+    /// alone keeps, measured as `context_value_recovered` is. The handed context is worth
+    /// its map only where it keeps more than this.
+    #[serde(default)]
+    pub ppl_tail_alone: Option<f64>,
+    #[serde(default)]
+    pub tail_alone_value: Option<f64>,
 }
 
 fn add(acc: &mut Vec<f64>, v: &[f64]) {
@@ -207,7 +215,27 @@ impl TextEvalRun<'_> {
         let (prefix, cont) = (&w[..p], &w[p..p + c]);
         let mut caches = self.prefill(prefix, out)?;
         self.add_prefix_fidelity(&caches, out)?;
+        if self.opts.tail > 0 {
+            let tail = &prefix[p - self.opts.tail.min(p)..];
+            *out.ppl_tail_alone.get_or_insert(0.0) += self.tail_alone(tail, cont)?.ln();
+        }
         self.add_continuation(cont, &mut caches, out, scores_acc)
+    }
+
+    /// The continuation's perplexity after the tail alone, read by the target as the
+    /// start of a text: what the handed context adds beyond the part the target reads
+    /// itself is measured against this.
+    fn tail_alone(&self, tail: &[u32], cont: &[u32]) -> Result<f64, EvalError> {
+        let mut cache = self.tgt.decoder.new_cache();
+        self.tgt
+            .decoder
+            .forward(tail, &mut cache, &ForwardOptions::cache_only())?;
+        let (logits, _) = all_logits(self.tgt, cont, &mut cache, vec![])?;
+        let n = cont.len();
+        Ok(metrics::logits::perplexity(
+            &logits.narrow(0, 0, n - 1)?,
+            &cont[1..],
+        )?)
     }
 
     /// The source's and the target's prefill of the prefix, and the mapped cache; the
@@ -389,7 +417,12 @@ fn average(out: &mut TextEval, scores_acc: &ContinuationScores) {
     out.reread_positions /= n;
     let s = &out.scores;
     let worth = s.ppl_no_prefix.ln() - s.ppl_true.ln();
-    out.context_value_recovered = (worth > 0.0 && worth.is_finite())
-        .then(|| (s.ppl_no_prefix.ln() - s.ppl_mapped.ln()) / worth)
-        .filter(|v| v.is_finite());
+    let kept = |ppl: f64| {
+        (worth > 0.0 && worth.is_finite())
+            .then(|| (s.ppl_no_prefix.ln() - ppl.ln()) / worth)
+            .filter(|v| v.is_finite())
+    };
+    out.context_value_recovered = kept(s.ppl_mapped);
+    out.ppl_tail_alone = out.ppl_tail_alone.map(|sum| (sum / n).exp());
+    out.tail_alone_value = out.ppl_tail_alone.and_then(kept);
 }
