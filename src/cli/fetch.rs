@@ -68,7 +68,12 @@ fn verify(a: FetchArgs) -> Result<()> {
         }
     }
     if damaged > 0 {
-        eprintln!("{damaged} damaged entries were replaced");
+        let entries = if damaged == 1 {
+            "entry was"
+        } else {
+            "entries were"
+        };
+        eprintln!("{damaged} damaged {entries} replaced");
     }
     Ok(())
 }

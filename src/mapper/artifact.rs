@@ -32,13 +32,30 @@ pub enum ArtifactError {
     /// No mapper can join these two: calibrating them would be refused too.
     #[error("{source_name} and {target} use different tokenizers, so no mapper can hand a cache from one to the other (the token ids differ): pick two models of the same family")]
     TokenizersDiffer { source_name: String, target: String },
-    #[error("no mapper from {source_name} to {target}: run `baton calibrate --source {source_name} --target {target}` first")]
-    Missing { source_name: String, target: String },
+    #[error("no mapper from {source_name} to {target}{}: run `baton calibrate --source {source_name} --target {target}{}` first", in_dir(dir), dir_flag(dir))]
+    Missing {
+        source_name: String,
+        target: String,
+        /// The mappers directory the user named, which the fix must name too.
+        dir: Option<PathBuf>,
+    },
     #[error("mapper {path} does not fit the models: {source}")]
     Apply {
         path: PathBuf,
         source: Box<crate::model::ModelError>,
     },
+}
+
+fn in_dir(dir: &Option<PathBuf>) -> String {
+    dir.as_ref()
+        .map(|d| format!(" in {}", d.display()))
+        .unwrap_or_default()
+}
+
+fn dir_flag(dir: &Option<PathBuf>) -> String {
+    dir.as_ref()
+        .map(|d| format!(" --mapper-dir {}", d.display()))
+        .unwrap_or_default()
 }
 
 /// The mapper from `s` to `t` in `dir` (the cache dir's mappers/ when `None`): found,
@@ -72,6 +89,7 @@ pub fn find_for(
         return Err(ArtifactError::Missing {
             source_name: s.identity.name.clone(),
             target: t.identity.name.clone(),
+            dir: dir.map(Path::to_path_buf),
         });
     }
     let art = load(&path)?;
@@ -542,6 +560,24 @@ pub fn list(root: &Path) -> Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_mapper_names_the_mappers_directory_in_its_fix() {
+        let missing = |dir: Option<&str>| {
+            ArtifactError::Missing {
+                source_name: "a".into(),
+                target: "b".into(),
+                dir: dir.map(PathBuf::from),
+            }
+            .to_string()
+        };
+        let e = missing(Some("special"));
+        assert!(
+            e.contains("in special") && e.contains("--target b --mapper-dir special`"),
+            "{e}"
+        );
+        assert!(!missing(None).contains("--mapper-dir"));
+    }
 
     #[test]
     fn a_cut_short_artifact_is_called_corrupt_and_the_fix_named() {

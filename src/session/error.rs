@@ -7,6 +7,8 @@ use std::path::PathBuf;
 pub enum SessionError {
     #[error("{} already exists: a session file is never overwritten; pick another file name or move the old file away", path.display())]
     Exists { path: PathBuf },
+    #[error("{} is a directory: name a session file to record to, e.g. {}", path.display(), path.join("session.jsonl").display())]
+    IsADirectory { path: PathBuf },
     #[error("cannot record to {}: {} is a file, not a directory; pick a path inside a directory", path.display(), blocker.display())]
     NotADirectory { path: PathBuf, blocker: PathBuf },
     #[error("cannot create the session file {}: {source}", path.display())]

@@ -36,6 +36,7 @@ impl SessionWriter {
             .create_new(true)
             .open(&path)
             .map_err(|source| match source.kind() {
+                _ if path.is_dir() => SessionError::IsADirectory { path: path.clone() },
                 ErrorKind::AlreadyExists => SessionError::Exists { path: path.clone() },
                 _ => SessionError::Create {
                     path: path.clone(),
@@ -97,6 +98,11 @@ impl SessionWriter {
 /// Whether a session could be recorded to `path`, checked before anything is loaded: no
 /// file where a directory of the path has to be, and no session there already.
 pub fn check_record_path(path: &Path) -> Result<(), SessionError> {
+    if path.is_dir() {
+        return Err(SessionError::IsADirectory {
+            path: path.to_path_buf(),
+        });
+    }
     if path.exists() {
         return Err(SessionError::Exists {
             path: path.to_path_buf(),
@@ -167,5 +173,9 @@ mod tests {
             Err(SessionError::Exists { .. })
         ));
         assert!(check_record_path(&dir.path().join("new/s.jsonl")).is_ok());
+        // A directory is no session to keep: the message says to name a file in it.
+        let e = check_record_path(dir.path()).unwrap_err();
+        assert!(matches!(e, SessionError::IsADirectory { .. }), "{e}");
+        assert!(!e.to_string().contains("never overwritten"), "{e}");
     }
 }
