@@ -54,7 +54,7 @@ pub fn parse_session(bytes: &[u8], path: &Path) -> Result<Session, SessionError>
             continue;
         }
         match serde_json::from_slice::<RecordedEvent>(piece) {
-            Ok(e) => events.push(e),
+            Ok(e) => events.push((line, e)),
             Err(_) if i == last => {
                 warnings.push(format!(
                     "{}: line {line} is cut off (the session ended mid-write, e.g. in a crash); loaded the {} events before it",
@@ -77,11 +77,53 @@ pub fn parse_session(bytes: &[u8], path: &Path) -> Result<Session, SessionError>
             },
         }
     }
+    let events = in_seq_order(events, path, &mut warnings);
     Ok(Session {
         header,
         events,
         warnings,
     })
+}
+
+/// The events in the order they were recorded (`seq`), whatever order the lines are in.
+/// A writer numbers its events one after another, so a line out of order, a number used
+/// twice or a line repeated means the file was edited or pieced together: each fault
+/// gets a warning, a repeated line is read once, and the rest go in `seq` order (stably,
+/// so two different events that share a number keep their file order).
+fn in_seq_order(
+    mut events: Vec<(usize, RecordedEvent)>,
+    path: &Path,
+    warnings: &mut Vec<String>,
+) -> Vec<RecordedEvent> {
+    let p = path.display();
+    for pair in events.windows(2) {
+        let ((_, a), (line, b)) = (&pair[0], &pair[1]);
+        if b.seq < a.seq {
+            warnings.push(format!(
+                "{p}: line {line} has seq {} after seq {}: the lines are out of order; read in seq order",
+                b.seq, a.seq
+            ));
+        }
+    }
+    events.sort_by_key(|(_, e)| e.seq);
+    let mut kept: Vec<(usize, RecordedEvent)> = Vec::with_capacity(events.len());
+    for (line, e) in events {
+        match kept.last() {
+            Some((first, k)) if k.seq == e.seq && *k == e => warnings.push(format!(
+                "{p}: line {line} repeats line {first} (seq {}): read once",
+                e.seq
+            )),
+            Some((first, k)) if k.seq == e.seq => {
+                warnings.push(format!(
+                    "{p}: lines {first} and {line} share seq {} with different events: both read, in file order",
+                    e.seq
+                ));
+                kept.push((line, e));
+            }
+            _ => kept.push((line, e)),
+        }
+    }
+    kept.into_iter().map(|(_, e)| e).collect()
 }
 
 fn parse_header(line: &[u8], cut_off: bool, path: &Path) -> Result<SessionHeader, SessionError> {
@@ -189,6 +231,42 @@ mod tests {
         assert_eq!(back.events, s.events);
         assert_eq!(back.warnings.len(), 1);
         assert!(back.warnings[0].contains("telepathy"));
+    }
+
+    #[test]
+    fn lines_out_of_order_or_repeated_are_read_in_seq_order_once_with_warnings() {
+        let s = fixtures::session();
+        assert!(s.events.len() >= 4);
+        let mut lines = lines_of(&s);
+        lines.swap(2, 3);
+        let dup = lines[4].clone();
+        lines.insert(5, dup);
+        let back = parse_session(&file(&lines, true), Path::new("s.jsonl")).unwrap();
+        assert_eq!(back.events, s.events, "seq order, the repeat read once");
+        assert_eq!(back.warnings.len(), 2, "{:?}", back.warnings);
+        assert!(
+            back.warnings[0].contains("out of order"),
+            "{:?}",
+            back.warnings
+        );
+        assert!(
+            back.warnings[1].contains("repeats line 5"),
+            "{:?}",
+            back.warnings
+        );
+
+        // Two different events under one number: both kept, in file order, with a word.
+        let mut lines = lines_of(&s);
+        let mut other: serde_json::Value = serde_json::from_str(&lines[3]).unwrap();
+        other["seq"] = serde_json::from_str::<serde_json::Value>(&lines[2]).unwrap()["seq"].clone();
+        lines[3] = other.to_string();
+        let back = parse_session(&file(&lines, true), Path::new("s.jsonl")).unwrap();
+        assert_eq!(back.events.len(), s.events.len());
+        assert!(
+            back.warnings.iter().any(|w| w.contains("share seq")),
+            "{:?}",
+            back.warnings
+        );
     }
 
     #[test]
