@@ -164,8 +164,7 @@ fn a_refit_from_saved_statistics_alone_gives_the_maps_they_were_fitted_to() {
         &f64::NAN.to_le_bytes(),
     );
     let e = saved_stats::load(&at, Direction::Forward, &sr, &tr)
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(
         e.contains("`mean_x`") && e.contains("not a finite number"),
@@ -264,4 +263,35 @@ fn matched_key_gains_are_chosen_per_layer_and_head_from_the_held_out_spread() {
     // Same fit, then the gains: the values are untouched and the keys stretched.
     assert_eq!(p.values[0].weight, m.values[0].weight);
     assert!(relative_difference(p, m) > 1e-3);
+}
+
+#[test]
+fn the_report_says_when_a_map_is_worse_than_no_context() {
+    let tiny = Tiny::new("llama");
+    let (_dir, a, b) = model_pair(&tiny, &tiny.weights(3), &tiny.weights(4));
+    let f = run(&a, &b, &docs(&tiny), &opts(3, 0), Vec::new()).unwrap();
+    let r = &f.fitted[0].report;
+    let none = r
+        .agreement_no_context
+        .expect("measured beside the map's own");
+    assert!(
+        none.kl.is_finite() && none.kl > 0.0 && none.positions > 0,
+        "{none:?}"
+    );
+    assert_eq!(none.positions, r.agreement.unwrap().positions);
+    // The verdict follows the two KLs, whichever side the map is on.
+    let mut v = serde_json::to_value(r).unwrap();
+    v["agreement"]["kl"] = serde_json::json!(none.kl * 2.0);
+    let worse: baton::calibrate::CalibrationReport = serde_json::from_value(v.clone()).unwrap();
+    assert_eq!(
+        worse.worse_than_no_context(),
+        Some((none.kl * 2.0, none.kl))
+    );
+    v["agreement"]["kl"] = serde_json::json!(none.kl / 2.0);
+    let better: baton::calibrate::CalibrationReport = serde_json::from_value(v.clone()).unwrap();
+    assert_eq!(better.worse_than_no_context(), None);
+    // A report from before the measure gives no verdict.
+    v.as_object_mut().unwrap().remove("agreement_no_context");
+    let old: baton::calibrate::CalibrationReport = serde_json::from_value(v).unwrap();
+    assert_eq!(old.worse_than_no_context(), None);
 }

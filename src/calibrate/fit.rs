@@ -107,6 +107,7 @@ pub(super) fn fit_direction(
         r2_v: sweep::layer_r2(&hv, &values)?,
         cosine: held.cosine,
         agreement: Some(held.agreement),
+        agreement_no_context: Some(scorer.no_context()),
         single_layer_r2_k: r2k,
         single_layer_r2_v: r2v,
         // The capture and the statistics are shared by the directions; the caller fills

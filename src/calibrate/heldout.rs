@@ -152,6 +152,9 @@ pub struct HeldOutScorer<'a> {
     /// stands in front of the mapped rest, as the workbench and eval hold it.
     anchor: usize,
     scales: &'a SourceScales,
+    /// The target continuing with no prefix at all against its own continuation: the
+    /// floor a map must beat to be worth handing over.
+    no_context: NextTokenAgreement,
 }
 
 impl<'a> HeldOutScorer<'a> {
@@ -170,7 +173,24 @@ impl<'a> HeldOutScorer<'a> {
                 let mut own = t.cache.try_clone_prefix(continuation_start(w.len()))?;
                 continuation_logits(tgt, &mut own, w)
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut no_context = AgreementSum::default();
+        for (w, truth) in held.windows.iter().zip(&true_logits) {
+            let mut empty = tgt.decoder.new_cache();
+            let start = continuation_start(w.len());
+            let out = tgt.decoder.forward(
+                &w[start..],
+                &mut empty,
+                &ForwardOptions {
+                    logits: Logits::All,
+                    probe_positions: vec![],
+                },
+            )?;
+            let logits = out
+                .logits
+                .ok_or_else(|| CalibrateError::Options("no logits for the continuation".into()))?;
+            no_context.add(&metrics::logits::agreement(truth, &logits)?);
+        }
         Ok(Self {
             src,
             tgt,
@@ -178,7 +198,13 @@ impl<'a> HeldOutScorer<'a> {
             true_logits,
             anchor,
             scales,
+            no_context: no_context.mean(),
         })
+    }
+
+    /// How the target continues the held-out windows with no context at all.
+    pub fn no_context(&self) -> NextTokenAgreement {
+        self.no_context
     }
 
     /// `mapper`'s image of one window's source cache, behind the anchor if there is one.

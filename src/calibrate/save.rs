@@ -29,8 +29,8 @@ pub fn corpus_info(files: &[PathBuf], docs: &[Document], opts: &CalibrateOptions
 /// Saves each of `fitted` (directions between `models`) into `dir`, under the name
 /// keyed by both checksums. `corpus` describes the calibration text; each artifact
 /// records its own direction's observation count.
-pub fn save_fitted(
-    fitted: &[Fitted],
+pub fn save_fitted<'a>(
+    fitted: impl IntoIterator<Item = &'a Fitted>,
     models: [&Model; 2],
     corpus: &CorpusInfo,
     dir: &Path,

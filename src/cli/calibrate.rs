@@ -108,6 +108,11 @@ pub struct CalibrateArgs {
     /// windows to them with --merge-stats instead of capturing again.
     #[arg(long)]
     pub no_save_stats: bool,
+    /// Make a mapper the default even when it is worse than no context on its own
+    /// held-out windows (by default such a mapper is kept apart, under poor/ in the
+    /// mappers directory, and the one in use stays).
+    #[arg(long)]
+    pub accept_poor: bool,
     /// Kept so that older command lines still run: statistics are saved by default.
     #[arg(long, hide = true, conflicts_with = "no_save_stats")]
     pub save_stats: bool,
@@ -226,13 +231,41 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     let done = cal::calibrate_with(&src, &tgt, &run, prior, &bars, &cancel)?;
     bars.finish(true);
     let corpus = cal::corpus_info(&files, &docs, &opts);
-    let saved = cal::save_fitted(&done.fitted, [&src, &tgt], &corpus, &dir)?;
+    let (poor, good): (Vec<&cal::Fitted>, Vec<&cal::Fitted>) = done
+        .fitted
+        .iter()
+        .partition(|f| !a.accept_poor && f.report.worse_than_no_context().is_some());
+    let saved = cal::save_fitted(good, [&src, &tgt], &corpus, &dir)?;
     for s in &saved {
         eprintln!("{} -> {}", s.meta.summary_line(), s.path.display());
     }
+    let apart = dir.join("poor");
+    for (f, s) in poor.iter().zip(cal::save_fitted(
+        poor.iter().copied(),
+        [&src, &tgt],
+        &corpus,
+        &apart,
+    )?) {
+        let (mapped, none) = f.report.worse_than_no_context().unwrap_or_default();
+        eprintln!(
+            "warning: the {} -> {} map is worse than no context on its own held-out windows \
+             (KL {mapped:.3} against {none:.3} with no context): too little text to fit it. \
+             It is kept at {}, not made the default; calibrate with more text (--sequences, \
+             --seq-len), or pass --accept-poor to make it the default anyway",
+            f.source.name,
+            f.target.name,
+            s.path.display()
+        );
+    }
     if !a.no_save_stats {
         for st in &done.stats {
-            let at = saved_stats::stats_dir_in(&dir, &st.meta.source, &st.meta.target);
+            // A poor map's statistics go beside it, so that the mapper in use keeps the
+            // statistics it was fitted from (learning adds to those).
+            let is_poor = poor.iter().any(|f| {
+                f.source.sha256 == st.meta.source.sha256 && f.target.sha256 == st.meta.target.sha256
+            });
+            let home = if is_poor { &apart } else { &dir };
+            let at = saved_stats::stats_dir_in(home, &st.meta.source, &st.meta.target);
             saved_stats::save(st, &at)?;
             eprintln!(
                 "statistics of {} -> {}: {} windows, {} observations -> {}",

@@ -142,6 +142,18 @@ pub fn calibrate_missing(
     let done =
         calibrate::calibrate_with(&models[0], &models[1], &run, Vec::new(), progress, cancel)?;
     let corpus = calibrate::corpus_info(&files, &docs, opts);
+    // The first run has no other mapper to keep: a poor one is used, and said so.
+    for f in &done.fitted {
+        if let Some((mapped, none)) = f.report.worse_than_no_context() {
+            tracing::warn!(
+                source = %f.source.name,
+                target = %f.target.name,
+                mapped_kl = mapped,
+                no_context_kl = none,
+                "the first run's map is worse than no context on its own held-out windows; `baton calibrate` fits a better one"
+            );
+        }
+    }
     calibrate::save_fitted(&done.fitted, [&models[0], &models[1]], &corpus, dir)?;
     // Kept as `baton calibrate` keeps them: learning from conversations adds to them.
     for st in &done.stats {

@@ -415,14 +415,19 @@ fn average(out: &mut TextEval, scores_acc: &ContinuationScores) {
     out.reprefill_seconds /= n;
     out.reread_seconds /= n;
     out.reread_positions /= n;
-    let s = &out.scores;
-    let worth = s.ppl_no_prefix.ln() - s.ppl_true.ln();
-    let kept = |ppl: f64| {
-        (worth > 0.0 && worth.is_finite())
-            .then(|| (s.ppl_no_prefix.ln() - ppl.ln()) / worth)
-            .filter(|v| v.is_finite())
-    };
-    out.context_value_recovered = kept(s.ppl_mapped);
+    let (none, truth) = (out.scores.ppl_no_prefix, out.scores.ppl_true);
+    out.context_value_recovered = value_kept(none, truth, out.scores.ppl_mapped);
     out.ppl_tail_alone = out.ppl_tail_alone.map(|sum| (sum / n).exp());
-    out.tail_alone_value = out.ppl_tail_alone.and_then(kept);
+    out.tail_alone_value = out
+        .ppl_tail_alone
+        .and_then(|ppl| value_kept(none, truth, ppl));
+}
+
+/// The share of the context's value a context with perplexity `ppl` keeps, in log
+/// perplexity, between none (`none`) and the true context (`truth`).
+fn value_kept(none: f64, truth: f64, ppl: f64) -> Option<f64> {
+    let worth = none.ln() - truth.ln();
+    (worth > 0.0 && worth.is_finite())
+        .then(|| (none.ln() - ppl.ln()) / worth)
+        .filter(|v| v.is_finite())
 }

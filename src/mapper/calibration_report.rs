@@ -68,6 +68,10 @@ pub struct CalibrationReport {
     /// Held-out next-token agreement of the chosen mapper.
     #[serde(default)]
     pub agreement: Option<NextTokenAgreement>,
+    /// The same for the target continuing with no context at all: a map whose KL is not
+    /// below this hands over a context worth less than none.
+    #[serde(default)]
+    pub agreement_no_context: Option<NextTokenAgreement>,
     /// Single-layer R² used for ranking, [target layer][source layer].
     pub single_layer_r2_k: Vec<Vec<f64>>,
     pub single_layer_r2_v: Vec<Vec<f64>>,
@@ -100,6 +104,17 @@ pub struct CalibrationReport {
     pub matched_key_gains: Vec<Vec<f32>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub matched_value_gains: Vec<Vec<f32>>,
+}
+
+impl CalibrationReport {
+    /// When the map continues its own held-out windows further from the target than no
+    /// context does (KL of the mapped continuation, KL with no context): a mapper that
+    /// hands over a context worth less than none. `None` when it does better, or when
+    /// the report predates the measure.
+    pub fn worse_than_no_context(&self) -> Option<(f64, f64)> {
+        let (mapped, none) = (self.agreement?, self.agreement_no_context?);
+        (mapped.kl >= none.kl).then_some((mapped.kl, none.kl))
+    }
 }
 
 /// Which target layers' maps read the token block.
