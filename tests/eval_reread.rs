@@ -11,9 +11,9 @@ use baton::eval::reread::RereadModels;
 use baton::eval::tasks::{eval_task_with, TaskEvalOptions};
 use baton::eval::text::{eval_text_with, TextEvalOptions};
 use baton::handoff::reread::RereadSetting;
-use baton::mapper::{artifact, CacheMapper};
+use baton::mapper::CacheMapper;
 use baton::model::Model;
-use common::engine_rig::{models, tiny, write_pair};
+use common::engine_rig::{models_and_mappers, tiny, write_pair};
 
 struct Pair {
     _dir: tempfile::TempDir,
@@ -27,10 +27,7 @@ impl Pair {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         write_pair(dir.path(), false);
-        let (a, b) = models(dir.path());
-        let mappers = dir.path().join("mappers");
-        let (_, mapper) = artifact::open_for(Some(&mappers), &a, &b).unwrap();
-        let (_, reverse) = artifact::open_for(Some(&mappers), &b, &a).unwrap();
+        let (a, b, mapper, reverse) = models_and_mappers(dir.path());
         Self {
             _dir: dir,
             a,

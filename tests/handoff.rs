@@ -9,10 +9,10 @@
 mod common;
 
 use baton::handoff::{HandoffInputs, HandoffPlan};
-use baton::mapper::{artifact, CacheMapper};
+use baton::mapper::CacheMapper;
 use baton::model::{ForwardOptions, KvCache, Model};
 use candle_core::Tensor;
-use common::engine_rig::{models, tiny, write_pair};
+use common::engine_rig::{models_and_mappers, tiny, write_pair};
 
 fn prefill(m: &Model, ids: &[u32]) -> KvCache {
     let mut cache = m.decoder.new_cache();
@@ -55,9 +55,7 @@ impl Pair {
     fn new(words: usize, seed: u64) -> Self {
         let dir = tempfile::tempdir().unwrap();
         write_pair(dir.path(), false);
-        let (a, b) = models(dir.path());
-        let (_, mapper) = artifact::open_for(Some(&dir.path().join("mappers")), &a, &b).unwrap();
-        let (_, reverse) = artifact::open_for(Some(&dir.path().join("mappers")), &b, &a).unwrap();
+        let (a, b, mapper, reverse) = models_and_mappers(dir.path());
         let ids = a.tokenizer.encode_raw(&tiny().text(words, seed)).unwrap();
         let (src_cache, truth) = (prefill(&a, &ids), prefill(&b, &ids));
         Self {

@@ -59,8 +59,13 @@ fn continuation_logits(
 ) -> Result<Tensor, CalibrateError> {
     let start = continuation_start(window.len());
     cache.truncate(start);
+    logits_after(tgt, cache, &window[start..])
+}
+
+/// The target's logits for every token of `ids`, read on top of `cache`.
+fn logits_after(tgt: &Model, cache: &mut KvCache, ids: &[u32]) -> Result<Tensor, CalibrateError> {
     let out = tgt.decoder.forward(
-        &window[start..],
+        ids,
         cache,
         &ForwardOptions {
             logits: Logits::All,
@@ -177,18 +182,7 @@ impl<'a> HeldOutScorer<'a> {
         let mut no_context = AgreementSum::default();
         for (w, truth) in held.windows.iter().zip(&true_logits) {
             let mut empty = tgt.decoder.new_cache();
-            let start = continuation_start(w.len());
-            let out = tgt.decoder.forward(
-                &w[start..],
-                &mut empty,
-                &ForwardOptions {
-                    logits: Logits::All,
-                    probe_positions: vec![],
-                },
-            )?;
-            let logits = out
-                .logits
-                .ok_or_else(|| CalibrateError::Options("no logits for the continuation".into()))?;
+            let logits = logits_after(tgt, &mut empty, &w[continuation_start(w.len())..])?;
             no_context.add(&metrics::logits::agreement(truth, &logits)?);
         }
         Ok(Self {

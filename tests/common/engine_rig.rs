@@ -11,6 +11,7 @@ use baton::calibrate::{
 };
 use baton::data::corpus::{self, Document};
 use baton::engine::{self, load, Engine, EngineConfig, Envelope, LearnSetup};
+use baton::mapper::{artifact, CacheMapper};
 use baton::model::Model;
 use baton::protocol::{Command, Event};
 use candle_core::Device;
@@ -105,6 +106,15 @@ pub fn write_pair_of(t: &Tiny, dir: &Path, keep_stats: bool) {
             saved_stats::save(st, &at).unwrap();
         }
     }
+}
+
+/// The pair written under `dir` by [`write_pair`], with its mappers both ways.
+pub fn models_and_mappers(dir: &Path) -> (Model, Model, CacheMapper, CacheMapper) {
+    let (a, b) = models(dir);
+    let mappers = dir.join("mappers");
+    let (_, forward) = artifact::open_for(Some(&mappers), &a, &b).unwrap();
+    let (_, backward) = artifact::open_for(Some(&mappers), &b, &a).unwrap();
+    (a, b, forward, backward)
 }
 
 pub fn models(dir: &Path) -> (Model, Model) {
