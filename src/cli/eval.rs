@@ -4,7 +4,7 @@
 use super::common::{at_least_one, DirectionArgs, PairArgs, PrecisionArgs};
 use anyhow::{bail, Result};
 use baton::data::recall::RecallConversation;
-use baton::data::{corpus, tasks};
+use baton::data::tasks;
 use baton::eval::{evaluate, recall, EvalPlan};
 use baton::fetch::BarProgress;
 use candle_core::Device;
@@ -234,7 +234,7 @@ pub fn eval(a: EvalArgs, dev: &Device) -> Result<()> {
     let windows = if a.no_text {
         Vec::new()
     } else {
-        corpus::eval_windows(&a.texts, &first.tokenizer, len, a.limit)?
+        baton::data::held_out::eval_windows(&a.texts, &first.tokenizer, len, a.limit)?
     };
     if !a.no_text && windows.len() < a.limit {
         eprintln!(

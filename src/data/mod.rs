@@ -5,6 +5,7 @@
 pub mod arrow;
 pub mod chat_corpus;
 pub mod corpus;
+pub mod held_out;
 pub mod package_texts;
 pub mod recall;
 pub mod tasks;

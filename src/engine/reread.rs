@@ -7,19 +7,7 @@ use super::core::Engine;
 use super::EngineError;
 use crate::handoff::reread::{choose, SelectInputs};
 use crate::protocol::Event;
-use std::ops::Range;
 use std::time::Instant;
-
-/// What a switch left for the first message to re-read.
-#[derive(Debug, Clone)]
-pub(super) struct PendingReread {
-    /// The switch's index.
-    pub(super) index: u32,
-    /// The slot handed away from.
-    pub(super) source: usize,
-    /// The positions it mapped.
-    pub(super) mapped: Range<usize>,
-}
 
 /// Prefills shorter than this say little about the model's speed per position (fixed
 /// costs dominate); a time budget is spent at the speed of a longer one.

@@ -13,7 +13,19 @@ use super::conversation::Conversation;
 use crate::metrics::QueryGram;
 use crate::model::{ForwardOptions, KvCache, Model};
 use crate::protocol::{CacheOrigin, ModelInfo, ModelName};
+use std::ops::Range;
 use std::sync::Arc;
+
+/// What a switch left for the first message to re-read (see the engine's re-read).
+#[derive(Debug, Clone)]
+pub(super) struct PendingReread {
+    /// The switch's index.
+    pub(super) index: u32,
+    /// The slot handed away from.
+    pub(super) source: usize,
+    /// The positions it mapped.
+    pub(super) mapped: Range<usize>,
+}
 
 pub struct Slot {
     /// Shared with the learning thread, which reads the models' shapes and RoPE and runs
@@ -29,7 +41,7 @@ pub struct Slot {
     /// waits for it.
     pub(super) anchor_kv: Option<(Vec<u32>, KvCache)>,
     /// What the last switch to this model left for the next message to re-read.
-    pub(super) pending_reread: Option<super::reread::PendingReread>,
+    pub(super) pending_reread: Option<PendingReread>,
     /// Milliseconds per position of this model's last prefill long enough to say: the
     /// speed a re-read's time budget is spent at.
     pub(super) read_speed: Option<f64>,
