@@ -414,3 +414,29 @@ fn every_selector_chooses_within_its_budget_inside_the_map_and_the_reread_change
     let choice = choose(&setting, &select, plan.mapped(), Some(2.0)).unwrap();
     assert_eq!(choice.count(), 5);
 }
+
+#[test]
+fn a_tail_mapped_first_and_re_read_with_the_spans_is_the_plan_built_in_one_pass() {
+    let pair = Pair::new(60, 17);
+    let (b, ids) = (&pair.b, &pair.ids);
+    let n = ids.len();
+    let spans = vec![10..14, 30..35];
+    // The plan with its spans known before it is built: map, re-read, then the tail.
+    let plan = HandoffPlan::new(n).anchor(2).tail(8);
+    let (whole, _) = plan
+        .clone()
+        .rereading(spans.clone())
+        .build_new(&pair.inputs())
+        .unwrap();
+    // The tail mapped, the spans chosen afterwards: one re-read reads spans and tail.
+    let (mut later, _) = plan.tail_mapped().build_new(&pair.inputs()).unwrap();
+    let chosen = plan.clone().rereading(spans);
+    chosen.reread_in(b, ids, &mut later).unwrap();
+    assert!(max_diff(&later, &whole, 0, n) < 1e-4);
+    assert_eq!(chosen.reread_count(), 9);
+    // Nothing chosen: the tail is still read, not left mapped.
+    let (mut none, _) = plan.tail_mapped().build_new(&pair.inputs()).unwrap();
+    plan.reread_in(b, ids, &mut none).unwrap();
+    let (read, _) = plan.build_new(&pair.inputs()).unwrap();
+    assert!(max_diff(&none, &read, 0, n) < 1e-4);
+}

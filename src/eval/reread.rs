@@ -30,8 +30,10 @@ pub struct RereadDone {
 /// One handed cache and what the target reads next.
 pub struct RereadTurn<'a> {
     /// The handed cache's description, without any held part: its mapped middle is what
-    /// may be re-read, and what it reads after the middle is read again over the
-    /// re-read middle.
+    /// may be re-read, and what it reads after the middle (the tail, a question) is read
+    /// again over the re-read middle, in the same pass. Build the cache from
+    /// [`HandoffPlan::tail_mapped`] where the source holds the tail, so that it is read
+    /// once.
     pub plan: HandoffPlan,
     /// The source's own cache, holding at least `history` positions.
     pub source_cache: &'a KvCache,
@@ -41,16 +43,11 @@ pub struct RereadTurn<'a> {
     pub history: usize,
     /// The target's prefill speed, which a time budget is spent at.
     pub ms_per_position: Option<f64>,
-    /// The cache holds `plan`'s tail mapped (built without it), so the tail is re-read
-    /// with the chosen spans in one pass; otherwise it was read over the middle as mapped
-    /// and is read again over the re-read middle.
-    pub tail_mapped: bool,
 }
 
 impl RereadModels<'_> {
     /// Choose under `setting` with the message known and re-read `cache` in place.
-    /// `cache` holds `turn.plan`'s positions as handed over (its tail too, when it has
-    /// one: that is read again over the re-read middle).
+    /// `cache` holds `turn.plan`'s positions as handed over.
     pub fn reread(
         &self,
         setting: &RereadSetting,
@@ -80,27 +77,10 @@ impl RereadModels<'_> {
         let candidates = candidates.start..candidates.end.min(turn.history);
         let choice = choose(setting, &select, candidates, turn.ms_per_position)
             .map_err(|e| EvalError::Input(e.to_string()))?;
-        let tail = if turn.tail_mapped {
-            turn.plan.read().len()
-        } else {
-            0
-        };
-        let plan = if turn.tail_mapped {
-            let read = turn.plan.read();
-            let mut runs = choice.runs;
-            runs.retain(|r| r.end <= read.start);
-            runs.push(read);
-            // The tail is part of the middle now: one pass re-reads it with the spans.
-            HandoffPlan::new(turn.plan.len())
-                .anchor(turn.plan.own().end)
-                .rereading(runs)
-        } else {
-            turn.plan.rereading(choice.runs)
-        };
-        let tokens = &turn.tokens[..plan.len()];
-        plan.reread_in(self.target, tokens, cache)?;
+        let plan = turn.plan.rereading(choice.runs);
+        plan.reread_in(self.target, &turn.tokens[..plan.len()], cache)?;
         Ok(RereadDone {
-            positions: plan.reread_count() - tail,
+            positions: plan.reread_count(),
             ms: started.elapsed().as_secs_f64() * 1e3,
         })
     }

@@ -206,11 +206,10 @@ fn prepare(
                 source_cache,
                 tokens: prefix,
                 history: map_end,
+                // The question is past the source's cache, so it cannot be mapped: it
+                // was read over the mapped middle and is read again with the spans.
                 ms_per_position: (!suffix.is_empty())
                     .then(|| reprefill_seconds * 1e3 / suffix.len() as f64),
-                // The question is past the source's cache, so it cannot be mapped: it
-                // was read over the mapped middle and is read again.
-                tail_mapped: false,
             },
             &mut mapped,
         )?,
@@ -413,7 +412,6 @@ pub fn eval_task_with(
     );
     let mut run = ItemRun {
         models,
-        tgt,
         opts,
         contexts: &contexts,
         shared,
@@ -441,14 +439,7 @@ pub fn eval_task_with(
         outcomes.push(outcome);
         on_item(n + 1);
     }
-    let mut r = summarise(def, outcomes, run.map_s, run.pre_s, items, opts);
-    if opts.reread.is_some() {
-        let n = r.items.max(1) as f64;
-        r.reread = opts.reread;
-        r.reread_seconds = run.reread.ms / 1e3 / n;
-        r.reread_positions = run.reread.positions as f64 / n;
-    }
-    Ok(r)
+    Ok(summarise(def, outcomes, &run, items))
 }
 
 /// Token ids of every distinct context, all but the last token (the target computes
@@ -487,7 +478,6 @@ fn encode_contexts(
 /// re-prefilling so far.
 struct ItemRun<'a> {
     models: RereadModels<'a>,
-    tgt: &'a Model,
     opts: &'a TaskEvalOptions,
     contexts: &'a HashMap<String, Vec<u32>>,
     shared: Shared,
@@ -518,7 +508,7 @@ impl ItemRun<'_> {
         choices: &[Choice],
         gold: usize,
     ) -> Result<ItemOutcome, EvalError> {
-        let (tgt, tok) = (self.tgt, &self.tgt.tokenizer);
+        let (tgt, tok) = (self.models.target, &self.models.target.tokenizer);
         let contexts = self.contexts;
         let mut prepared: HashMap<&str, Prepared> = HashMap::new();
         let (mut sr, mut sm, mut sf) = (Vec::new(), Vec::new(), Vec::new());
@@ -557,7 +547,7 @@ impl ItemRun<'_> {
         max_tokens: usize,
         answer: &str,
     ) -> Result<ItemOutcome, EvalError> {
-        let tgt = self.tgt;
+        let tgt = self.models.target;
         let ids = &self.contexts[context];
         let (prefix, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
         let read_from = if self.opts.target_reads_question {
@@ -589,12 +579,12 @@ impl ItemRun<'_> {
 fn summarise(
     def: &TaskDef,
     outcomes: Vec<ItemOutcome>,
-    map_s: f64,
-    pre_s: f64,
+    run: &ItemRun<'_>,
     items: &[TaskItem],
-    opts: &TaskEvalOptions,
 ) -> TaskResult {
+    let opts = run.opts;
     let n = outcomes.len();
+    let per_item = |total: f64| total / n.max(1) as f64;
     let count = |f: &dyn Fn(&ItemOutcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
     let paired: Vec<PairedOutcome> = outcomes
         .iter()
@@ -641,11 +631,11 @@ fn summarise(
             opts.seed,
         ),
         answer_agreement: count(&|o| o.same_answer) as f64 / n.max(1) as f64,
-        map_seconds: map_s / n.max(1) as f64,
-        reprefill_seconds: pre_s / n.max(1) as f64,
-        reread: None,
-        reread_seconds: 0.0,
-        reread_positions: 0.0,
+        map_seconds: per_item(run.map_s),
+        reprefill_seconds: per_item(run.pre_s),
+        reread: opts.reread,
+        reread_seconds: per_item(run.reread.ms / 1e3),
+        reread_positions: per_item(run.reread.positions as f64),
         outcomes,
     }
 }

@@ -136,7 +136,7 @@ pub fn eval_text_with(
     windows: &[Vec<u32>],
     opts: &TextEvalOptions,
 ) -> Result<TextEval, EvalError> {
-    let (src, tgt, mapper) = (models.source, models.target, models.mapper);
+    let tgt = models.target;
     if opts.reread.is_some() && opts.tail == 0 {
         return Err(EvalError::Input(
             "a re-read in text windows chooses with the newest tokens as the message the \
@@ -151,9 +151,6 @@ pub fn eval_text_with(
         ..TextEval::default()
     };
     let run = TextEvalRun {
-        src,
-        tgt,
-        mapper,
         models,
         opts,
         l_t: tgt.config().n_layer,
@@ -175,9 +172,7 @@ pub fn eval_text_with(
 
 /// What every window of one text evaluation reads.
 struct TextEvalRun<'a> {
-    src: &'a Model,
-    tgt: &'a Model,
-    mapper: &'a CacheMapper,
+    /// The source, the target, the mapper (and the reverse one a re-read may need).
     models: RereadModels<'a>,
     opts: &'a TextEvalOptions,
     /// The target's layer count.
@@ -226,11 +221,12 @@ impl TextEvalRun<'_> {
     /// start of a text: what the handed context adds beyond the part the target reads
     /// itself is measured against this.
     fn tail_alone(&self, tail: &[u32], cont: &[u32]) -> Result<f64, EvalError> {
-        let mut cache = self.tgt.decoder.new_cache();
-        self.tgt
+        let mut cache = self.models.target.decoder.new_cache();
+        self.models
+            .target
             .decoder
             .forward(tail, &mut cache, &ForwardOptions::cache_only())?;
-        let (logits, _) = all_logits(self.tgt, cont, &mut cache, vec![])?;
+        let (logits, _) = all_logits(self.models.target, cont, &mut cache, vec![])?;
         let n = cont.len();
         Ok(metrics::logits::perplexity(
             &logits.narrow(0, 0, n - 1)?,
@@ -241,7 +237,7 @@ impl TextEvalRun<'_> {
     /// The source's and the target's prefill of the prefix, and the mapped cache; the
     /// target's prefill and the mapping are timed.
     fn prefill(&self, prefix: &[u32], out: &mut TextEval) -> Result<PrefixCaches, EvalError> {
-        let (src, tgt) = (self.src, self.tgt);
+        let (src, tgt) = (self.models.source, self.models.target);
         let mut src_cache = src.decoder.new_cache();
         src.decoder.forward(
             prefix,
@@ -270,14 +266,14 @@ impl TextEvalRun<'_> {
         // With a re-read to follow, the tail is mapped here and re-read with the chosen
         // spans, in one pass instead of two.
         let built = match self.opts.reread {
-            Some(_) => HandoffPlan::new(self.opts.prefix).anchor(self.opts.anchor),
+            Some(_) => plan.tail_mapped(),
             None => plan.clone(),
         };
         let (mut mapped, _) = built.build_new(&HandoffInputs {
             source: src,
             source_cache: &src_cache,
             target: tgt,
-            mapper: self.mapper,
+            mapper: self.models.mapper,
             tokens: prefix,
             exact: None,
         })?;
@@ -288,7 +284,6 @@ impl TextEvalRun<'_> {
                 source_cache: &src_cache,
                 tokens: prefix,
                 ms_per_position: Some(reprefill_s * 1e3 / prefix.len().max(1) as f64),
-                tail_mapped: true,
             };
             let done = self.models.reread(setting, turn, &mut mapped)?;
             out.reread_seconds += done.ms / 1e3;
@@ -315,7 +310,7 @@ impl TextEvalRun<'_> {
         let mut conc = Vec::with_capacity(l_t);
         for (l, gram) in self.grams.iter().enumerate().take(l_t) {
             let f = fidelity::layer_fidelity(
-                self.tgt,
+                self.models.target,
                 gram,
                 &caches.truth,
                 &caches.mapped,
@@ -346,7 +341,7 @@ impl TextEvalRun<'_> {
         out: &mut TextEval,
         scores_acc: &mut ContinuationScores,
     ) -> Result<(), EvalError> {
-        let tgt = self.tgt;
+        let tgt = self.models.target;
         let (true_logits, cont_queries) =
             all_logits(tgt, cont, &mut caches.truth, self.cont_probes.clone())?;
         let (mapped_logits, _) = all_logits(tgt, cont, &mut caches.mapped, vec![])?;

@@ -155,8 +155,11 @@ impl HandoffPlan {
     }
 
     /// Re-read the plan's spans of the mapped middle in `dst`, a cache built from this
-    /// plan (the spans chosen once the middle was mapped, say). Returns the
-    /// milliseconds it took.
+    /// plan or from its [`HandoffPlan::tail_mapped`] form (the spans chosen once the
+    /// middle was mapped, say). What the plan reads after the middle is read in the same
+    /// pass, over the re-read middle: a tail read before is read again, a tail mapped is
+    /// read for the first time, and either way the cache is what one pass would give.
+    /// Returns the milliseconds it took.
     pub fn reread_in(
         &self,
         target: &Model,
@@ -164,14 +167,12 @@ impl HandoffPlan {
         dst: &mut KvCache,
     ) -> Result<f64, ModelError> {
         let mut runs = self.reread();
-        if runs.is_empty() {
-            return Ok(0.0);
-        }
-        // A tail already read was read over the middle as it was mapped: read it again
-        // over the re-read middle, so that the cache is what one pass would give.
         let read = self.read();
         if !read.is_empty() && dst.len() >= read.end {
             runs.push(read);
+        }
+        if runs.is_empty() {
+            return Ok(0.0);
         }
         let t = Instant::now();
         target.decoder.reread(tokens, &runs, dst)?;

@@ -81,6 +81,17 @@ impl HandoffPlan {
         self
     }
 
+    /// The same plan with its tail (and anything else it reads after the middle) mapped
+    /// instead: a re-read chosen later reads it in the same pass as the chosen spans
+    /// ([`HandoffPlan::reread_in`] re-reads what the plan reads after the middle), so the
+    /// tail is read once, over the re-read middle.
+    pub fn tail_mapped(&self) -> Self {
+        Self {
+            read_from: self.len,
+            ..self.clone()
+        }
+    }
+
     /// The spans re-read inside the mapped middle.
     pub fn reread(&self) -> Vec<Range<usize>> {
         let m = self.mapped();

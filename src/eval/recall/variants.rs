@@ -118,7 +118,7 @@ pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handove
     // With a re-read to follow, the tail is mapped here and re-read with the chosen
     // spans, in one pass instead of two.
     let built = match variant.reread {
-        Some(_) => HandoffPlan::new(t.history).anchor(t.anchor),
+        Some(_) => plan.tail_mapped(),
         None => plan.clone(),
     };
     let inputs = HandoffInputs {
@@ -159,7 +159,6 @@ pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handove
             tokens: t.prompt,
             history: t.history,
             ms_per_position: Some(t.ms_per_position),
-            tail_mapped: true,
         },
         &mut cache,
     )?;
