@@ -169,10 +169,7 @@ fn the_study_measures_each_switch_beside_both_estimates_and_fits_a_line() {
     let (_, forward) = artifact::open_for(Some(&mappers), &a, &b).unwrap();
     let (_, reverse) = artifact::open_for(Some(&mappers), &b, &a).unwrap();
     let docs: Vec<baton::data::corpus::Document> = (0..2)
-        .map(|i| baton::data::corpus::Document {
-            name: format!("d{i}"),
-            text: tiny().text(20000, 40 + i),
-        })
+        .map(|i| baton::data::corpus::Document::new(format!("d{i}"), tiny().text(20000, 40 + i)))
         .collect();
     let windows = gate_study::study_windows(&b, &docs, 9).unwrap();
     assert_eq!(windows.len(), 9);

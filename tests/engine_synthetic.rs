@@ -62,10 +62,7 @@ fn write_pair(dir: &Path) -> (Model, Model) {
         load_model(&dir.join("b"), "b"),
     );
     let docs: Vec<Document> = (0..3)
-        .map(|i| Document {
-            name: format!("d{i}"),
-            text: t.chat_text(2000, 21 + i),
-        })
+        .map(|i| Document::new(format!("d{i}"), t.chat_text(2000, 21 + i)))
         .collect();
     let fitted = calibrate(
         &a,

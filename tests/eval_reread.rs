@@ -61,10 +61,7 @@ fn text_options(tail: usize, reread: Option<&str>) -> TextEvalOptions {
 #[test]
 fn a_text_window_whose_middle_is_re_read_whole_is_the_targets_own_reading() {
     let p = Pair::new();
-    let docs = vec![Document {
-        name: "d".into(),
-        text: tiny().text(600, 41),
-    }];
+    let docs = vec![Document::new("d", tiny().text(600, 41))];
     let w = windows(&docs, &p.a.tokenizer, Split::Whole, 56, 2).unwrap();
     let eval = |tail, reread| eval_text_with(p.models(), &w, &text_options(tail, reread)).unwrap();
 
@@ -108,10 +105,7 @@ fn a_text_window_whose_middle_is_re_read_whole_is_the_targets_own_reading() {
 #[test]
 fn a_text_re_read_without_a_tail_is_refused_with_the_flag_to_give() {
     let p = Pair::new();
-    let docs = vec![Document {
-        name: "d".into(),
-        text: tiny().text(300, 42),
-    }];
+    let docs = vec![Document::new("d", tiny().text(300, 42))];
     let w = windows(&docs, &p.a.tokenizer, Split::Whole, 56, 1).unwrap();
     let e = eval_text_with(p.models(), &w, &text_options(0, Some("0.2")))
         .unwrap_err()

@@ -34,10 +34,7 @@ fn prefill(m: &Model, ids: &[u32]) -> baton::model::KvCache {
 
 fn docs(tiny: &Tiny) -> Vec<Document> {
     (0..3)
-        .map(|i| Document {
-            name: format!("d{i}"),
-            text: tiny.text(4000, 11 + i),
-        })
+        .map(|i| Document::new(format!("d{i}"), tiny.text(4000, 11 + i)))
         .collect()
 }
 

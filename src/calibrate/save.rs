@@ -3,7 +3,7 @@
 //! command, the workbench's first-run calibration and the tests write the same thing.
 
 use super::{CalibrateError, CalibrateOptions, Fitted};
-use crate::data::corpus::{self, Document};
+use crate::data::corpus;
 use crate::mapper::artifact::{self, CorpusInfo, MapperMeta, Maps, ModelRef};
 use crate::model::{Model, ModelConfig, ModelIdentity};
 use std::path::{Path, PathBuf};
@@ -16,10 +16,10 @@ pub struct Saved {
 
 /// The corpus as the artifact records it; each direction fills in its own observation
 /// count when it is saved.
-pub fn corpus_info(files: &[PathBuf], docs: &[Document], opts: &CalibrateOptions) -> CorpusInfo {
+pub fn corpus_info(files: &[PathBuf], fingerprint: &str, opts: &CalibrateOptions) -> CorpusInfo {
     CorpusInfo {
         files: corpus::describe(files),
-        fingerprint: corpus::fingerprint(docs),
+        fingerprint: fingerprint.to_string(),
         sequences: opts.sequences,
         seq_len: opts.seq_len,
         observations: 0,

@@ -195,6 +195,26 @@ fn check_writable(dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// Reads the corpus with a bar in MiB, for a corpus large enough to take a while.
+fn read_corpus(files: &[PathBuf], bars: &baton::console::PhaseBars) -> Result<corpus::Corpus> {
+    const MIB: u64 = 1 << 20;
+    let mut shown = false;
+    let corpus = corpus::read_corpus(files, &mut |done, total| {
+        if total < 64 * MIB {
+            return;
+        }
+        if !shown {
+            bars.phase("reading the corpus (MiB)", total.div_ceil(MIB));
+            shown = true;
+        }
+        bars.set_position(done / MIB);
+    })?;
+    if shown {
+        bars.finish(false);
+    }
+    Ok(corpus)
+}
+
 pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     let cancel = Arc::new(AtomicBool::new(false));
     let c = cancel.clone();
@@ -206,7 +226,11 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     let dir = baton::engine::load::mapper_dir(&a.pair.mappers.mapper_dir);
     check_writable(&dir)?;
     let files = corpus::files_or_default(&a.corpus)?;
-    let docs = corpus::read_documents(&files)?;
+    let bars = baton::console::PhaseBars::new(a.json);
+    let corpus::Corpus {
+        docs,
+        fingerprint: corpus_fingerprint,
+    } = read_corpus(&files, &bars)?;
     let (src, tgt) = a.pair.open(dev)?;
     let directions = a.direction.calibrated();
     let prior = match &a.merge_stats {
@@ -216,11 +240,10 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
         Some(dirs) => saved_prior(dirs, &directions, [&src, &tgt])?,
         None => Vec::new(),
     };
-    let bars = baton::console::PhaseBars::new(a.json);
     let started = std::time::Instant::now();
     let name = cal::CorpusName {
         files: corpus::describe(&files),
-        fingerprint: corpus::fingerprint(&docs),
+        fingerprint: corpus_fingerprint,
     };
     let run = cal::Run {
         docs: &docs,
@@ -230,7 +253,7 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     };
     let done = cal::calibrate_with(&src, &tgt, &run, prior, &bars, &cancel)?;
     bars.finish(true);
-    let corpus = cal::corpus_info(&files, &docs, &opts);
+    let corpus = cal::corpus_info(&files, &name.fingerprint, &opts);
     let (poor, good): (Vec<&cal::Fitted>, Vec<&cal::Fitted>) = done
         .fitted
         .iter()

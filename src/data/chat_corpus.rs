@@ -10,7 +10,7 @@
 //! reads heavily) without changing what the rest is about. The assistant turns are
 //! corpus text, not answers the models wrote.
 
-use super::corpus::{char_slice, take_in_turn, CorpusError, Document, Split};
+use super::corpus::{CorpusError, Document, Split};
 use crate::text::{ChatMessage, ChatTemplate, TextTokenizer};
 
 /// Token lengths of successive messages, in turn: short questions and long passages,
@@ -20,7 +20,8 @@ const PIECE_TOKENS: [usize; 6] = [40, 150, 24, 90, 200, 60];
 /// Up to `count` chat-shaped windows of exactly `len` tokens from `split` of the
 /// documents, taken in turn from each document (as [`super::corpus::windows`] does) but
 /// from each document's end backwards, so that plain windows, which start at the
-/// beginning, and chat windows of one calibration read different text.
+/// beginning, and chat windows of one calibration read different text. Of a file larger
+/// than 8 MiB only the end is read.
 pub fn chat_windows(
     docs: &[Document],
     tok: &TextTokenizer,
@@ -29,17 +30,9 @@ pub fn chat_windows(
     len: usize,
     count: usize,
 ) -> Result<Vec<Vec<u32>>, CorpusError> {
-    let (from, to) = split.range();
-    let mut per_doc = Vec::new();
-    for d in docs {
-        let ids = tok.encode_raw(char_slice(&d.text, from, to))?;
-        per_doc.push(
-            conversations_of(&ids, tok, template, len)?
-                .into_iter()
-                .rev(),
-        );
-    }
-    take_in_turn(per_doc, count, len)
+    super::corpus::chat_windows_with(docs, tok, split, len, count, |ids| {
+        conversations_of(ids, tok, template, len)
+    })
 }
 
 /// Every window one document's tokens make: each conversation takes pieces until its

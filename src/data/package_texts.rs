@@ -106,10 +106,13 @@ impl PackageText {
                     if seen.insert(story.to_string()) {
                         let source = field("/doc/source").unwrap_or("other").to_string();
                         let id = field("/doc/id").unwrap_or("").to_string();
-                        by_source.entry(source.clone()).or_default().push(Document {
-                            name: format!("coqa:{source}:{id}"),
-                            text: story.to_string(),
-                        });
+                        by_source
+                            .entry(source.clone())
+                            .or_default()
+                            .push(Document::new(
+                                format!("coqa:{source}:{id}"),
+                                story.to_string(),
+                            ));
                     }
                 }
                 Self::Lambada => {
@@ -123,10 +126,7 @@ impl PackageText {
         let docs = match self {
             Self::Coqa => interleave(by_source.into_values().collect()),
             Self::Lambada if passages.is_empty() => Vec::new(),
-            Self::Lambada => vec![Document {
-                name: "lambada".into(),
-                text: passages.join("\n\n"),
-            }],
+            Self::Lambada => vec![Document::new("lambada", passages.join("\n\n"))],
         };
         if docs.is_empty() {
             return Err(CorpusError::Jsonl {
@@ -201,7 +201,7 @@ mod tests {
         let docs = PackageText::Coqa
             .parse(lines.as_bytes(), Path::new("coqa.jsonl"))
             .unwrap();
-        let texts: Vec<&str> = docs.iter().map(|d| d.text.as_str()).collect();
+        let texts: Vec<&str> = docs.iter().map(|d| d.text().unwrap_or_default()).collect();
         assert_eq!(texts, ["news one", "book one", "news two"]);
     }
 
@@ -215,7 +215,7 @@ mod tests {
             .parse(lines.as_bytes(), Path::new("lambada.jsonl"))
             .unwrap();
         assert_eq!(docs.len(), 1);
-        assert_eq!(docs[0].text, "He said yes\n\nShe ran home");
+        assert_eq!(docs[0].text(), Some("He said yes\n\nShe ran home"));
     }
 
     #[test]

@@ -128,10 +128,10 @@ pub fn calibrate_missing(
     }
     progress.stage("reading the calibration corpus", 0);
     let files = corpus::default_files()?;
-    let docs = corpus::read_documents(&files)?;
+    let corpus::Corpus { docs, fingerprint } = corpus::read_corpus(&files, &mut |_, _| {})?;
     let name = calibrate::CorpusName {
         files: corpus::describe(&files),
-        fingerprint: corpus::fingerprint(&docs),
+        fingerprint,
     };
     let run = calibrate::Run {
         docs: &docs,
@@ -141,7 +141,7 @@ pub fn calibrate_missing(
     };
     let done =
         calibrate::calibrate_with(&models[0], &models[1], &run, Vec::new(), progress, cancel)?;
-    let corpus = calibrate::corpus_info(&files, &docs, opts);
+    let corpus = calibrate::corpus_info(&files, &name.fingerprint, opts);
     // The first run has no other mapper to keep: a poor one is used, and said so.
     for f in &done.fitted {
         if let Some((mapped, none)) = f.report.worse_than_no_context() {

@@ -28,20 +28,14 @@ pub fn tiny() -> Tiny {
 
 pub fn docs() -> Vec<Document> {
     (0..3)
-        .map(|i| Document {
-            name: format!("d{i}"),
-            text: tiny().chat_text(2000, 21 + i),
-        })
+        .map(|i| Document::new(format!("d{i}"), tiny().chat_text(2000, 21 + i)))
         .collect()
 }
 
 /// Enough text for the calibration slice's two 256-token windows of its selection split.
 pub fn slice_docs() -> Vec<Document> {
     (0..3)
-        .map(|i| Document {
-            name: format!("s{i}"),
-            text: tiny().text(4000, 31 + i),
-        })
+        .map(|i| Document::new(format!("s{i}"), tiny().text(4000, 31 + i)))
         .collect()
 }
 
@@ -96,7 +90,7 @@ pub fn write_pair_of(t: &Tiny, dir: &Path, keep_stats: bool) {
     save_fitted(
         &done.fitted,
         [&a, &b],
-        &corpus_info(&[], &docs, &o),
+        &corpus_info(&[], &name.fingerprint, &o),
         &mappers,
     )
     .unwrap();

@@ -3,6 +3,18 @@
 //! Every file is cut into three disjoint regions by character offset — the first 70% for
 //! fitting, the next 10% for choosing k and λ, the last 20% for evaluation — so the
 //! default corpus serves all three without one ever seeing another's text.
+//!
+//! Memory does not grow with the corpus: plain files are scanned once when read and
+//! then read in blocks, .jsonl files a line at a time, and windows are taken from each
+//! document in turn only until enough are taken ([`units`]).
+
+mod file_text;
+mod html;
+mod jsonl;
+mod units;
+
+pub use file_text::FileText;
+pub use html::html_to_text;
 
 use crate::fetch;
 use crate::text::TextTokenizer;
@@ -34,6 +46,8 @@ pub enum CorpusError {
         "no text of the evaluation package is named {0:?}: give one of {1}, or a file or directory"
     )]
     UnknownPackageText(String, String),
+    #[error("{path} is larger than {limit_mib} MiB, the most read of an HTML page: save its text as a .txt file and give that")]
+    TooLarge { path: PathBuf, limit_mib: u64 },
     #[error("cannot render calibration text as a conversation: {0}")]
     Template(String),
     #[error(transparent)]
@@ -64,11 +78,51 @@ impl Split {
     }
 }
 
+/// One named text of a corpus: in memory, or a file read when windows are cut from it.
 #[derive(Debug, Clone)]
 pub struct Document {
     pub name: String,
-    pub text: String,
+    body: Body,
 }
+
+#[derive(Debug, Clone)]
+enum Body {
+    Text(String),
+    /// A plain-text file, scanned and read in blocks.
+    File(FileText),
+    /// A .jsonl file: each line's `"text"` is a document of its own, named
+    /// `<file name>:<line>`.
+    Jsonl(PathBuf),
+}
+
+impl Document {
+    /// A document held in memory.
+    pub fn new(name: impl Into<String>, text: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            body: Body::Text(text.into()),
+        }
+    }
+
+    /// Its text, when it is held in memory (files are read as windows are cut).
+    pub fn text(&self) -> Option<&str> {
+        match &self.body {
+            Body::Text(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// A corpus as read: its documents, and the fingerprint of their text computed in the
+/// same pass.
+#[derive(Debug, Clone)]
+pub struct Corpus {
+    pub docs: Vec<Document>,
+    pub fingerprint: String,
+}
+
+/// The largest HTML page read: a page is read whole to find its text.
+const MAX_HTML: u64 = 256 << 20;
 
 /// The default corpus: the plain-text calibration files of the exllamav2 package.
 pub fn default_files() -> Result<Vec<PathBuf>, CorpusError> {
@@ -128,115 +182,125 @@ pub fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, CorpusError> {
     Ok(out)
 }
 
-/// The readable text of an HTML page: scripts, styles and tags dropped, common entities
-/// decoded, runs of blank lines collapsed.
-pub fn html_to_text(html: &str) -> String {
-    let mut out = String::with_capacity(html.len() / 2);
-    let lower = html.to_ascii_lowercase();
-    let mut i = 0;
-    let bytes = html.as_bytes();
-    while i < bytes.len() {
-        if bytes[i] == b'<' {
-            let skip_to = |close: &str| lower[i..].find(close).map(|j| i + j + close.len());
-            let end = if lower[i..].starts_with("<script") {
-                skip_to("</script>")
-            } else if lower[i..].starts_with("<style") {
-                skip_to("</style>")
-            } else {
-                lower[i..].find('>').map(|j| i + j + 1)
-            };
-            i = end.unwrap_or(bytes.len());
-            continue;
-        }
-        let next = lower[i..].find('<').map(|j| i + j).unwrap_or(bytes.len());
-        out.push_str(&html[i..next]);
-        i = next;
-    }
-    let decoded = out
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&#x27;", "'")
-        .replace("&nbsp;", " ")
-        .replace("&amp;", "&");
-    let mut text = String::with_capacity(decoded.len());
-    let mut blank = 0;
-    for line in decoded.lines() {
-        if line.trim().is_empty() {
-            blank += 1;
-            if blank > 1 {
-                continue;
-            }
-        } else {
-            blank = 0;
-        }
-        text.push_str(line.trim_end());
-        text.push('\n');
-    }
-    text
-}
-
-/// Read plain-text and source files whole, HTML as its text, and .jsonl files one
-/// `text` field per line.
-pub fn read_documents(files: &[PathBuf]) -> Result<Vec<Document>, CorpusError> {
-    let mut docs = Vec::new();
+/// Reads `files` once, in order: plain text and source files are checked to be UTF-8
+/// and counted (their text is read again, in blocks, when windows are cut), HTML pages
+/// are read whole to their text, and every line of a .jsonl file is checked to hold a
+/// `"text"` string. `progress(bytes_done, bytes_total)` is told after each block.
+pub fn read_corpus(
+    files: &[PathBuf],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Corpus, CorpusError> {
+    let total: u64 = files
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .sum();
+    let mut h = Sha256::new();
+    let mut docs = Vec::with_capacity(files.len());
+    let mut done = 0u64;
+    progress(0, total);
     for path in files {
-        let text = std::fs::read_to_string(path).map_err(|e| CorpusError::Io {
+        let io = |e| CorpusError::Io {
             path: path.clone(),
             source: e,
-        })?;
+        };
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        match path.extension().and_then(|e| e.to_str()) {
-            Some(e) if PLAIN.contains(&e) => docs.push(Document { name, text }),
-            Some("html") | Some("htm") => docs.push(Document {
-                name,
-                text: html_to_text(&text),
-            }),
-            Some("jsonl") => {
-                for (i, line) in text
-                    .lines()
-                    .enumerate()
-                    .filter(|(_, l)| !l.trim().is_empty())
-                {
-                    let v: serde_json::Value =
-                        serde_json::from_str(line).map_err(|e| CorpusError::Jsonl {
-                            path: path.clone(),
-                            line: i + 1,
-                            reason: e.to_string(),
-                        })?;
-                    let t = v.get("text").and_then(|t| t.as_str()).ok_or_else(|| {
-                        CorpusError::Jsonl {
-                            path: path.clone(),
-                            line: i + 1,
-                            reason: "no \"text\" string".into(),
-                        }
-                    })?;
-                    docs.push(Document {
-                        name: format!("{name}:{}", i + 1),
-                        text: t.to_string(),
+        let body = match path.extension().and_then(|e| e.to_str()) {
+            Some(e) if PLAIN.contains(&e) => {
+                h.update(name.as_bytes());
+                h.update([0]);
+                let f = FileText::scan(path, |block| {
+                    h.update(block);
+                    done += block.len() as u64;
+                    progress(done, total);
+                })?;
+                h.update([0]);
+                Body::File(f)
+            }
+            Some("html") | Some("htm") => {
+                let len = std::fs::metadata(path).map_err(io)?.len();
+                if len > MAX_HTML {
+                    return Err(CorpusError::TooLarge {
+                        path: path.clone(),
+                        limit_mib: MAX_HTML >> 20,
                     });
                 }
+                let text = html_to_text(&std::fs::read_to_string(path).map_err(io)?);
+                hash_text(&mut h, &name, &text);
+                done += len;
+                progress(done, total);
+                Body::Text(text)
+            }
+            Some("jsonl") => {
+                let mut lines = jsonl::Lines::open(path)?;
+                let start = done;
+                while let Some(line) = lines.next() {
+                    let (i, text) = line?;
+                    hash_text(&mut h, &format!("{name}:{i}"), &text);
+                    progress(start + lines.bytes, total);
+                }
+                done = start + lines.bytes;
+                Body::Jsonl(path.clone())
             }
             _ => return Err(CorpusError::Extension(path.clone())),
-        }
+        };
+        docs.push(Document { name, body });
     }
-    Ok(docs)
+    Ok(Corpus {
+        docs,
+        fingerprint: hex::encode(h.finalize()),
+    })
 }
 
-/// sha256 over document names and texts: names what a mapper was fitted on.
+/// [`read_corpus`] without progress.
+pub fn read_documents(files: &[PathBuf]) -> Result<Vec<Document>, CorpusError> {
+    Ok(read_corpus(files, &mut |_, _| {})?.docs)
+}
+
+fn hash_text(h: &mut Sha256, name: &str, text: &str) {
+    h.update(name.as_bytes());
+    h.update([0]);
+    h.update(text.as_bytes());
+    h.update([0]);
+}
+
+/// sha256 over document names and texts: names what a mapper was fitted on. Files are
+/// read again for it; [`read_corpus`] gives the same value from its one pass.
 pub fn fingerprint(docs: &[Document]) -> String {
     let mut h = Sha256::new();
-    for d in docs {
-        h.update(d.name.as_bytes());
-        h.update([0]);
-        h.update(d.text.as_bytes());
-        h.update([0]);
+    let read = (|| -> Result<(), CorpusError> {
+        for d in docs {
+            match &d.body {
+                Body::Text(t) => hash_text(&mut h, &d.name, t),
+                Body::File(f) => {
+                    h.update(d.name.as_bytes());
+                    h.update([0]);
+                    for block in f.blocks((0, f.bytes))? {
+                        h.update(block?.as_bytes());
+                    }
+                    h.update([0]);
+                }
+                Body::Jsonl(p) => {
+                    for line in jsonl::Lines::open(p)? {
+                        let (i, text) = line?;
+                        hash_text(&mut h, &format!("{}:{i}", d.name), &text);
+                    }
+                }
+            }
+        }
+        Ok(())
+    })();
+    match read {
+        Ok(()) => hex::encode(h.finalize()),
+        // A file that cannot be read again has no fingerprint to give; one that no text
+        // can have says so, rather than a hash of part of it.
+        Err(e) => {
+            tracing::warn!("corpus fingerprint: {e}");
+            format!("unreadable: {e}")
+        }
     }
-    hex::encode(h.finalize())
 }
 
 pub(super) fn char_slice(text: &str, from: f64, to: f64) -> &str {
@@ -278,36 +342,65 @@ pub fn windows(
     len: usize,
     count: usize,
 ) -> Result<Vec<Vec<u32>>, CorpusError> {
-    let (from, to) = split.range();
-    let mut per_doc: Vec<std::vec::IntoIter<Vec<u32>>> = Vec::new();
-    for d in docs {
-        let ids = tok.encode_raw(char_slice(&d.text, from, to))?;
-        let chunks: Vec<Vec<u32>> = ids.chunks_exact(len).map(|c| c.to_vec()).collect();
-        per_doc.push(chunks.into_iter());
-    }
+    let range = split.range();
+    let per_doc = units::units(docs).map(|u| u.and_then(|u| u.windows(tok, range, len)));
+    take_in_turn(per_doc, count, len)
+}
+
+/// Windows `conversations` makes of each document's tokens of `split` (its end, for a
+/// large file), taken in turn from each document from its last window backwards.
+pub(crate) fn chat_windows_with(
+    docs: &[Document],
+    tok: &TextTokenizer,
+    split: Split,
+    len: usize,
+    count: usize,
+    conversations: impl Fn(&[u32]) -> Result<Vec<Vec<u32>>, CorpusError>,
+) -> Result<Vec<Vec<u32>>, CorpusError> {
+    let range = split.range();
+    let per_doc = units::units(docs).map(|u| {
+        let ids = u?.tail_tokens(tok, range)?;
+        Ok(conversations(&ids)?.into_iter().rev().map(Ok))
+    });
     take_in_turn(per_doc, count, len)
 }
 
 /// Up to `count` windows taken in turn from each document's windows, so that every
-/// domain is represented; fewer than `count` is [`CorpusError::TooSmall`].
-pub(super) fn take_in_turn<I: Iterator<Item = Vec<u32>>>(
-    mut per_doc: Vec<I>,
+/// domain is represented; fewer than `count` is [`CorpusError::TooSmall`]. Documents are
+/// reached one at a time: the first round stops at the document that completes `count`,
+/// and only documents that gave a window are held for the next rounds.
+pub(super) fn take_in_turn<I>(
+    docs: impl Iterator<Item = Result<I, CorpusError>>,
     count: usize,
     len: usize,
-) -> Result<Vec<Vec<u32>>, CorpusError> {
-    let mut out = Vec::with_capacity(count);
-    while out.len() < count {
-        let before = out.len();
-        for it in per_doc.iter_mut() {
-            if out.len() == count {
-                break;
-            }
-            if let Some(w) = it.next() {
-                out.push(w);
-            }
-        }
-        if out.len() == before {
+) -> Result<Vec<Vec<u32>>, CorpusError>
+where
+    I: Iterator<Item = Result<Vec<u32>, CorpusError>>,
+{
+    let mut out = Vec::with_capacity(count.min(1 << 16));
+    let mut held = Vec::new();
+    for doc in docs {
+        if out.len() == count {
             break;
+        }
+        let mut doc = doc?;
+        if let Some(w) = doc.next() {
+            out.push(w?);
+            held.push(doc);
+        }
+    }
+    while out.len() < count && !held.is_empty() {
+        let mut i = 0;
+        while i < held.len() && out.len() < count {
+            match held[i].next() {
+                Some(w) => {
+                    out.push(w?);
+                    i += 1;
+                }
+                None => {
+                    held.remove(i);
+                }
+            }
         }
     }
     if out.len() < count {
@@ -365,17 +458,6 @@ mod tests {
         let c = char_slice(&text, 0.8, 1.0);
         assert_eq!(a.len() + b.len() + c.len(), text.len());
         assert_eq!(format!("{a}{b}{c}"), text);
-    }
-
-    #[test]
-    fn html_keeps_text_and_code_and_drops_markup() {
-        let html = "<html><head><style>p{color:red}</style><script>var x = 1 < 2;</script></head>\n<body><h1>Ownership</h1>\n\n\n\n<pre><code>let s = String::from(&quot;hi&quot;);\nif a &lt; b &amp;&amp; c {}</code></pre></body></html>";
-        let t = html_to_text(html);
-        assert!(t.contains("Ownership"), "{t}");
-        assert!(t.contains("let s = String::from(\"hi\");"), "{t}");
-        assert!(t.contains("if a < b && c {}"), "{t}");
-        assert!(!t.contains("color:red") && !t.contains("var x"), "{t}");
-        assert!(!t.contains("\n\n\n"), "blank runs collapse: {t:?}");
     }
 
     #[test]
