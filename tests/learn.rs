@@ -23,10 +23,7 @@ const ANCHOR: usize = 1;
 
 fn docs(tiny: &Tiny) -> Vec<Document> {
     (0..3)
-        .map(|i| Document {
-            name: format!("d{i}"),
-            text: tiny.text(4000, 21 + i),
-        })
+        .map(|i| Document::new(format!("d{i}"), tiny.text(4000, 21 + i)))
         .collect()
 }
 
@@ -61,7 +58,13 @@ fn calibrate_into(a: &Model, b: &Model, docs: &[Document], dir: &Path) {
         opts: &o,
     };
     let c = calibrate_with(a, b, &run, Vec::new(), &NoProgress, &AtomicBool::new(false)).unwrap();
-    save_fitted(&c.fitted, [a, b], &corpus_info(&[], docs, &o), dir).unwrap();
+    save_fitted(
+        &c.fitted,
+        [a, b],
+        &corpus_info(&[], &corpus::fingerprint(docs), &o),
+        dir,
+    )
+    .unwrap();
     let (sr, tr) = refs(a, b);
     saved_stats::save(&c.stats[0], &saved_stats::stats_dir_in(dir, &sr, &tr)).unwrap();
 }
@@ -187,9 +190,10 @@ fn a_re_solve_with_the_calibrations_structure_gives_back_the_calibrated_maps() {
             scale = scale.max(p.abs());
         }
     }
-    // The same f64 solve of the same statistics: equal to f32 rounding of the stored maps.
+    // The same f64 solve of the statistics as saved, whose matrices are rounded to f32:
+    // 2e-4 here, the rounding amplified by the Gram's conditioning.
     assert!(
-        diff / scale < 1e-5,
+        diff / scale < 2e-3,
         "re-solved maps differ by {}",
         diff / scale
     );
