@@ -48,6 +48,7 @@
 //! [`PairStats::save`] and [`PairStats::load`], in [`file`].
 
 mod accumulate;
+mod restrict;
 pub mod file;
 
 use std::fmt;
