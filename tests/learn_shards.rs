@@ -97,12 +97,16 @@ fn a_shard_grows_with_the_positions_it_holds_and_the_next_update_leaves_it_untou
     assert!(header < 4096, "the header is small: {header} bytes");
     let before = std::fs::metadata(&first).unwrap();
 
-    let second =
-        store::append(&at, &meta, &update(&sr, &tr, 100, 2), &step("two", 100)).unwrap();
+    let second = store::append(&at, &meta, &update(&sr, &tr, 100, 2), &step("two", 100)).unwrap();
     assert_eq!(data_bytes(&second).0, 100 * row_bytes);
     let after = std::fs::metadata(&first).unwrap();
     assert_eq!(
-        (before.ino(), before.mtime(), before.mtime_nsec(), before.len()),
+        (
+            before.ino(),
+            before.mtime(),
+            before.mtime_nsec(),
+            before.len()
+        ),
         (after.ino(), after.mtime(), after.mtime_nsec(), after.len()),
         "the first shard was not rewritten"
     );
@@ -117,11 +121,15 @@ fn a_shard_grows_with_the_positions_it_holds_and_the_next_update_leaves_it_untou
     });
     let m = store::read_meta(&at).unwrap().unwrap();
     assert_eq!((m.tokens, m.steps.len()), (140, 2));
-    assert!(m.summary().contains("learned from 140 positions in 2 updates"));
+    assert!(m
+        .summary()
+        .contains("learned from 140 positions in 2 updates"));
 
     // Loading adds both updates to the calibration, exactly as adding them in turn does.
     let mut loaded = calibration(dir.path(), &sr, &tr);
-    let m = store::load_into(&at, &mut loaded, &sr, &tr).unwrap().unwrap();
+    let m = store::load_into(&at, &mut loaded, &sr, &tr)
+        .unwrap()
+        .unwrap();
     assert_eq!(m.tokens, 140);
     let mut expected = calibration(dir.path(), &sr, &tr);
     for (rows, seed) in [(40, 1), (100, 2)] {
@@ -167,7 +175,10 @@ fn two_writers_appending_at_once_to_one_directory_lose_nothing() {
                             let rows = 16 + (w * 4 + i) as usize;
                             let from = format!("writer {w}, update {i}");
                             let u = update(sr, tr, rows, w * 100 + i);
-                            (store::append(at, meta, &u, &step(&from, rows)).unwrap(), rows)
+                            (
+                                store::append(at, meta, &u, &step(&from, rows)).unwrap(),
+                                rows,
+                            )
                         })
                         .collect()
                 })
@@ -228,15 +239,24 @@ fn two_learners_keeping_updates_in_one_directory_at_once_keep_all_of_them() {
         runs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let all: Vec<&(PathBuf, usize)> = kept.iter().flatten().collect();
-    assert!(!all.is_empty(), "some update was taken on this in-domain text");
-    assert!(all.iter().all(|(p, _)| p.exists()), "every kept update is on disk");
+    assert!(
+        !all.is_empty(),
+        "some update was taken on this in-domain text"
+    );
+    assert!(
+        all.iter().all(|(p, _)| p.exists()),
+        "every kept update is on disk"
+    );
     let total: u64 = all.iter().map(|(_, t)| *t as u64).sum();
     let (at, ..) = learned(dir.path(), &a, &b);
     let m = store::read_meta(&at).unwrap().unwrap();
     assert_eq!(m.steps.len(), all.len());
     assert_eq!(m.tokens, total);
     // The next session starts from both runs' updates.
-    assert_eq!(open(&a, &b, dir.path(), true).learner.learned_tokens(), total);
+    assert_eq!(
+        open(&a, &b, dir.path(), true).learner.learned_tokens(),
+        total
+    );
 }
 
 #[test]
@@ -249,7 +269,10 @@ fn a_damaged_shard_is_refused_naming_its_tensor_and_the_fix() {
     let e = store::load_into(&at, &mut stats, &sr, &tr)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("`target.values`") && e.contains("not a finite"), "{e}");
+    assert!(
+        e.contains("`target.values`") && e.contains("not a finite"),
+        "{e}"
+    );
     assert!(e.contains("--reset-learned"), "{e}");
     assert!(e.contains(&path.display().to_string()), "{e}");
     // The listing still reads the headers, which are whole.
@@ -297,7 +320,11 @@ fn statistics_an_earlier_version_kept_are_a_base_the_shards_add_to_and_stay_as_t
     let before = files.clone().map(|p| stamp(&p));
 
     store::append(&at, &old, &update(&sr, &tr, 20, 8), &step("now", 20)).unwrap();
-    assert_eq!(files.clone().map(|p| stamp(&p)), before, "the base is not rewritten");
+    assert_eq!(
+        files.clone().map(|p| stamp(&p)),
+        before,
+        "the base is not rewritten"
+    );
     let m = store::read_meta(&at).unwrap().unwrap();
     assert_eq!((m.tokens, m.steps.len()), (50, 2));
 

@@ -158,7 +158,11 @@ fn fit_piece(
     }
     let px: Vec<f32> = x
         .chunks_exact(dx)
-        .flat_map(|row| sources.iter().flat_map(move |&s| &row[s * d_s..(s + 1) * d_s]))
+        .flat_map(|row| {
+            sources
+                .iter()
+                .flat_map(move |&s| &row[s * d_s..(s + 1) * d_s])
+        })
         .copied()
         .collect();
     let py: Vec<f32> = y
@@ -225,7 +229,12 @@ mod tests {
         {
             assert_eq!(m.sources, n.sources);
             assert_eq!(m.info.observations, n.info.observations);
-            for (p, q) in m.weight.iter().chain(&m.bias).zip(n.weight.iter().chain(&n.bias)) {
+            for (p, q) in m
+                .weight
+                .iter()
+                .chain(&m.bias)
+                .zip(n.weight.iter().chain(&n.bias))
+            {
                 diff = diff.max((p - q).abs());
                 scale = scale.max(p.abs());
             }

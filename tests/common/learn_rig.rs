@@ -128,4 +128,3 @@ pub fn conversation(tiny: &Tiny, a: &Model, seed: u64) -> Vec<u32> {
     let ids = a.tokenizer.encode(&text).unwrap();
     ids[..ids.len().min(160)].to_vec()
 }
-

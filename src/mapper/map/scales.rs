@@ -35,7 +35,10 @@ impl SourceScales {
         let one = |(mean, diag, count): Moments<'_>| -> (Vec<f32>, Vec<f32>) {
             let n = count.max(1) as f64;
             let m = mean.iter().map(|&m| m as f32).collect();
-            let std = diag.iter().map(|&d| (d.max(0.0) / n).sqrt() as f32).collect();
+            let std = diag
+                .iter()
+                .map(|&d| (d.max(0.0) / n).sqrt() as f32)
+                .collect();
             (m, std)
         };
         let (key_mean, key_std) = one(keys);

@@ -48,8 +48,8 @@
 //! [`PairStats::save`] and [`PairStats::load`], in [`file`].
 
 mod accumulate;
-mod restrict;
 pub mod file;
+mod restrict;
 
 use std::fmt;
 
