@@ -6,135 +6,11 @@
 mod common;
 
 use baton::calibrate::saved_stats;
-use baton::calibrate::{
-    calibrate_with, corpus_info, save_fitted, CalibrateOptions, CorpusName, Direction, NoProgress,
-    Run, TokenFeatures,
-};
-use baton::data::corpus::{self, Document};
-use baton::learn::{self, store, ConversationPair, Learner, Structure};
-use baton::mapper::artifact::{self, ModelRef};
-use baton::metrics::probe_positions;
-use baton::model::{ForwardOptions, Logits, Model};
+use baton::calibrate::Direction;
+use baton::learn::{self, store, Structure};
+use baton::mapper::artifact;
+use common::learn_rig::{calibrate_into, conversation, docs, learn_once, open, refs, ANCHOR};
 use common::synthetic::{model_pair, Tiny};
-use std::path::Path;
-use std::sync::atomic::AtomicBool;
-
-const ANCHOR: usize = 1;
-
-fn docs(tiny: &Tiny) -> Vec<Document> {
-    (0..3)
-        .map(|i| Document::new(format!("d{i}"), tiny.text(4000, 21 + i)))
-        .collect()
-}
-
-fn opts() -> CalibrateOptions {
-    CalibrateOptions {
-        sequences: 4,
-        seq_len: 64,
-        stride: 1,
-        select_sequences: 2,
-        probes: 8,
-        k_sweep: vec![1, 2],
-        lambdas: vec![0.01],
-        max_k: usize::MAX,
-        token_features: TokenFeatures::All,
-        // Matched gains, so that the re-solve must put back per-head gains as well.
-        key_gain_matched: true,
-        ..CalibrateOptions::default()
-    }
-}
-
-/// Calibrates a -> b into `dir`, keeping its statistics, as `baton calibrate` does.
-fn calibrate_into(a: &Model, b: &Model, docs: &[Document], dir: &Path) {
-    let o = opts();
-    let name = CorpusName {
-        files: "tiny".into(),
-        fingerprint: corpus::fingerprint(docs),
-    };
-    let run = Run {
-        docs,
-        corpus: &name,
-        directions: &[Direction::Forward],
-        opts: &o,
-    };
-    let c = calibrate_with(a, b, &run, Vec::new(), &NoProgress, &AtomicBool::new(false)).unwrap();
-    save_fitted(
-        &c.fitted,
-        [a, b],
-        &corpus_info(&[], &corpus::fingerprint(docs), &o),
-        dir,
-    )
-    .unwrap();
-    let (sr, tr) = refs(a, b);
-    saved_stats::save(&c.stats[0], &saved_stats::stats_dir_in(dir, &sr, &tr)).unwrap();
-}
-
-fn refs(a: &Model, b: &Model) -> (ModelRef, ModelRef) {
-    (
-        ModelRef::new(&a.identity, a.config()),
-        ModelRef::new(&b.identity, b.config()),
-    )
-}
-
-fn open(a: &Model, b: &Model, dir: &Path, use_learned: bool) -> learn::Opened {
-    let art = artifact::find_for(Some(dir), a, b).unwrap();
-    let mapper = art.cache_mapper(a, b).unwrap();
-    let docs = docs_for_slices(a);
-    let slices = learn::calibration_slices(a, b, &docs, ANCHOR).unwrap();
-    learn::open(a, b, &art, mapper, dir, use_learned, slices, ANCHOR).unwrap()
-}
-
-fn docs_for_slices(_: &Model) -> Vec<Document> {
-    docs(&Tiny::new("llama"))
-}
-
-/// Both models' own caches of `ids`, the target's queries at probes, and one step.
-fn learn_once(
-    learner: &mut Learner,
-    a: &Model,
-    b: &Model,
-    ids: &[u32],
-) -> Option<learn::LearnOutcome> {
-    let probes = probe_positions(ids.len(), 16);
-    let mut sc = a.decoder.new_cache();
-    a.decoder
-        .forward(
-            ids,
-            &mut sc,
-            &ForwardOptions {
-                logits: Logits::None,
-                probe_positions: vec![],
-            },
-        )
-        .unwrap();
-    let mut tc = b.decoder.new_cache();
-    let out = b
-        .decoder
-        .forward(
-            ids,
-            &mut tc,
-            &ForwardOptions {
-                logits: Logits::None,
-                probe_positions: probes.clone(),
-            },
-        )
-        .unwrap();
-    let pair = ConversationPair {
-        tokens: ids,
-        src: &sc,
-        tgt: &tc,
-        queries: &out.queries,
-        probes: &probes,
-        from: 0,
-    };
-    learner.learn(a, b, &pair).unwrap()
-}
-
-fn conversation(tiny: &Tiny, a: &Model, seed: u64) -> Vec<u32> {
-    let text = tiny.text(400, seed);
-    let ids = a.tokenizer.encode(&text).unwrap();
-    ids[..ids.len().min(160)].to_vec()
-}
 
 #[test]
 fn a_re_solve_with_the_calibrations_structure_gives_back_the_calibrated_maps() {
@@ -228,7 +104,8 @@ fn an_update_is_taken_exactly_when_it_does_not_score_lower_and_is_kept_found_aga
         assert_eq!(grown, if o.accepted { o.tokens as u64 } else { 0 });
         if o.accepted {
             accepted += o.tokens as u64;
-            opened.meta.record("test", &o);
+            let kept = opened.keep("test", &o).unwrap().expect("an update to keep");
+            assert!(kept.exists());
             taken = Some(o);
         }
     }
@@ -241,7 +118,7 @@ fn an_update_is_taken_exactly_when_it_does_not_score_lower_and_is_kept_found_aga
     let short = conversation(&tiny, &a, 104)[..ANCHOR + 8].to_vec();
     assert!(learn_once(&mut opened.learner, &a, &b, &short).is_none());
 
-    store::save(&opened.dir, opened.learner.learned(), &opened.meta).unwrap();
+    assert_eq!(opened.meta.tokens, accepted);
     let again = open(&a, &b, dir.path(), true);
     assert_eq!(again.learner.learned_tokens(), accepted);
     assert_eq!(again.meta.tokens, accepted);

@@ -95,6 +95,16 @@ fn source_rows<'a>(
     ))
 }
 
+/// One window's rows as they enter the key and value statistics (see
+/// [`PairStats::update`]): source rows with the token block where the statistics hold it.
+pub struct StatsRows<'a> {
+    pub keys_x: Cow<'a, [f32]>,
+    pub values_x: Cow<'a, [f32]>,
+    pub keys_y: &'a [f32],
+    pub values_y: &'a [f32],
+    pub rows: usize,
+}
+
 /// Key and value statistics of one direction.
 #[derive(Debug, Clone)]
 pub struct DirectionStats {
@@ -141,12 +151,30 @@ impl DirectionStats {
         b: &WindowFeatures,
         weights: Option<&[f32]>,
     ) -> Result<(), CalibrateError> {
-        let (s, t) = self.direction.pick(a, b);
-        let (xk, xv) = source_rows(s, t, &self.keys, self.token_layers)?;
-        self.keys.update_weighted(&xk, &t.keys, s.rows, weights)?;
+        let r = self.rows(a, b)?;
+        self.keys
+            .update_weighted(&r.keys_x, r.keys_y, r.rows, weights)?;
         self.values
-            .update_weighted(&xv, &t.values, s.rows, weights)?;
+            .update_weighted(&r.values_x, r.values_y, r.rows, weights)?;
         Ok(())
+    }
+
+    /// The rows [`Self::add`] would put into the key and value statistics for one window,
+    /// without adding them: a caller can weigh an update before taking it.
+    pub fn rows<'a>(
+        &self,
+        a: &'a WindowFeatures,
+        b: &'a WindowFeatures,
+    ) -> Result<StatsRows<'a>, CalibrateError> {
+        let (s, t) = self.direction.pick(a, b);
+        let (keys_x, values_x) = source_rows(s, t, &self.keys, self.token_layers)?;
+        Ok(StatsRows {
+            keys_x,
+            values_x,
+            keys_y: &t.keys,
+            values_y: &t.values,
+            rows: s.rows,
+        })
     }
 
     pub fn memory_bytes(&self) -> usize {

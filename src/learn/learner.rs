@@ -5,8 +5,8 @@
 use super::judge::{HeldOutScores, Slice, Stretch};
 use super::refit::Structure;
 use super::LearnError;
-use crate::calibrate::{Direction, DirectionStats, WindowFeatures};
-use crate::mapper::{CacheMapper, PairStats};
+use crate::calibrate::{Direction, DirectionStats, StatsRows, WindowFeatures};
+use crate::mapper::CacheMapper;
 use crate::model::{KvCache, Model};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -48,13 +48,41 @@ pub struct LearnOutcome {
     pub seconds: f64,
 }
 
+/// An accepted update's features, as the two models' caches gave them (RoPE stripped, no
+/// token block: the statistics add that themselves): what is kept of it on disk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Update {
+    /// The source model's keys and values of the learned positions.
+    pub source: WindowFeatures,
+    /// The target model's, of the same positions.
+    pub target: WindowFeatures,
+}
+
+impl Update {
+    /// Adds the update to `stats` (source-first or target-first, as they were loaded).
+    pub fn add_to(&self, stats: &mut DirectionStats) -> Result<(), LearnError> {
+        let (a, b) = self.ordered(stats.direction);
+        Ok(stats.add(a, b)?)
+    }
+
+    fn ordered(&self, direction: Direction) -> (&WindowFeatures, &WindowFeatures) {
+        match direction {
+            Direction::Forward => (&self.source, &self.target),
+            Direction::Backward => (&self.target, &self.source),
+        }
+    }
+}
+
 pub struct Learner {
     structure: Structure,
-    direction: Direction,
-    /// The calibration's statistics with the accepted updates added.
+    /// The calibration's statistics with every accepted update added: the only copy a
+    /// learner holds, since an update is weighed without adding it (see
+    /// [`Structure::refit_with`]) and what was learned is kept as the updates themselves.
     total: DirectionStats,
-    /// The accepted updates alone, for keeping.
-    learned: DirectionStats,
+    /// Positions learned in all, earlier sessions' included.
+    learned_tokens: u64,
+    /// The latest accepted update, until it is taken to be kept.
+    accepted: Option<Update>,
     calibration: Vec<Slice>,
     /// The mapper in use's cosine on `calibration`, once scored: it changes only when an
     /// update is taken, so it is not scored again for every step's "before".
@@ -63,53 +91,35 @@ pub struct Learner {
     mapper: CacheMapper,
 }
 
-fn empty_like(d: &DirectionStats) -> Result<DirectionStats, LearnError> {
-    let like = |p: &PairStats| PairStats::new(p.l_s(), p.d_s(), p.l_t(), p.d_t());
-    Ok(DirectionStats {
-        direction: d.direction,
-        keys: like(&d.keys)?,
-        values: like(&d.values)?,
-        token_layers: d.token_layers,
-    })
-}
-
 impl Learner {
-    /// A learner over `calibration_stats` (those the mapper was fitted on) and what was
-    /// `learned` before; with something learned the mapper is solved again from both.
-    /// `mapper` is the calibrated mapper, whose precision the updates keep; `anchor` the
-    /// leading positions the target always computes itself.
+    /// A learner over `stats`: the statistics the mapper was fitted on, with what was
+    /// learned before (`learned_tokens` positions) already added; with something learned
+    /// the mapper is solved again from them. `mapper` is the calibrated mapper, whose
+    /// precision the updates keep; `anchor` the leading positions the target always
+    /// computes itself.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         src: &Model,
         tgt: &Model,
         structure: Structure,
-        calibration_stats: DirectionStats,
-        learned: Option<DirectionStats>,
+        stats: DirectionStats,
+        learned_tokens: u64,
         calibration: Vec<Slice>,
         anchor: usize,
         mapper: CacheMapper,
     ) -> Result<Self, LearnError> {
-        let mut total = calibration_stats;
-        let learned = match learned {
-            Some(l) => l,
-            None => empty_like(&total)?,
-        };
         let mut learner = Self {
             structure,
-            direction: total.direction,
-            total: {
-                total.keys.merge(&learned.keys)?;
-                total.values.merge(&learned.values)?;
-                total
-            },
-            learned,
+            total: stats,
+            learned_tokens,
+            accepted: None,
             calibration,
             calibration_cosine: None,
             anchor,
             mapper,
         };
-        if learner.learned.keys.count() > 0 {
-            learner.mapper = learner.solve(src, tgt, &learner.total)?;
+        if learned_tokens > 0 {
+            learner.mapper = learner.solve(src, tgt, None)?;
         }
         Ok(learner)
     }
@@ -118,22 +128,28 @@ impl Learner {
         &self.mapper
     }
 
-    /// What was learned, apart from the calibration.
-    pub fn learned(&self) -> &DirectionStats {
-        &self.learned
+    /// The latest accepted update, to keep; `None` once taken or when none was accepted.
+    pub fn take_update(&mut self) -> Option<Update> {
+        self.accepted.take()
     }
 
     pub fn learned_tokens(&self) -> u64 {
-        self.learned.keys.count()
+        self.learned_tokens
     }
 
+    /// The statistics solved from: the calibration's with what was learned.
+    pub fn statistics(&self) -> &DirectionStats {
+        &self.total
+    }
+
+    /// The mapper solved from the statistics, with `batch` added if there is one.
     fn solve(
         &self,
         src: &Model,
         tgt: &Model,
-        stats: &DirectionStats,
+        batch: Option<&StatsRows<'_>>,
     ) -> Result<CacheMapper, LearnError> {
-        let r = self.structure.refit(stats)?;
+        let r = self.structure.refit_with(&self.total, batch)?;
         Ok(
             CacheMapper::from_layer_maps(src, tgt, &r.keys, &r.values, Some(&r.scales))?
                 .with_precision(self.mapper.precision())?,
@@ -219,34 +235,37 @@ impl Learner {
 
         let fs = WindowFeatures::of(pair.src, src.decoder.rope(), start, held_from, 1)?;
         let ft = WindowFeatures::of(pair.tgt, tgt.decoder.rope(), start, held_from, 1)?;
-        let (first, second) = match self.direction {
-            Direction::Forward => (&fs, &ft),
-            Direction::Backward => (&ft, &fs),
+        let update = Update {
+            source: fs,
+            target: ft,
         };
-        let mut candidate = self.total.clone();
-        candidate.add(first, second)?;
-        let mapper = self.solve(src, tgt, &candidate)?;
+        let (a, b) = update.ordered(self.total.direction);
+        let rows = self.total.rows(a, b)?;
+        let mapper = self.solve(src, tgt, Some(&rows))?;
+        drop(rows);
         let after = HeldOutScores {
             conversation: stretch.cosine(&mapper, src, tgt)?,
             calibration: self.calibration_score(&mapper, src, tgt)?,
         };
         let accepted = after.combined() >= before.combined();
+        let tokens = update.source.rows;
         if accepted {
-            self.total = candidate;
-            self.learned.add(first, second)?;
+            update.add_to(&mut self.total)?;
+            self.learned_tokens += tokens as u64;
+            self.accepted = Some(update);
             self.mapper = mapper;
             self.calibration_cosine = after.calibration;
         }
         let learned_to = if accepted { held_from } else { pair.from };
         tracing::info!(
-            tokens = fs.rows,
+            tokens,
             before = before.combined(),
             after = after.combined(),
             accepted,
             "learning step"
         );
         Ok(Some(LearnOutcome {
-            tokens: fs.rows,
+            tokens,
             held_out: n - held_from,
             before,
             after,

@@ -18,16 +18,25 @@
 //!   the mapper's use on other text.
 //!
 //! What was learned is kept apart from the calibration's statistics (`store`), so the
-//! next session starts from it and a reset returns to the calibration.
+//! next session starts from it and a reset returns to the calibration. Each accepted
+//! update is kept as its own file of the positions' features (`shard`), added beside the
+//! others and never rewritten: what is on disk grows with what was learned, and runs
+//! learning at once on the same mapper each add their own files instead of overwriting
+//! one another's.
+//!
+//! A learner holds one copy of the statistics (the calibration's with what was
+//! learned): an update is weighed by solving each target layer from the blocks it reads
+//! with the update added to those alone, and is added to the whole only once taken.
 
 mod judge;
 mod learner;
 pub mod open;
 mod refit;
+pub mod shard;
 pub mod store;
 
 pub use judge::{HeldOutScores, Slice};
-pub use learner::{ConversationPair, LearnOutcome, Learner, MIN_NEW_POSITIONS};
+pub use learner::{ConversationPair, LearnOutcome, Learner, Update, MIN_NEW_POSITIONS};
 pub use open::{calibration_slices, open, Opened};
 pub use refit::{Refitted, Structure};
 

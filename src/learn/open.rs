@@ -5,8 +5,8 @@
 use super::judge::Slice;
 use super::learner::Learner;
 use super::refit::Structure;
-use super::store::{self, LearnedMeta};
-use super::LearnError;
+use super::store::{self, LearnedMeta, LearnedStep};
+use super::{LearnError, LearnOutcome};
 use crate::calibrate::saved_stats;
 use crate::calibrate::Direction;
 use crate::data::corpus::{self, Document, Split};
@@ -96,28 +96,35 @@ pub fn open(
         tgt.config().head_dim,
     )?;
     let dir = store::learned_dir_in(mapper_dir, &sr, &tr);
-    let (learned, meta) = match use_learned {
-        true => match store::load(&dir, &calibration, &sr, &tr)? {
-            Some((s, m)) => (Some(s), m),
-            None => (
-                None,
-                LearnedMeta::new(sr.clone(), tr.clone(), calibration.token_layers),
-            ),
-        },
-        false => (
-            None,
-            LearnedMeta::new(sr.clone(), tr.clone(), calibration.token_layers),
-        ),
-    };
+    let mut stats = calibration;
+    let meta = match use_learned {
+        true => store::load_into(&dir, &mut stats, &sr, &tr)?,
+        false => None,
+    }
+    .unwrap_or_else(|| LearnedMeta::new(sr, tr, stats.token_layers));
     let learner = Learner::new(
         src,
         tgt,
         structure,
-        calibration,
-        learned,
+        stats,
+        meta.tokens,
         slices,
         anchor,
         mapper,
     )?;
     Ok(Opened { learner, meta, dir })
+}
+
+impl Opened {
+    /// Keeps the update the learner took last as a new shard, counted in `meta` once it
+    /// is on disk; its path. `Ok(None)` when there is no update to keep.
+    pub fn keep(&mut self, from: &str, o: &LearnOutcome) -> Result<Option<PathBuf>, LearnError> {
+        let Some(update) = self.learner.take_update() else {
+            return Ok(None);
+        };
+        let step = LearnedStep::of(from, o);
+        let path = store::append(&self.dir, &self.meta, &update, &step)?;
+        self.meta.record(step);
+        Ok(Some(path))
+    }
 }

@@ -1,11 +1,15 @@
 //! What a mapper learned, kept beside its artifact apart from the calibration's own
-//! statistics: `<mapper dir>/learned/<artifact name>/` holds the key and value
-//! statistics of the accepted updates and `learned.json`, which says how many positions
-//! they hold and where they came from. Removing the directory (`baton mappers
+//! statistics: `<mapper dir>/learned/<artifact name>/` holds one shard per accepted
+//! update (see [`super::shard`]) and, where an earlier version kept what was learned as
+//! statistics, those as a base the shards add to (`keys.safetensors`,
+//! `values.safetensors` and `learned.json`, read and never rewritten). What was learned
+//! in all, and where from, is read from the base and the shards themselves, so there is
+//! no summary to fall out of step with them. Removing the directory (`baton mappers
 //! --reset-learned`) returns the mapper to its calibration.
 
+use super::learner::Update;
+use super::shard::{self, ShardHeader};
 use super::{LearnError, LearnOutcome};
-use crate::calibrate::saved_stats::write_dir;
 use crate::calibrate::DirectionStats;
 use crate::mapper::artifact::{self, ModelRef};
 use crate::mapper::PairStats;
@@ -28,6 +32,23 @@ pub struct LearnedStep {
     pub after: f64,
 }
 
+impl LearnedStep {
+    /// The step `o` took, from `from`, now.
+    pub fn of(from: &str, o: &LearnOutcome) -> Self {
+        Self {
+            from: from.to_string(),
+            unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            tokens: o.tokens,
+            before: o.before.combined(),
+            after: o.after.combined(),
+        }
+    }
+}
+
+/// What was learned between two models: the base's description (`learned.json`) with
+/// every shard's step counted in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LearnedMeta {
     pub format: String,
@@ -53,18 +74,10 @@ impl LearnedMeta {
         }
     }
 
-    /// Counts an accepted step.
-    pub fn record(&mut self, from: &str, o: &LearnOutcome) {
-        self.tokens = o.learned_tokens;
-        self.steps.push(LearnedStep {
-            from: from.to_string(),
-            unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            tokens: o.tokens,
-            before: o.before.combined(),
-            after: o.after.combined(),
-        });
+    /// Counts a kept step.
+    pub fn record(&mut self, step: LearnedStep) {
+        self.tokens += step.tokens as u64;
+        self.steps.push(step);
     }
 
     /// For `baton mappers`.
@@ -93,42 +106,92 @@ fn bad(path: &Path, reason: impl Into<String>) -> LearnError {
     }
 }
 
-pub fn save(dir: &Path, stats: &DirectionStats, meta: &LearnedMeta) -> Result<(), LearnError> {
-    let json = serde_json::to_string_pretty(meta).map_err(|e| bad(dir, e.to_string()))?;
-    Ok(write_dir(dir, stats, META, &json)?)
+/// Keeps `update`, taken by `step`, as a new shard in `dir`; its path once it is on
+/// disk whole. Other writers' shards are left as they are.
+pub fn append(
+    dir: &Path,
+    meta: &LearnedMeta,
+    update: &Update,
+    step: &LearnedStep,
+) -> Result<PathBuf, LearnError> {
+    let header = ShardHeader {
+        source: meta.source.clone(),
+        target: meta.target.clone(),
+        token_layers: meta.token_layers,
+        step: step.clone(),
+    };
+    shard::write(dir, &header, update)
 }
 
-pub fn read_meta(dir: &Path) -> Result<Option<LearnedMeta>, LearnError> {
+const FIX: &str = "remove it with `baton mappers --reset-learned`";
+
+/// The base's description: `learned.json`, where an earlier version kept what was
+/// learned as statistics.
+fn read_base(dir: &Path) -> Result<Option<LearnedMeta>, LearnError> {
     let path = dir.join(META);
     match std::fs::read_to_string(&path) {
-        Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| {
-            bad(
-                &path,
-                format!("not readable: {e}; remove it with `baton mappers --reset-learned`"),
-            )
-        }),
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| bad(&path, format!("not readable: {e}; {FIX}"))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(bad(&path, e.to_string())),
     }
 }
 
-/// What was learned between these models, shaped as `like` (the calibration's
-/// statistics it adds to); `None` when nothing was.
-pub fn load(
+/// What was learned in `dir`, from the base's description and the shards' headers (the
+/// features are not read); `None` when nothing was.
+pub fn read_meta(dir: &Path) -> Result<Option<LearnedMeta>, LearnError> {
+    let base = read_base(dir)?;
+    let shards = shard::list(dir)?;
+    let mut meta = base;
+    for path in &shards {
+        let h = shard::read_header(path)?;
+        meta.get_or_insert_with(|| {
+            LearnedMeta::new(h.source.clone(), h.target.clone(), h.token_layers)
+        })
+        .record(h.step);
+    }
+    Ok(meta)
+}
+
+/// Adds what was learned between these models to `stats` (the calibration's, loaded
+/// source-first or target-first): the base's statistics if there are any, then every
+/// shard, one at a time. `None` when nothing was learned.
+pub fn load_into(
     dir: &Path,
-    like: &DirectionStats,
+    stats: &mut DirectionStats,
     source: &ModelRef,
     target: &ModelRef,
-) -> Result<Option<(DirectionStats, LearnedMeta)>, LearnError> {
-    let Some(meta) = read_meta(dir)? else {
-        return Ok(None);
+) -> Result<Option<LearnedMeta>, LearnError> {
+    let mut meta = match read_base(dir)? {
+        Some(base) => {
+            add_base(dir, &base, stats, source, target)?;
+            Some(base)
+        }
+        None => None,
     };
-    let fix = "remove it with `baton mappers --reset-learned`";
+    for path in shard::list(dir)? {
+        let (h, update) = shard::read(&path, source, target)?;
+        update.add_to(stats)?;
+        meta.get_or_insert_with(|| LearnedMeta::new(h.source, h.target, stats.token_layers))
+            .record(h.step);
+    }
+    Ok(meta)
+}
+
+/// Adds the statistics an earlier version kept, described by `meta`, to `stats`.
+fn add_base(
+    dir: &Path,
+    meta: &LearnedMeta,
+    stats: &mut DirectionStats,
+    source: &ModelRef,
+    target: &ModelRef,
+) -> Result<(), LearnError> {
     if meta.format != FORMAT || meta.version != VERSION {
         return Err(bad(
             dir,
             format!(
-                "format {} version {}, this build reads {FORMAT} version {VERSION}: {fix}",
+                "format {} version {}, this build reads {FORMAT} version {VERSION}: {FIX}",
                 meta.format, meta.version
             ),
         ));
@@ -137,42 +200,37 @@ pub fn load(
         return Err(bad(
             dir,
             format!(
-                "learned between other models ({} -> {}): {fix}",
+                "learned between other models ({} -> {}): {FIX}",
                 meta.source.name, meta.target.name
             ),
         ));
     }
-    let keys = PairStats::load(&dir.join("keys.safetensors"))?;
-    let values = PairStats::load(&dir.join("values.safetensors"))?;
     let shape = |p: &PairStats| (p.l_s(), p.d_s(), p.l_t(), p.d_t());
-    if meta.token_layers != like.token_layers
-        || shape(&keys) != shape(&like.keys)
-        || shape(&values) != shape(&like.values)
-    {
-        return Err(bad(
-            dir,
-            format!(
-                "learned for a mapper of another shape (with or without token features): {fix}"
-            ),
-        ));
+    // One half at a time, so that only one half is ever held twice.
+    for (name, into) in [
+        ("keys.safetensors", &mut stats.keys),
+        ("values.safetensors", &mut stats.values),
+    ] {
+        let half = PairStats::load(&dir.join(name))?;
+        if meta.token_layers != stats.token_layers || shape(&half) != shape(into) {
+            return Err(bad(
+                dir,
+                format!(
+                    "learned for a mapper of another shape (with or without token \
+                     features): {FIX}"
+                ),
+            ));
+        }
+        if half.count() != meta.tokens {
+            return Err(bad(
+                dir,
+                format!("{META} and the statistics disagree on the count: {FIX}"),
+            ));
+        }
+        into.merge(&half)?;
     }
-    if keys.count() != meta.tokens || values.count() != meta.tokens {
-        return Err(bad(
-            dir,
-            format!("{META} and the statistics disagree on the count: {fix}"),
-        ));
-    }
-    Ok(Some((
-        DirectionStats {
-            direction: like.direction,
-            keys,
-            values,
-            token_layers: meta.token_layers,
-        },
-        meta,
-    )))
+    Ok(())
 }
-
 /// Forgets what was learned; true when there was something.
 pub fn reset(dir: &Path) -> Result<bool, LearnError> {
     if !dir.exists() {

@@ -295,14 +295,16 @@ impl State {
         let mut kept = None;
         let mut mapper = None;
         if outcome.accepted {
-            opened.meta.record(&job.label, &outcome);
             mapper = Some(Box::new(opened.learner.mapper().clone()));
+            // Kept only once its shard is on disk whole; "kept" is never said of less.
             if self.setup.keep {
-                kept = Some(
-                    learn::store::save(&opened.dir, opened.learner.learned(), &opened.meta)
-                        .map(|()| opened.dir.clone())
-                        .map_err(|e| e.to_string()),
-                );
+                kept = match opened.keep(&job.label, &outcome) {
+                    Ok(Some(path)) => Some(Ok(path)),
+                    Ok(None) => None,
+                    Err(e) => Some(Err(e.to_string())),
+                };
+            } else {
+                opened.learner.take_update();
             }
         }
         Reply::Learned {

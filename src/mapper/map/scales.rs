@@ -16,16 +16,30 @@ pub struct SourceScales {
     pub value_std: Vec<f32>,
 }
 
+/// Source means, centred sums of squares and the count they are over.
+pub type Moments<'a> = (&'a [f64], &'a [f64], u64);
+
 impl SourceScales {
     /// From the calibration statistics of keys and values.
     pub fn from_stats(keys: &PairStats, values: &PairStats) -> Self {
-        let one = |st: &PairStats| -> (Vec<f32>, Vec<f32>) {
-            let n = st.count().max(1) as f64;
-            let mean = st.mean_x().iter().map(|&m| m as f32).collect();
-            let std = (0..st.dx())
-                .map(|i| (st.cxx_at(i, i).max(0.0) / n).sqrt() as f32)
+        let diag = |st: &PairStats| (0..st.dx()).map(|i| st.cxx_at(i, i)).collect::<Vec<_>>();
+        Self::from_moments(
+            (keys.mean_x(), &diag(keys), keys.count()),
+            (values.mean_x(), &diag(values), values.count()),
+        )
+    }
+
+    /// From the source means, centred sums of squares and counts of keys and of values
+    /// (what [`PairStats::x_moments_with`] gives).
+    pub fn from_moments(keys: Moments<'_>, values: Moments<'_>) -> Self {
+        let one = |(mean, diag, count): Moments<'_>| -> (Vec<f32>, Vec<f32>) {
+            let n = count.max(1) as f64;
+            let m = mean.iter().map(|&m| m as f32).collect();
+            let std = diag
+                .iter()
+                .map(|&d| (d.max(0.0) / n).sqrt() as f32)
                 .collect();
-            (mean, std)
+            (m, std)
         };
         let (key_mean, key_std) = one(keys);
         let (value_mean, value_std) = one(values);

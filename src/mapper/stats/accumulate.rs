@@ -167,7 +167,12 @@ impl PairStats {
     }
 }
 
-fn check_batch(what: &'static str, data: &[f32], rows: usize, width: usize) -> Result<()> {
+pub(super) fn check_batch(
+    what: &'static str,
+    data: &[f32],
+    rows: usize,
+    width: usize,
+) -> Result<()> {
     let expected = rows.saturating_mul(width);
     if data.len() != expected {
         return Err(MapperError::BatchShape {

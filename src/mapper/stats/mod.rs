@@ -49,6 +49,7 @@
 
 mod accumulate;
 pub mod file;
+mod restrict;
 
 use std::fmt;
 
