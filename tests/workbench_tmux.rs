@@ -1,10 +1,15 @@
 //! The real binary's workbench in a real terminal (tmux) on the default pair: type a
 //! message, wait for the answer, press Tab, send another, and check that the screen
 //! shows a measured map time, a re-prefill time and per-layer cosines, and that the
-//! session file holds the switch. Skips with a note where tmux is missing (scripts/test
+//! session file holds the switch. On two tiny chat models generated here (seconds): a
+//! long paste followed by Enter is sent whole, and a decomposed accent is answered and
+//! so is the message after it. Skips with a note where tmux is missing (scripts/test
 //! installs it).
 
 mod common;
+
+use common::engine_rig::{tiny, write_pair_of};
+use common::synthetic::Tiny;
 
 use std::path::Path;
 use std::process::Command;
@@ -251,4 +256,182 @@ fn a_fatal_start_up_error_is_shown_and_the_workbench_exits_non_zero() {
         "0",
         "a workbench that could not start exits non-zero"
     );
+}
+
+fn no_tmux(test: &str) -> bool {
+    let missing = Command::new("tmux").arg("-V").output().is_err();
+    if missing {
+        common::skipped(test, "tmux is not installed (scripts/test installs it)");
+    }
+    missing
+}
+
+/// Words the tiny models know besides `w0` …, in the normal form their tokenizer reads.
+const ACCENTED: &[&str] = &["café", "ñ"];
+
+/// The workbench on two tiny chat models written under `dir`, with their mappers, in a
+/// tmux session of its own; returns once the engine is ready. Answers are a few tokens.
+fn tiny_workbench(dir: &Path, name: &str) -> (String, std::path::PathBuf, KillOnDrop) {
+    let t = tiny();
+    // Room for two pasted blocks of about 630 tokens each.
+    let t = Tiny {
+        vocab: t.vocab + ACCENTED.len(),
+        chat_words: ACCENTED,
+        context: 4096,
+        ..t
+    };
+    write_pair_of(&t, dir, false);
+    let record = dir.join("s.jsonl");
+    let session = format!("baton-{name}-{}", std::process::id());
+    let cmd = format!(
+        "{} workbench --source {} --target {} --mapper-dir {} --record {} --max-tokens 4 --no-learn",
+        env!("CARGO_BIN_EXE_baton"),
+        dir.join("a").display(),
+        dir.join("b").display(),
+        dir.join("mappers").display(),
+        record.display()
+    );
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "160",
+        "-y",
+        "48",
+        "-c",
+        &dir.display().to_string(),
+        &cmd,
+    ]);
+    let kill = KillOnDrop(session.clone());
+    wait_for(
+        &session,
+        "the engine to be ready",
+        Duration::from_secs(60),
+        &|| count_in(&record, "\"type\":\"ready\"") == 1,
+    );
+    (session, record, kill)
+}
+
+/// The messages the session file holds, in order.
+fn user_messages(record: &Path) -> Vec<String> {
+    let Ok(s) = baton::session::read_session(record) else {
+        return Vec::new();
+    };
+    s.events()
+        .filter_map(|e| match e {
+            baton::protocol::Event::UserMessage { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// About 2.6 KB in lines of words the tiny models know, as a pasted text block.
+fn pasted_block() -> String {
+    let t = tiny();
+    let lines: Vec<String> = (0..52).map(|i| t.chat_text(12, 2 * i + 101)).collect();
+    let text = lines.join("\n");
+    assert!((2500..2800).contains(&text.len()), "{}", text.len());
+    text
+}
+
+#[test]
+fn a_long_paste_then_enter_sends_the_whole_message() {
+    let test = "a_long_paste_then_enter_sends_the_whole_message";
+    if no_tmux(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (session, record, _kill) = tiny_workbench(dir.path(), "paste");
+    let block = pasted_block();
+    // Each line break arrives as a space: the input box holds one line.
+    let want = block.replace('\n', " ");
+    // As a terminal pastes into an application that asked for bracketed paste: the
+    // block between the markers, in one write.
+    tmux(&["set-buffer", "-b", "baton-paste", &block]);
+    tmux(&[
+        "paste-buffer",
+        "-p",
+        "-d",
+        "-b",
+        "baton-paste",
+        "-t",
+        &session,
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    wait_for(
+        &session,
+        "the pasted message's answer",
+        Duration::from_secs(60),
+        &|| count_in(&record, "\"type\":\"done\"") == 1,
+    );
+    assert_eq!(user_messages(&record), vec![want.clone()]);
+    // The same block where no bracketed paste frames it (a terminal without it, or
+    // keys sent one by one): a burst of keys whose line breaks are Enter keys.
+    tmux(&["set-buffer", "-b", "baton-paste", &block]);
+    tmux(&["paste-buffer", "-d", "-b", "baton-paste", "-t", &session]);
+    std::thread::sleep(Duration::from_millis(500));
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    wait_for(
+        &session,
+        "the second message's answer",
+        Duration::from_secs(60),
+        &|| count_in(&record, "\"type\":\"done\"") == 2,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let s = screen(&session);
+    eprintln!("{s}");
+    assert_eq!(user_messages(&record), vec![want.clone(), want], "{s}");
+}
+
+#[test]
+fn a_decomposed_accent_typed_in_the_workbench_is_answered_and_so_is_the_next_message() {
+    let test = "a_decomposed_accent_typed_in_the_workbench_is_answered_and_so_is_the_next_message";
+    if no_tmux(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (session, record, _kill) = tiny_workbench(dir.path(), "accent");
+    // e and n with combining marks, as some keyboards and input methods send them.
+    let typed = "w3 cafe\u{301} w4 n\u{303}";
+    tmux(&["send-keys", "-t", &session, "-l", typed]);
+    std::thread::sleep(Duration::from_millis(300));
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    wait_for(
+        &session,
+        "the first answer",
+        Duration::from_secs(60),
+        &|| count_in(&record, "\"type\":\"done\"") == 1,
+    );
+    tmux(&["send-keys", "-t", &session, "-l", "w5 w6"]);
+    std::thread::sleep(Duration::from_millis(300));
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    wait_for(
+        &session,
+        "the second answer",
+        Duration::from_secs(60),
+        &|| count_in(&record, "\"type\":\"done\"") == 2,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let s = screen(&session);
+    assert!(!s.contains("prefix-stable"), "{s}");
+    assert_eq!(count_in(&record, "\"type\":\"error\""), 0, "{s}");
+    // The message reached the engine as typed; the engine reads it in NFC.
+    assert_eq!(
+        user_messages(&record),
+        vec![typed.to_string(), "w5 w6".into()]
+    );
+    let session_file = baton::session::read_session(&record).unwrap();
+    let answers = session_file
+        .events()
+        .filter(|e| {
+            matches!(
+                e,
+                baton::protocol::Event::Generation { token_ids, .. } if !token_ids.is_empty()
+            )
+        })
+        .count();
+    assert_eq!(answers, 2, "{s}");
 }

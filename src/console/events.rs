@@ -2,6 +2,7 @@
 //! comparisons as plain lines, answers on stdout and progress and problems on stderr, so
 //! a script can keep the transcript and drop the rest.
 
+use super::prefill::PrefillMeter;
 use crate::protocol::{
     Event, GateDecision, GenerationTimings, PathKind, SwitchEstimate, SwitchMetrics, SwitchTimings,
 };
@@ -19,6 +20,7 @@ pub enum Stream {
 #[derive(Debug, Default)]
 pub struct EventPrinter {
     last_stage: String,
+    prefill: PrefillMeter,
 }
 
 impl EventPrinter {
@@ -79,6 +81,15 @@ impl EventPrinter {
                 "[turn {turn}] mapped vs reference: {}",
                 comparison_verdict(*identical, *first_difference, *agreement)
             )),
+            Event::PrefillProgress {
+                turn,
+                path,
+                done,
+                total,
+            } => self
+                .prefill
+                .line(*turn, *path, *done, *total, std::time::Instant::now())
+                .and_then(err),
             Event::Notice { message } => err(message.clone()),
             Event::Error { message, fatal } => err(format!(
                 "{}: {message}",

@@ -57,6 +57,12 @@ pub enum EngineError {
     Session(#[from] crate::session::SessionError),
     #[error(transparent)]
     Fidelity(#[from] crate::handoff::fidelity::FidelityError),
+    #[error("the message was not sent: the conversation would be {tokens} tokens with it, more than the {max} that {model} can hold (its context length)")]
+    TooLong {
+        model: String,
+        tokens: usize,
+        max: usize,
+    },
     #[error("engine: {0}")]
     Internal(String),
 }

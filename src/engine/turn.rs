@@ -11,8 +11,9 @@ use super::timing::ms;
 use super::EngineError;
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::metrics;
+use crate::model::decoder::PREFILL_CHUNK;
 use crate::model::{
-    generate_until, ForwardOptions, GenerateOptions, KvCache, Logits, Model, StopReason,
+    generate_watched, ForwardOptions, GenerateOptions, KvCache, Logits, Model, StopReason,
 };
 use crate::protocol::{CacheOrigin, Event, GenerationTimings, PathKind, StopKind};
 use std::cell::RefCell;
@@ -79,7 +80,23 @@ fn generate_on(
         let (out, inbox) = &mut *g;
         inbox.poll(out)
     };
-    let g = generate_until(&model.decoder, cache, pending, &opts, &asked, &mut |id| {
+    // One chunk reads in well under a second; only a longer input is worth watching.
+    let total = pending.len();
+    let watched = total > PREFILL_CHUNK;
+    let mut on_prefill = |done: usize| {
+        if watched {
+            io.borrow_mut().0.emit(Event::PrefillProgress {
+                turn: s.turn,
+                path: s.path,
+                done,
+                total,
+            });
+        }
+    };
+    if watched {
+        on_prefill(0);
+    }
+    let on_token = &mut |id| {
         let mut g = io.borrow_mut();
         let out = &mut g.0;
         first.get_or_insert_with(|| (ms(t0), ms(s.sent)));
@@ -98,7 +115,16 @@ fn generate_on(
         }
         // The inbox is asked before the next step (`asked`): once per token is enough.
         true
-    })?;
+    };
+    let g = generate_watched(
+        &model.decoder,
+        cache,
+        pending,
+        &opts,
+        &asked,
+        &mut on_prefill,
+        on_token,
+    )?;
     if let Ok(rest) = stream.finish() {
         text.push_str(&rest);
     }
@@ -166,15 +192,19 @@ impl Engine {
         commands: &Receiver<super::Envelope>,
     ) -> Result<(), EngineError> {
         let a = self.active;
+        let template = self.slots[a].model.chat_template()?.clone();
+        // Measured on a copy, so that a message refused for its length leaves the
+        // conversation as it was.
+        let mut conv = self.conv.clone();
+        conv.push_user(&template, &self.slots[a].model.tokenizer, text)?;
+        self.check_room(conv.len())?;
         self.turn += 1;
         let turn = self.turn;
         self.out.emit(Event::UserMessage {
             turn,
             text: text.to_string(),
         });
-        let template = self.slots[a].model.chat_template()?.clone();
-        self.conv
-            .push_user(&template, &self.slots[a].model.tokenizer, text)?;
+        self.conv = conv;
         let follow_up = self.follow_up.take();
         // The shadow path runs whenever the shown path's cache is not the model's own.
         let reference = self.settings.reference && self.slots[a].origin != CacheOrigin::True;
@@ -221,6 +251,35 @@ impl Engine {
         self.out.emit(Event::Done { turn });
         if self.settings.premap && !self.shutdown {
             self.premap()?;
+        }
+        Ok(())
+    }
+
+    /// Said before a long prefill starts rather than after it: a conversation of
+    /// `tokens` ids the active model cannot hold is refused, and one that leaves less
+    /// room than the answer budget is answered with a warning that the answer will be
+    /// cut short.
+    fn check_room(&mut self, tokens: usize) -> Result<(), EngineError> {
+        let slot = &self.slots[self.active];
+        let max = slot.model.decoder.config().context_length;
+        if tokens > max {
+            return Err(EngineError::TooLong {
+                model: slot.name().to_string(),
+                tokens,
+                max,
+            });
+        }
+        let room = max - tokens;
+        if room < self.settings.max_tokens {
+            let model = slot.name();
+            self.out.emit(Event::Notice {
+                message: format!(
+                    "long message: the conversation is {tokens} tokens with it, and {model} \
+                     reads {max} at most (its context length): the answer has room for \
+                     {room} of its {} tokens",
+                    self.settings.max_tokens
+                ),
+            });
         }
         Ok(())
     }

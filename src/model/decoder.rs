@@ -161,6 +161,20 @@ impl Decoder {
         opts: &ForwardOptions,
         stop: &dyn Fn() -> bool,
     ) -> Result<ForwardOutput> {
+        self.forward_watched(tokens, cache, opts, stop, &mut |_| {})
+    }
+
+    /// [`Decoder::forward_until`] that tells `on_chunk` how many of `tokens` are in the
+    /// cache after each chunk: a prompt of tens of thousands of tokens reads for minutes,
+    /// and whoever waits for it wants to see it move.
+    pub fn forward_watched(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        opts: &ForwardOptions,
+        stop: &dyn Fn() -> bool,
+        on_chunk: &mut dyn FnMut(usize),
+    ) -> Result<ForwardOutput> {
         self.check_tokens(tokens, cache)?;
         if tokens.is_empty() {
             return Ok(ForwardOutput {
@@ -194,6 +208,7 @@ impl Decoder {
                 .map(|&p| p - chunk_start)
                 .collect();
             let out = self.forward_chunk(chunk, cache, want, &probes, stop)?;
+            on_chunk(cache.len() - start);
             if let Some(l) = out.logits {
                 logits.push(l);
             }
@@ -201,7 +216,6 @@ impl Decoder {
                 queries[l].push(q);
             }
         }
-        let _ = start;
         let logits = match logits.len() {
             0 => None,
             1 => logits.pop(),

@@ -98,6 +98,20 @@ pub fn generate_until(
     stop: &dyn Fn() -> bool,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<Generation> {
+    generate_watched(decoder, cache, new_ids, opts, stop, &mut |_| {}, on_token)
+}
+
+/// [`generate_until`] that tells `on_prefill` how many of `new_ids` the cache holds
+/// after each prefill chunk (see [`Decoder::forward_watched`]).
+pub fn generate_watched(
+    decoder: &Decoder,
+    cache: &mut KvCache,
+    new_ids: &[u32],
+    opts: &GenerateOptions,
+    stop: &dyn Fn() -> bool,
+    on_prefill: &mut dyn FnMut(usize),
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<Generation> {
     let max_ctx = decoder.config().context_length;
     let t0 = Instant::now();
     if new_ids.is_empty() {
@@ -111,7 +125,13 @@ pub fn generate_until(
         });
     }
     let before = cache.len();
-    let read = decoder.forward_until(new_ids, cache, &ForwardOptions::last_logits(), stop);
+    let read = decoder.forward_watched(
+        new_ids,
+        cache,
+        &ForwardOptions::last_logits(),
+        stop,
+        on_prefill,
+    );
     let mut logits = match read {
         Ok(out) => out
             .logits

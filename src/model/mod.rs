@@ -19,7 +19,9 @@ pub use complete::complete;
 pub use config::{Arch, ModelConfig, RopeLayout};
 pub use decoder::{Decoder, ForwardOptions, ForwardOutput, Logits};
 pub use error::{ModelError, Result};
-pub use generate::{generate, generate_until, GenerateOptions, Generation, StopReason, Throughput};
+pub use generate::{
+    generate, generate_until, generate_watched, GenerateOptions, Generation, StopReason, Throughput,
+};
 pub use kv_cache::{KvCache, KvShape, LayerKv};
 pub use layer_zero::LayerZero;
 pub use load::{load_decoder, LoadedDecoder, ModelFormat};

@@ -45,6 +45,16 @@ pub enum Event {
         text: String,
         id: u32,
     },
+    /// How much of the turn's new input (`total` ids: the message, with what the
+    /// template adds) the model on `path` has read before its first token. Sent after
+    /// each prefill chunk, only for input longer than one chunk. Not recorded: the
+    /// prefill's time is in [`Event::Generation`].
+    PrefillProgress {
+        turn: u32,
+        path: PathKind,
+        done: usize,
+        total: usize,
+    },
     /// One path's complete answer to a turn.
     Generation {
         turn: u32,
@@ -262,6 +272,7 @@ impl Event {
         "user_message",
         "turn_started",
         "token",
+        "prefill_progress",
         "generation",
         "switch",
         "switch_reread",
@@ -278,12 +289,16 @@ impl Event {
         "shut_down",
     ];
 
-    /// Whether a session file keeps this event. Streamed tokens are summed up by
-    /// `Generation` and loading progress by `Ready`; both would only bloat the file.
+    /// Whether a session file keeps this event. Streamed tokens and prefill progress are
+    /// summed up by `Generation` and loading progress by `Ready`; they would only bloat
+    /// the file.
     pub fn is_recorded(&self) -> bool {
         !matches!(
             self,
-            Event::Token { .. } | Event::Loading { .. } | Event::RepairProgress { .. }
+            Event::Token { .. }
+                | Event::PrefillProgress { .. }
+                | Event::Loading { .. }
+                | Event::RepairProgress { .. }
         )
     }
 
@@ -293,6 +308,7 @@ impl Event {
             Event::UserMessage { turn, .. }
             | Event::TurnStarted { turn, .. }
             | Event::Token { turn, .. }
+            | Event::PrefillProgress { turn, .. }
             | Event::Generation { turn, .. }
             | Event::Switch { turn, .. }
             | Event::SwitchMeasured { turn, .. }

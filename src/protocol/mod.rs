@@ -97,6 +97,12 @@ mod tests {
                 text: "hi".into(),
                 id: 7,
             },
+            Event::PrefillProgress {
+                turn: 1,
+                path: PathKind::Mapped,
+                done: 512,
+                total: 900,
+            },
             Event::Generation {
                 turn: 1,
                 path: PathKind::Mapped,
@@ -273,18 +279,22 @@ mod tests {
     }
 
     #[test]
-    fn only_tokens_and_loading_and_repair_progress_are_left_out_of_the_file() {
+    fn only_tokens_and_progress_are_left_out_of_the_file() {
         let left_out: Vec<&str> = one_of_each()
             .iter()
             .filter(|e| !e.is_recorded())
             .map(|e| match e {
                 Event::Token { .. } => "token",
+                Event::PrefillProgress { .. } => "prefill_progress",
                 Event::Loading { .. } => "loading",
                 Event::RepairProgress { .. } => "repair_progress",
                 _ => "other",
             })
             .collect();
-        assert_eq!(left_out, ["loading", "token", "repair_progress"]);
+        assert_eq!(
+            left_out,
+            ["loading", "token", "prefill_progress", "repair_progress"]
+        );
     }
 
     #[test]

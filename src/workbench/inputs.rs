@@ -33,6 +33,19 @@ pub(crate) enum Input {
     Interrupt,
 }
 
+/// The most events read as one burst, so that a terminal that never stops sending still
+/// gets its events to the app.
+const MOST_IN_A_BURST: usize = 1 << 16;
+/// How long the reader looks for the next event of a burst. Not zero: crossterm's
+/// /dev/tty source answers a zero timeout without looking, even at events it has
+/// already read.
+const NEXT_IN_BURST: Duration = Duration::from_millis(1);
+/// How long a burst of typed keys that ends on a line break waits for more: a paste
+/// reaches the application in pieces, a piece may end right after a line break, and on a
+/// busy machine the next one can take tens of milliseconds. Typing by hand never waits
+/// (its keys come one at a time); a script's text and Enter are sent this much later.
+const PASTE_GAP: Duration = Duration::from_millis(100);
+
 /// A terminal event as the app understands it, or `None` for one it has no use for (mouse
 /// moves, key releases, focus changes), which then does not wake the runner.
 pub(crate) fn to_msg(e: CEvent) -> Option<Msg> {
@@ -47,6 +60,63 @@ pub(crate) fn to_msg(e: CEvent) -> Option<Msg> {
         CEvent::Paste(text) => Some(Msg::Paste(text)),
         _ => None,
     }
+}
+
+/// What a key types into a pasted text, for a key press without Ctrl or Alt.
+fn typed(e: &CEvent) -> Option<char> {
+    use crossterm::event::{KeyCode as C, KeyModifiers as M};
+    let CEvent::Key(k) = e else { return None };
+    if k.kind == KeyEventKind::Release || k.modifiers.intersects(M::CONTROL | M::ALT) {
+        return None;
+    }
+    match k.code {
+        C::Char(c) => Some(c),
+        C::Enter => Some('\n'),
+        C::Tab => Some('\t'),
+        _ => None,
+    }
+}
+
+/// Terminal events that arrived together (see [`read_burst`]), as the app's messages.
+///
+/// A terminal without bracketed paste, or one whose paste reaches the application some
+/// other way, types a paste as keys, all at once: its line breaks arrive as Enter and its
+/// tabs as Tab, which would send the first line as a message and switch models. Keys
+/// that arrive together with other typed characters were pasted, so each run of them
+/// becomes one [`Msg::Paste`], line breaks and tabs included. An Enter that ends such a
+/// run stays a key: it may be the user's, read together with the paste (a script's text
+/// and Enter, or a paste read late), and losing it is what a paste must never do; a
+/// paste that ends on a line break is then sent whole, never in part.
+pub(crate) fn coalesce(events: Vec<CEvent>) -> Vec<Msg> {
+    let mut msgs = Vec::new();
+    let mut run: Vec<(CEvent, char)> = Vec::new();
+    let flush = |run: &mut Vec<(CEvent, char)>, msgs: &mut Vec<Msg>| {
+        let chars = run.iter().filter(|(_, c)| !c.is_control()).count();
+        if chars < 2 {
+            msgs.extend(run.drain(..).filter_map(|(e, _)| to_msg(e)));
+            return;
+        }
+        let mut text: String = run.iter().map(|(_, c)| *c).collect();
+        let mut enter = None;
+        if text.ends_with('\n') {
+            text.pop();
+            enter = run.pop().and_then(|(e, _)| to_msg(e));
+        }
+        run.clear();
+        msgs.push(Msg::Paste(text));
+        msgs.extend(enter);
+    };
+    for e in events {
+        match typed(&e) {
+            Some(c) => run.push((e, c)),
+            None => {
+                flush(&mut run, &mut msgs);
+                msgs.extend(to_msg(e));
+            }
+        }
+    }
+    flush(&mut run, &mut msgs);
+    msgs
 }
 
 /// The merged channel and the threads that feed it. Dropping it stops the terminal reader
@@ -216,9 +286,9 @@ fn read_terminal(tx: Sender<Input>, stop: Arc<AtomicBool>) {
             if !cevent::poll(READ_POLL)? {
                 continue;
             }
-            if let Some(msg) = to_msg(cevent::read()?) {
+            for msg in coalesce(read_burst()?) {
                 if tx.send(Input::Terminal(msg)).is_err() {
-                    break;
+                    return Ok(());
                 }
             }
         }
@@ -227,6 +297,26 @@ fn read_terminal(tx: Sender<Input>, stop: Arc<AtomicBool>) {
     if let Err(e) = result {
         let _ = tx.send(Input::TerminalFailed(e));
     }
+}
+
+/// The event that is ready and every one ready right after it: what the terminal sent
+/// in one go. A burst of typed keys that ends on a line break waits [`PASTE_GAP`] for
+/// the rest of a paste that arrives in pieces.
+fn read_burst() -> std::io::Result<Vec<CEvent>> {
+    let mut burst = vec![cevent::read()?];
+    while burst.len() < MOST_IN_A_BURST {
+        if cevent::poll(NEXT_IN_BURST)? {
+            burst.push(cevent::read()?);
+            continue;
+        }
+        let typing = burst.iter().filter(|e| typed(e).is_some()).count() > 1;
+        let at_line_break = burst.last().and_then(typed) == Some('\n');
+        if typing && at_line_break && cevent::poll(PASTE_GAP)? {
+            continue;
+        }
+        break;
+    }
+    Ok(burst)
 }
 
 /// Sends a frame every `period` while `wanted`, and sleeps (parked) otherwise.
@@ -287,6 +377,104 @@ mod tests {
         assert_eq!(to_msg(mouse(MouseEventKind::Moved)), None);
         assert_eq!(to_msg(CEvent::FocusGained), None);
         assert_eq!(to_msg(CEvent::Resize(90, 30)), Some(Msg::Resize(90, 30)));
+    }
+
+    fn keys(text: &str) -> Vec<CEvent> {
+        text.chars()
+            .map(|c| {
+                let code = match c {
+                    '\r' => cevent::KeyCode::Enter,
+                    '\t' => cevent::KeyCode::Tab,
+                    c => cevent::KeyCode::Char(c),
+                };
+                CEvent::Key(KeyEvent::new(code, KeyModifiers::NONE))
+            })
+            .collect()
+    }
+
+    fn enter() -> Msg {
+        Msg::Key(Key::plain(KeyCode::Enter))
+    }
+
+    #[test]
+    fn a_paste_typed_as_keys_is_one_paste_with_its_line_breaks_and_tabs() {
+        let burst = keys("fn main() {\r\tprintln!(\"hi\");\r}");
+        assert_eq!(
+            coalesce(burst),
+            vec![Msg::Paste("fn main() {\n\tprintln!(\"hi\");\n}".into())]
+        );
+        // Nothing in it is a key: no Enter sends half of it, no Tab switches, no q asks.
+        let burst = keys("q?\tx\ry");
+        assert_eq!(coalesce(burst), vec![Msg::Paste("q?\tx\ny".into())]);
+    }
+
+    #[test]
+    fn text_then_enter_in_one_burst_still_sends() {
+        let mut burst = keys("Write hello world.\r");
+        assert_eq!(
+            coalesce(burst.clone()),
+            vec![Msg::Paste("Write hello world.".into()), enter()]
+        );
+        burst = keys("two\rlines\r");
+        assert_eq!(
+            coalesce(burst.clone()),
+            vec![Msg::Paste("two\nlines".into()), enter()]
+        );
+        // Separate keys stay keys, and so does a key between other events.
+        burst = keys("a");
+        burst.push(CEvent::Resize(80, 24));
+        burst.extend(keys("\r"));
+        assert_eq!(
+            coalesce(burst),
+            vec![Msg::Key(Key::char('a')), Msg::Resize(80, 24), enter()]
+        );
+    }
+
+    #[test]
+    fn keys_with_ctrl_break_a_paste_and_stay_keys() {
+        let mut burst = keys("ab");
+        burst.push(CEvent::Key(KeyEvent::new(
+            cevent::KeyCode::Char('c'),
+            KeyModifiers::CONTROL,
+        )));
+        burst.extend(keys("cd"));
+        assert_eq!(
+            coalesce(burst),
+            vec![
+                Msg::Paste("ab".into()),
+                Msg::Key(Key::ctrl('c')),
+                Msg::Paste("cd".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_multi_line_paste_typed_as_keys_is_sent_whole_by_the_enter_after_it() {
+        use crate::protocol::Command;
+        use crate::tui::{App, AppInfo, Effect};
+        let mut app = App::new(AppInfo::default());
+        app.update(Msg::Engine(Event::Ready {
+            models: vec![],
+            active: 0,
+            mappers: vec![],
+            device: "cpu".into(),
+        }));
+        let lines: Vec<String> = (0..80).map(|i| format!("line {i:02} of a paste")).collect();
+        let block = lines.join("\r");
+        assert!((1500..3000).contains(&block.len()));
+        let mut sent = Vec::new();
+        for msg in coalesce(keys(&block))
+            .into_iter()
+            .chain(coalesce(keys("\r")))
+        {
+            sent.extend(app.update(msg));
+        }
+        assert_eq!(
+            sent,
+            vec![Effect::Send(Command::Submit {
+                text: lines.join(" ")
+            })]
+        );
     }
 
     #[test]

@@ -92,6 +92,9 @@ impl App {
                     });
                 }
             }
+            // The busy indicator already says the turn is running; the headless log,
+            // which has no indicator, is what needs these.
+            Event::PrefillProgress { .. } => {}
             Event::RepairProgress {
                 repaired, total, ..
             } => self.repaired = Some((*repaired, *total)),

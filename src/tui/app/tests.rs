@@ -167,6 +167,30 @@ fn typing_edits_at_the_cursor() {
 }
 
 #[test]
+fn a_pasted_block_is_text_and_the_enter_after_it_sends_it_whole() {
+    let mut app = ready_app();
+    // About 2.6 KB, starting with the keys that ask something of an empty input, with
+    // line breaks and tabs, ending on a line break, as a terminal pastes it.
+    let lines: Vec<String> = (0..82)
+        .map(|i| format!("q? line {i:02}\tof the pasted block\r"))
+        .collect();
+    let block = lines.join("\n");
+    assert!((2500..2800).contains(&block.len()), "{}", block.len());
+    assert_eq!(app.update(Msg::Paste(block.clone())), vec![]);
+    assert_eq!(app.overlay, Overlay::None);
+    let text: String = block
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    assert_eq!(app.input_text(), text);
+    assert_eq!(
+        code(&mut app, KeyCode::Enter),
+        vec![send(Command::Submit { text })]
+    );
+    assert_eq!(app.input_text(), "");
+}
+
+#[test]
 fn enter_sends_the_message_unless_it_is_empty_or_a_turn_runs() {
     let mut app = ready_app();
     assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
