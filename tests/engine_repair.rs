@@ -250,3 +250,193 @@ fn a_complete_repair_teaches_the_mapper_even_with_the_reference_path_off() {
         "every position both own"
     );
 }
+
+/// [`repairing`] that repairs only when told how far, as a replay does.
+fn paced(dir: &std::path::Path) -> Rig {
+    rig_with(dir, |c| {
+        c.settings.repair = true;
+        c.settings.reference = false;
+        c.paced_repair = true;
+    })
+}
+
+fn repaired_events(events: &[Event]) -> Vec<(usize, usize, bool)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::CacheRepaired {
+                repaired,
+                total,
+                complete,
+                ..
+            } => Some((*repaired, *total, *complete)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_repair_ends_with_a_record_even_one_cut_short_before_its_first_chunk_or_by_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    // Cut by the next switch before any chunk was read.
+    let mut r = paced(dir.path());
+    switch_and_answer(&mut r);
+    let total = r.engine.cache(1).len();
+    let events = r.handle(Command::Switch);
+    assert_eq!(
+        repaired_events(&events),
+        vec![(0, total, false)],
+        "{events:?}"
+    );
+
+    // Cut by a shutdown: said before `shut_down`.
+    let mut r = paced(dir.path());
+    switch_and_answer(&mut r);
+    let handle = r.start();
+    handle.send(Command::Shutdown);
+    let mut seen = Vec::new();
+    while let Ok(e) = handle.events.recv_timeout(Duration::from_secs(60)) {
+        let end = matches!(e, Event::ShutDown);
+        seen.push(e);
+        if end {
+            break;
+        }
+    }
+    let ended = seen
+        .iter()
+        .position(|e| matches!(e, Event::CacheRepaired { .. }));
+    let shut = seen.iter().position(|e| matches!(e, Event::ShutDown));
+    assert!(
+        ended.is_some() && ended < shut,
+        "the repair's end comes before the shutdown: {seen:?}"
+    );
+}
+
+#[test]
+fn a_model_handed_back_what_it_holds_itself_keeps_its_own_cache_and_repairs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let mut r = repairing(dir.path(), true);
+    let _ = r.handle(Command::Submit {
+        text: tiny().chat_text(200, 3),
+    });
+    let _ = r.handle(Command::Switch);
+    r.engine.measure_pending(&r.rx);
+    // Back to a with nothing said since: a holds the whole conversation itself.
+    let _ = r.handle(Command::Switch);
+    r.engine.measure_pending(&r.rx);
+    r.engine.repair_pending(&r.rx);
+    let events = r.drain();
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::RepairProgress { model, .. } if model.as_str() == "a")),
+        "nothing of a's own cache is read again: {events:?}"
+    );
+    let events = r.handle(Command::Submit {
+        text: tiny().chat_text(10, 5),
+    });
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::TurnStarted {
+                path: PathKind::Mapped,
+                cache: CacheOrigin::True,
+                repaired: None,
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+}
+
+/// The last answer shown in `events`.
+fn answer_of(events: &[Event]) -> Vec<u32> {
+    events
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            Event::Generation {
+                path: PathKind::Mapped,
+                token_ids,
+                ..
+            } => Some(token_ids.clone()),
+            _ => None,
+        })
+        .expect("an answer")
+}
+
+#[test]
+fn an_answer_records_how_far_the_repair_had_got_and_a_replay_repairs_as_far_first() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let mut r = paced(dir.path());
+    let mut recorded = r.handle(Command::Submit {
+        text: tiny().chat_text(200, 3),
+    });
+    recorded.extend(r.handle(Command::Switch));
+    let said = r.handle(Command::RepairTo {
+        positions: REPAIR_CHUNK,
+    });
+    let total = r.engine.cache(1).len();
+    assert!(
+        said.iter().any(|e| matches!(e, Event::Notice { message }
+            if *message == format!("repaired to {REPAIR_CHUNK} of {total} positions"))),
+        "{said:?}"
+    );
+    recorded.extend(said);
+    let answer = r.handle(Command::Submit {
+        text: tiny().chat_text(20, 4),
+    });
+    assert!(
+        answer.iter().any(|e| matches!(
+            e,
+            Event::TurnStarted {
+                path: PathKind::Mapped,
+                cache: CacheOrigin::Mapped,
+                repaired: Some(REPAIR_CHUNK),
+                ..
+            }
+        )),
+        "{answer:?}"
+    );
+    recorded.extend(answer.clone());
+
+    // The replay's steps repair as far before the answer, and it answers the same.
+    let steps = baton::headless::script::session_commands(&recorded);
+    let repair_at = steps
+        .iter()
+        .position(|c| matches!(c, Command::RepairTo { positions } if *positions == REPAIR_CHUNK));
+    let last_submit = steps
+        .iter()
+        .rposition(|c| matches!(c, Command::Submit { .. }));
+    assert!(repair_at.is_some() && repair_at < last_submit, "{steps:?}");
+    let mut again = paced(dir.path());
+    let mut replayed = Vec::new();
+    for c in steps {
+        replayed.extend(again.handle(c));
+    }
+    assert_eq!(answer_of(&replayed), answer_of(&answer));
+
+    // Without the step, the answer starts over a cache repaired to another point.
+    let mut unrepaired = paced(dir.path());
+    let _ = unrepaired.handle(Command::Submit {
+        text: tiny().chat_text(200, 3),
+    });
+    let _ = unrepaired.handle(Command::Switch);
+    let other = unrepaired.handle(Command::Submit {
+        text: tiny().chat_text(20, 4),
+    });
+    assert!(other.iter().any(|e| matches!(
+        e,
+        Event::TurnStarted {
+            repaired: Some(0),
+            ..
+        }
+    )));
+    // The cache answered over is the recording's in the replay, and another without it
+    // (a tiny model's answer can be the same tokens over both).
+    assert!(numbers(again.engine.cache(1)) == numbers(r.engine.cache(1)));
+    assert!(numbers(unrepaired.engine.cache(1)) != numbers(r.engine.cache(1)));
+}

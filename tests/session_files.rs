@@ -85,6 +85,7 @@ fn emitted() -> Vec<Event> {
             path: Mapped,
             model: "a".into(),
             cache: CacheOrigin::True,
+            repaired: None,
         },
         token(1, Mapped, 11),
         token(1, Mapped, 12),

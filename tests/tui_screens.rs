@@ -95,6 +95,7 @@ fn answer(
         path,
         model: model.into(),
         cache,
+        repaired: None,
     }];
     let ids: Vec<u32> = (0..pieces.len() as u32).map(|i| first_id + i).collect();
     for (p, id) in pieces.iter().zip(&ids) {

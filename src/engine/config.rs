@@ -229,6 +229,9 @@ pub struct EngineConfig {
     /// Where learning keeps what it learns and what it starts from (with
     /// `settings.learn`).
     pub learning: LearnSetup,
+    /// Repair only as far as [`crate::protocol::Command::RepairTo`] says, never while
+    /// idle (a replay's answers then depend on no timing).
+    pub paced_repair: bool,
 }
 
 impl EngineConfig {
@@ -241,6 +244,7 @@ impl EngineConfig {
             settings: Settings::default(),
             record: None,
             learning: Default::default(),
+            paced_repair: false,
         }
     }
 }

@@ -20,7 +20,7 @@ use super::slot::{opening, PendingReread, Slot};
 use super::switch::{hand_over, Sides};
 use crate::metrics::probe_positions;
 use crate::model::KvCache;
-use crate::protocol::{Command, Event};
+use crate::protocol::{CacheOrigin, Command, Event};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -57,6 +57,10 @@ pub struct Engine {
     pub(super) learning: Learning,
     /// The active model's cache being repaired since the last switch.
     pub(super) repair: Option<Repair>,
+    /// How far the repair may go while the engine is idle (`None`: to the end). A
+    /// replay holds it at 0 and repairs only as far as the recording had, when told
+    /// ([`Command::RepairTo`]), so that its answers are computed over the same cache.
+    pub(super) repair_bound: Option<usize>,
 }
 
 /// How often an idle engine looks for the learning thread's reply.
@@ -95,6 +99,7 @@ impl Engine {
             out,
             learning: Learning::off(),
             repair: None,
+            repair_bound: None,
         }
     }
 
@@ -129,7 +134,15 @@ impl Engine {
                 None => self.repair_pending(&commands),
             }
         }
+        // A repair cut short by the shutdown is said to have ended, as a switch says it.
+        self.end_repair(false);
         self.out.emit(Event::ShutDown);
+    }
+
+    /// Repair only when told how far ([`Command::RepairTo`]), never while idle: what a
+    /// replay needs to answer over the cache the recording answered over.
+    pub fn pace_repair(&mut self) {
+        self.repair_bound = Some(0);
     }
 
     /// Carry out one command. A message goes ahead of the pending measurements; so does
@@ -209,6 +222,10 @@ impl Engine {
                 self.finish_background(commands);
                 Ok(())
             }
+            Command::RepairTo { positions } => {
+                self.repair_to(positions, commands);
+                Ok(())
+            }
             Command::Shutdown => {
                 self.shutdown = true;
                 Ok(())
@@ -284,7 +301,9 @@ impl Engine {
             self.finish_learning(source, commands);
         }
         if !self.shutdown {
+            let paced = self.repair_bound.take();
             self.repair_pending(commands);
+            self.repair_bound = paced;
         }
         self.out.emit(Event::Notice {
             message: "background work done".into(),
@@ -340,8 +359,8 @@ impl Engine {
             source: h.source,
             mapped,
         });
-        if !h.reprefilled {
-            self.repair = Some(Repair::new(h.target, h.index, h.turn));
+        if self.slots[h.target].origin == CacheOrigin::Mapped {
+            self.repair = Some(Repair::new(h.target, h.index, h.turn, h.own_held));
         }
         let probes = probe_positions(h.context_tokens, self.settings.probes);
         let target = &mut self.slots[h.target];

@@ -246,6 +246,9 @@ pub fn build(
     }
     let learn = config.settings.learn;
     let mut engine = Engine::new(slots, mappers, config.settings, device, out);
+    if config.paced_repair {
+        engine.pace_repair();
+    }
     if let Some(name) = config.record.as_ref().and_then(|p| p.file_name()) {
         engine.learning.session_label = format!("session {}", name.to_string_lossy());
     }

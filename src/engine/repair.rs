@@ -31,6 +31,9 @@ pub struct Repair {
     pub(super) index: u32,
     pub(super) turn: u32,
     since: Instant,
+    /// How many first positions of the handed-over cache the model computed itself
+    /// (what it held of the conversation when it was last active): exact already.
+    own: usize,
     /// The model's own prefill of the conversation's first `exact.len()` ids.
     exact: Option<KvCache>,
     compute_ms: f64,
@@ -45,12 +48,13 @@ pub struct Repair {
 const PROBE_EVERY: usize = 16;
 
 impl Repair {
-    pub(super) fn new(slot: usize, index: u32, turn: u32) -> Self {
+    pub(super) fn new(slot: usize, index: u32, turn: u32, own: usize) -> Self {
         Self {
             slot,
             index,
             turn,
             since: Instant::now(),
+            own,
             exact: None,
             compute_ms: 0.0,
             probes: Vec::new(),
@@ -65,6 +69,11 @@ impl Repair {
         self.slot == active && origin == CacheOrigin::Mapped
     }
 
+    /// How many first positions of the cache in use are the model's own prefill.
+    pub(super) fn exact_prefix(&self) -> usize {
+        self.exact.as_ref().map_or(self.own, |e| e.len())
+    }
+
     /// Re-prefill the next chunk of `slot`'s conversation (`history`) and put it in
     /// place; the progress to report, and whether the cache in use is now the model's
     /// own. A chunk that `stop` interrupts is thrown away.
@@ -77,11 +86,16 @@ impl Repair {
         let job = self;
         let total = slot.primary.len();
         if job.exact.is_none() {
-            // Its truth is its own prefill of a prefix of the same history.
+            // Its truth is its own prefill of a prefix of the same history, and so is
+            // what it held when it was last active: start from the longer.
+            let own = job.own.min(total);
             let seed = slot.truth.len().min(total);
-            job.exact = Some(match seed {
-                0 => slot.model.decoder.new_cache(),
-                _ => slot.truth.try_clone_prefix(seed)?,
+            job.exact = Some(if own > seed {
+                slot.primary.try_clone_prefix(own)?
+            } else if seed > 0 {
+                slot.truth.try_clone_prefix(seed)?
+            } else {
+                slot.model.decoder.new_cache()
             });
         }
         let Some(exact) = job.exact.as_mut() else {
@@ -132,12 +146,16 @@ impl Repair {
         Ok((progress, to >= total))
     }
 
-    /// How the repair ended (`None` when it never ran: repair was off); a complete one
-    /// makes the cache in use the model's own (and its truth, where that held less).
-    pub(super) fn end(&self, slot: &mut Slot, complete: bool) -> Option<Event> {
-        let exact = self.exact.as_ref()?;
+    /// How the repair ended: also when no chunk was read yet, with repair on (`enabled`),
+    /// so that every repair a session starts has its end recorded; `None` when it never
+    /// ran because repair was off. A complete one makes the cache in use the model's own
+    /// (and its truth, where that held less).
+    pub(super) fn end(&self, slot: &mut Slot, complete: bool, enabled: bool) -> Option<Event> {
+        if self.exact.is_none() && !enabled {
+            return None;
+        }
         let total = slot.primary.len();
-        let repaired = exact.len().min(total);
+        let repaired = self.exact_prefix().min(total);
         if complete {
             slot.origin = CacheOrigin::True;
             if slot.truth.len() < total {

@@ -14,7 +14,7 @@ use super::measure::MeasureCx;
 use super::outbox::Envelope;
 use super::EngineError;
 use crate::model::ModelError;
-use crate::protocol::Command;
+use crate::protocol::{Command, Event};
 use std::cell::RefCell;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Duration;
@@ -129,9 +129,10 @@ impl Engine {
                     | Command::SetReference { .. }
                     | Command::SetRepair { .. }
                     | Command::SetReread { .. } => self.handle(e, commands),
-                    Command::Submit { .. } | Command::Switch | Command::Finish => {
-                        self.queued.push_back(e)
-                    }
+                    Command::Submit { .. }
+                    | Command::Switch
+                    | Command::Finish
+                    | Command::RepairTo { .. } => self.queued.push_back(e),
                 },
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
@@ -178,10 +179,30 @@ impl Engine {
     pub(super) fn repair_wanted(&self) -> bool {
         self.settings.repair
             && self.measurements.is_empty()
-            && self
-                .repair
-                .as_ref()
-                .is_some_and(|r| r.wanted(self.active, self.slots[r.slot].origin))
+            && self.repair.as_ref().is_some_and(|r| {
+                r.wanted(self.active, self.slots[r.slot].origin)
+                    && self.repair_bound.is_none_or(|b| r.exact_prefix() < b)
+            })
+    }
+
+    /// Repair until the cache in use holds at least `positions` of the model's own
+    /// prefill, or the repair is complete, and say how far it got. The pending
+    /// measurement runs first, as it does before any repair.
+    pub(super) fn repair_to(&mut self, positions: usize, commands: &Receiver<Envelope>) {
+        self.measure(commands, false);
+        let paced = self.repair_bound.take();
+        self.repair_bound = Some(positions);
+        self.repair_pending(commands);
+        self.repair_bound = paced;
+        let message = match &self.repair {
+            Some(r) if r.slot == self.active => format!(
+                "repaired to {} of {} positions",
+                r.exact_prefix(),
+                self.slots[r.slot].primary.len()
+            ),
+            _ => "repaired to the end: no repair is underway".to_string(),
+        };
+        self.out.emit(Event::Notice { message });
     }
 
     /// Repair until done or until a message (or a cancel or shutdown) is waiting in
@@ -239,7 +260,7 @@ impl Engine {
         let Some(job) = self.repair.take() else {
             return;
         };
-        let Some(event) = job.end(&mut self.slots[job.slot], complete) else {
+        let Some(event) = job.end(&mut self.slots[job.slot], complete, self.settings.repair) else {
             return;
         };
         self.out.emit(event);

@@ -27,6 +27,9 @@ pub(super) struct Handoff {
     /// Leading positions of the target's primary cache it computed itself and that
     /// should become its truth (0 when there are none to keep).
     pub own_prefix: usize,
+    /// How many first positions of the handed-over cache the target computed itself
+    /// (reference path or not): where its repair starts.
+    pub own_held: usize,
     /// The gate refused the map and the target re-prefilled instead.
     pub reprefilled: bool,
     /// The estimate was made at the handoff (the gate needed it): the measurement does
@@ -100,11 +103,12 @@ pub(super) fn hand_over(
     // What the target computed itself when it was last active, up to the tail: with
     // the reference path on it becomes the truth the measurement starts from.
     let held = sb.primary.len().min(n - settings.tail.min(n));
-    let own_prefix = if settings.reference && sb.origin == CacheOrigin::True {
+    let own_held = if sb.origin == CacheOrigin::True {
         held
     } else {
         0
     };
+    let own_prefix = if settings.reference { own_held } else { 0 };
     let mut primary = std::mem::replace(&mut sb.primary, sb.model.decoder.new_cache());
     // A re-prefill copies what the target's truth already holds; a map copies the
     // precomputed opening as its anchor.
@@ -126,8 +130,13 @@ pub(super) fn hand_over(
     let built = plan.build(&inputs, &mut primary);
     sb.primary = primary;
     let built = built?;
+    // Handed back a conversation it holds all of itself (nothing said since it was
+    // active but what it re-read as its tail), the target maps nothing: its cache stays
+    // its own and has nothing to repair.
     sb.origin = if reprefill {
         CacheOrigin::Reprefilled
+    } else if own_held > 0 && plan.mapped().is_empty() {
+        CacheOrigin::True
     } else {
         CacheOrigin::Mapped
     };
@@ -146,6 +155,7 @@ pub(super) fn hand_over(
         target: b,
         context_tokens: n,
         own_prefix,
+        own_held,
         reprefilled: reprefill,
         estimated: settings.gate.is_some(),
         timings,

@@ -294,11 +294,20 @@ impl Engine {
             PathKind::Mapped => self.slots[a].origin,
             PathKind::Reference => CacheOrigin::Reprefilled,
         };
+        let repaired = match path {
+            PathKind::Mapped => self
+                .repair
+                .as_ref()
+                .filter(|r| r.wanted(a, cache))
+                .map(|r| r.exact_prefix()),
+            PathKind::Reference => None,
+        };
         self.out.emit(Event::TurnStarted {
             turn: cx.turn,
             path,
             model: self.slots[a].name(),
             cache,
+            repaired,
         });
         let slot = &mut self.slots[a];
         let kv = match path {

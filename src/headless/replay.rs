@@ -41,6 +41,7 @@ pub fn replay_config(
         None => m.path.clone(),
     };
     let mut cfg = EngineConfig::new([spec(&models[0]), spec(&models[1])], device);
+    cfg.paced_repair = true;
     cfg.settings =
         serde_json::from_value::<Settings>(recorded.header.settings.clone()).map_err(|e| {
             ReplayError::Settings {

@@ -17,7 +17,7 @@
 //! ```
 
 use crate::engine::SettingsOverrides;
-use crate::protocol::{Command, Event};
+use crate::protocol::{Command, Event, PathKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -222,6 +222,28 @@ pub fn session_commands(events: &[Event]) -> Vec<Command> {
                 })
             }
             Event::Bookmark { note, .. } => out.push(Command::Bookmark { note: note.clone() }),
+            // How far the repair had got where it ended (a switch, or complete between
+            // turns), and where an answer started over a cache being repaired: a replay
+            // repairs as far at the same step.
+            Event::CacheRepaired { repaired, .. } => out.push(Command::RepairTo {
+                positions: *repaired,
+            }),
+            Event::TurnStarted {
+                path: PathKind::Mapped,
+                repaired: Some(positions),
+                ..
+            } => {
+                let at = out
+                    .iter()
+                    .rposition(|c| matches!(c, Command::Submit { .. }))
+                    .unwrap_or(out.len());
+                out.insert(
+                    at,
+                    Command::RepairTo {
+                        positions: *positions,
+                    },
+                );
+            }
             _ => {}
         }
     }
@@ -231,6 +253,57 @@ pub fn session_commands(events: &[Event]) -> Vec<Command> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recorded_repair_becomes_a_repair_as_far_before_the_same_step() {
+        use crate::protocol::CacheOrigin;
+        let started = |turn, repaired| Event::TurnStarted {
+            turn,
+            path: PathKind::Mapped,
+            model: "b".into(),
+            cache: CacheOrigin::Mapped,
+            repaired,
+        };
+        let repaired = |repaired, complete| Event::CacheRepaired {
+            index: 0,
+            turn: 2,
+            model: "b".into(),
+            repaired,
+            total: 300,
+            complete,
+            after_switch_ms: 1.0,
+            compute_ms: 1.0,
+        };
+        let said = |turn: u32| Event::UserMessage {
+            turn,
+            text: format!("m{turn}"),
+        };
+        let events = vec![
+            said(2),
+            started(2, Some(128)),
+            repaired(300, true),
+            said(3),
+            started(3, None),
+            repaired(40, false),
+            Event::Notice {
+                message: "b is active; there was no conversation to hand over".into(),
+            },
+        ];
+        let submit = |t: u32| Command::Submit {
+            text: format!("m{t}"),
+        };
+        assert_eq!(
+            session_commands(&events),
+            vec![
+                Command::RepairTo { positions: 128 },
+                submit(2),
+                Command::RepairTo { positions: 300 },
+                submit(3),
+                Command::RepairTo { positions: 40 },
+                Command::Switch,
+            ]
+        );
+    }
 
     #[test]
     fn the_built_in_demo_parses_and_talks_and_switches() {

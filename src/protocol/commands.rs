@@ -29,6 +29,10 @@ pub enum Command {
     /// it, a repair that is on) and say so with a notice starting "background work
     /// done": a headless run sends it last, so that its session holds all of it.
     Finish,
+    /// Repair the active model's cache until its first `positions` are the model's own
+    /// prefill (or the repair is complete), then say how far it got: a replay repairs as
+    /// far as the recording had before the same step.
+    RepairTo { positions: usize },
     /// Stop the engine; it answers with [`Event::ShutDown`].
     Shutdown,
 }
@@ -53,6 +57,9 @@ impl Command {
                 message.starts_with("re-read")
             }
             (Command::Finish, Event::Notice { message }) => message.starts_with("background work"),
+            (Command::RepairTo { .. }, Event::Notice { message }) => {
+                message.starts_with("repaired to")
+            }
             (Command::Cancel, Event::Notice { .. }) => true,
             (_, Event::Error { .. }) => true,
             _ => false,

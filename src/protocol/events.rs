@@ -31,12 +31,17 @@ pub enum Event {
         turn: u32,
         text: String,
     },
-    /// A model starts answering on one path.
+    /// A model starts answering on one path. `repaired`: while the background repair of
+    /// the cache answered over is underway, how many of its first positions are the
+    /// model's own prefill; the answer depends on it, so a replay repairs as far before
+    /// the same turn. (Session format 1.5 on.)
     TurnStarted {
         turn: u32,
         path: PathKind,
         model: ModelName,
         cache: CacheOrigin,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        repaired: Option<usize>,
     },
     /// One streamed token; not recorded, [`Event::Generation`] sums them up.
     Token {

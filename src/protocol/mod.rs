@@ -90,6 +90,7 @@ mod tests {
                 path: PathKind::Reference,
                 model: "b".into(),
                 cache: CacheOrigin::Reprefilled,
+                repaired: None,
             },
             Event::Token {
                 turn: 1,

@@ -76,6 +76,8 @@ pub fn diff_sessions(recorded: &Session, replayed: &Session, opts: &DiffOptions)
     compare_generations(recorded, replayed, &mut d);
     compare_switches(recorded, replayed, opts, &mut d);
     compare_agreement(recorded, replayed, opts, &mut d);
+    d.structure
+        .extend(super::repair_states::compare(recorded, replayed));
     d
 }
 

@@ -22,7 +22,10 @@ pub const VERSION: u32 = 1;
 ///   no longer waits for learning, so the state depends on what had finished.
 /// - 4: a `switch` event names the re-read it will make (`reread`), and a
 ///   `switch_reread` event says what the target re-read at the next message.
-pub const MINOR: u32 = 4;
+/// - 5: a `turn_started` event over a cache being repaired says how far the repair had
+///   got (`repaired`), and every repair a session starts ends with `cache_repaired`
+///   (also one cut short before its first chunk, or by the end of the session).
+pub const MINOR: u32 = 5;
 
 /// Line 1 of a session file: which build, models, mappers and settings produced it, so a
 /// report or a replay can tell whether it is looking at comparable runs.

@@ -11,6 +11,7 @@ pub mod diff;
 mod error;
 mod header;
 mod reader;
+mod repair_states;
 mod report_table;
 pub mod session_report;
 mod writer;

@@ -92,7 +92,10 @@ impl App {
             Command::SetReference { enabled } => self.set_reference(enabled),
             Command::SetRepair { enabled } => self.set_repair(enabled),
             Command::SetReread { setting } => self.set_reread(setting),
-            Command::Cancel | Command::Bookmark { .. } | Command::Finish => {
+            Command::Cancel
+            | Command::Bookmark { .. }
+            | Command::Finish
+            | Command::RepairTo { .. } => {
                 vec![Effect::Send(cmd)]
             }
             Command::Shutdown => {

@@ -62,6 +62,7 @@ impl App {
                 path,
                 model,
                 cache,
+                ..
             } => self.turn_started(*turn, *path, model, *cache),
             Event::Token {
                 turn,

@@ -107,6 +107,7 @@ fn started(turn: u32, path: PathKind, cache: CacheOrigin) -> Event {
         path,
         model: "large".into(),
         cache,
+        repaired: None,
     }
 }
 
