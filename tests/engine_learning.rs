@@ -337,3 +337,35 @@ fn a_switch_never_waits_for_learning_and_says_which_mapper_it_used() {
         "{now:?} after {taken_b_to_a} updates taken since {used:?}"
     );
 }
+
+#[test]
+fn switches_made_before_learning_replies_never_learn_the_same_positions_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), true);
+    let mut r = rig(dir.path(), false, None);
+    r.settle();
+    let mut events = r.talk_and_switch_unsettled(3);
+    let n = r.engine.history().len();
+    // Back and forth again while the first steps run: nothing new was said since, so
+    // the later steps have nothing new to learn.
+    for _ in 0..2 {
+        events.extend(r.handle(baton::protocol::Command::Switch));
+        r.engine.measure_pending(&r.rx);
+    }
+    events.extend(r.settle());
+    for way in ["a", "b"] {
+        let taken: usize = learned(&events)
+            .iter()
+            .filter_map(|e| match e {
+                Event::MapperLearned { from, tokens, .. } if from == way => Some(*tokens),
+                _ => None,
+            })
+            .sum();
+        // Each step, taken or not, fits positions no step before it fitted: an update
+        // of positions already learned would count them twice if the judge took it.
+        assert!(
+            taken > 0 && taken < n,
+            "{way}: steps fitted {taken} positions of a conversation of {n}: {events:?}"
+        );
+    }
+}

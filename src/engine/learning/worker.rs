@@ -120,6 +120,7 @@ impl Worker {
             setup,
             anchor,
             learners: [None, None],
+            learned_to: [0, 0],
         };
         std::thread::Builder::new()
             .name("baton-learning".into())
@@ -225,6 +226,11 @@ struct State {
     anchor: usize,
     /// Per source slot: the learner, or why there is none.
     learners: [Option<Result<Opened, String>>; 2],
+    /// Per source slot: where the conversation's positions not learned yet begin, as
+    /// this thread last found. A job carries the engine's view, which lags while a
+    /// reply is on its way: two switches in quick succession would otherwise learn the
+    /// same positions twice.
+    learned_to: [usize; 2],
 }
 
 impl State {
@@ -279,7 +285,7 @@ impl State {
             tgt: &job.tgt,
             queries: &job.queries,
             probes: &job.probes,
-            from: job.from,
+            from: job.from.max(self.learned_to[source]),
         };
         let outcome = match opened.learner.learn(&src, &tgt, &pair) {
             Ok(Some(o)) => o,
@@ -292,6 +298,7 @@ impl State {
                 };
             }
         };
+        self.learned_to[source] = outcome.learned_to;
         let mut kept = None;
         let mut mapper = None;
         if outcome.accepted {
