@@ -24,6 +24,7 @@ pub mod model;
 pub mod plot;
 pub mod protocol;
 pub mod session;
+pub mod study;
 pub mod text;
 pub mod tui;
 pub mod workbench;

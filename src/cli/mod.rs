@@ -15,6 +15,7 @@ mod mappers;
 mod replay;
 mod report;
 mod run;
+mod study;
 #[cfg(test)]
 mod tests;
 mod workbench;
@@ -80,6 +81,9 @@ pub enum Command {
     /// the measured attention cosine and agreement, and keep the line the gate predicts
     /// the cosine with.
     GateStudy(gate_study::GateStudyArgs),
+    /// Drift studies over many scripted conversations: `plan` expands a study file into
+    /// its work items (scripts × pairs × directions × variants × repeats).
+    Study(study::StudyArgs),
 }
 
 /// Carry out the command line.
@@ -103,5 +107,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Some(Command::Demo(a)) => workbench::workbench(a, &dev, true),
         Some(Command::Bench(a)) => bench::bench(a, &dev),
         Some(Command::GateStudy(a)) => gate_study::gate_study(a, &dev),
+        Some(Command::Study(a)) => study::study(a, &dev),
     }
 }

@@ -14,6 +14,10 @@
 //!
 //! [[step]]
 //! bookmark = "first answer after the switch"
+//!
+//! [[step]]
+//! user = "What was the salary again?"
+//! expect = ["48,000", "48000 dollars"]   # answers a study scores this turn against
 //! ```
 
 use crate::engine::SettingsOverrides;
@@ -45,6 +49,7 @@ struct RawStep {
     switch: Option<bool>,
     bookmark: Option<String>,
     reference: Option<bool>,
+    expect: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +57,9 @@ pub struct Script {
     /// The settings at the top of the file.
     pub settings: SettingsOverrides,
     pub steps: Vec<Command>,
+    /// Expected answers by turn (the n-th user message is turn n), where a step gives
+    /// them.
+    pub expected: std::collections::BTreeMap<u32, Vec<String>>,
 }
 
 impl Script {
@@ -72,10 +80,28 @@ impl Script {
             .try_into()
             .map_err(|e| bad(e.to_string()))?;
         let mut steps = Vec::with_capacity(raw_steps.len());
+        let mut expected = std::collections::BTreeMap::new();
+        let mut turn = 0u32;
         for (i, s) in raw_steps.into_iter().enumerate() {
             let index = i + 1;
             let mut found = Vec::new();
+            if let Some(answers) = s.expect {
+                if s.user.is_none() {
+                    return Err(ScriptError::Step {
+                        index,
+                        reason: "`expect` goes on the `user` step whose answer it is".into(),
+                    });
+                }
+                if answers.is_empty() || answers.iter().any(|a| a.trim().is_empty()) {
+                    return Err(ScriptError::Step {
+                        index,
+                        reason: "`expect` needs one or more non-empty answers".into(),
+                    });
+                }
+                expected.insert(turn + 1, answers);
+            }
             if let Some(text) = s.user {
+                turn += 1;
                 if text.trim().is_empty() {
                     return Err(ScriptError::Step {
                         index,
@@ -116,7 +142,11 @@ impl Script {
                 reason: "no [[step]] entries: add at least one `[[step]] user = \"...\"`".into(),
             });
         }
-        Ok(Self { settings, steps })
+        Ok(Self {
+            settings,
+            steps,
+            expected,
+        })
     }
 
     /// The demo conversation, built in so `baton demo` works from any directory.

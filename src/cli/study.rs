@@ -1,0 +1,159 @@
+//! `baton study`: drift studies over many scripted conversations. `plan` expands a study
+//! file into its work items and saves the manifest.
+
+use super::common::print_json;
+use anyhow::{bail, Result};
+use baton::study::run::Outcome;
+use baton::study::{self, Shard, Study};
+use candle_core::Device;
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct StudyArgs {
+    #[command(subcommand)]
+    pub command: StudyCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StudyCommand {
+    /// Expand a study file (TOML: scripts, pairs, directions, named variants, repeats)
+    /// into work items with stable ids; print them and, with --out, save the manifest.
+    Plan(PlanArgs),
+    /// Run the items of a study (of one shard of it) not finished yet, each recorded as
+    /// a session under OUT/items/; a rerun skips what is finished.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The study file.
+    pub study: PathBuf,
+    /// The study's output directory (its manifest is saved there first).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Run one part of the items: INDEX/COUNT (from 0), or `auto` to read a Slurm array
+    /// task's (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT) or a Kubernetes Indexed
+    /// Job's (JOB_COMPLETION_INDEX, with --shards).
+    #[arg(long, default_value = "0/1")]
+    pub shard: String,
+    /// The number of shards, for `--shard auto` where the scheduler does not say it.
+    #[arg(long)]
+    pub shards: Option<usize>,
+    /// Items run at once (default: what the machine's cores and memory hold).
+    #[arg(long, value_parser = baton::engine::config::at_least_one)]
+    pub jobs: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The study file.
+    pub study: PathBuf,
+    /// Save the manifest in this directory (where `baton study run` records the
+    /// items); a directory holding another study's manifest is refused.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the manifest as JSON instead of a line per item.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn study(a: StudyArgs, dev: &Device) -> Result<()> {
+    match a.command {
+        StudyCommand::Plan(p) => plan(p),
+        StudyCommand::Run(r) => run(r, dev),
+    }
+}
+
+fn run(a: RunArgs, dev: &Device) -> Result<()> {
+    let shard = match a.shard.as_str() {
+        "auto" => Shard::auto(&|k| std::env::var(k).ok(), a.shards)?,
+        s => Shard::parse(s)?,
+    };
+    let s = Study::load(&a.study)?;
+    let manifest = study::plan(&s);
+    study::save_manifest(&a.out, &manifest)?;
+    let jobs = a.jobs.unwrap_or_else(study::run::default_jobs);
+    let mine = shard.items(&manifest).len();
+    eprintln!(
+        "study {}: shard {}/{} holds {mine} of {} items; {jobs} at a time",
+        s.name,
+        shard.index,
+        shard.count,
+        manifest.items.len()
+    );
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let results = study::run::run_items(&s, &manifest, &a.out, shard, jobs, dev, &|item, o| {
+        let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let what = match o {
+            Outcome::Done { seconds } => format!("recorded in {seconds:.0} s"),
+            Outcome::Finished => "finished before: skipped".into(),
+            Outcome::Failed(e) => format!("FAILED: {e}"),
+        };
+        eprintln!("[{n}/{mine}] {}: {what}", item.id);
+    })?;
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::Failed(_)))
+        .map(|(id, _)| id.as_str())
+        .collect();
+    let skipped = results
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::Finished))
+        .count();
+    eprintln!(
+        "{} recorded, {skipped} finished before, {} failed; sessions in {}",
+        results.len() - skipped - failed.len(),
+        failed.len(),
+        a.out.join(study::run::ITEMS_DIR).display()
+    );
+    if !failed.is_empty() {
+        bail!(
+            "{} item(s) failed ({}); run the same command again to retry them",
+            failed.len(),
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn plan(a: PlanArgs) -> Result<()> {
+    let s = Study::load(&a.study)?;
+    let manifest = study::plan(&s);
+    let saved = match &a.out {
+        Some(dir) => Some(study::save_manifest(dir, &manifest)?),
+        None => None,
+    };
+    if a.json {
+        print_json(&manifest)?;
+    } else {
+        let n =
+            |count: usize, one: &str| format!("{count} {one}{}", if count == 1 { "" } else { "s" });
+        println!(
+            "study {}: {} ({} × {} × {} × {} × {})",
+            s.name,
+            n(manifest.items.len(), "item"),
+            n(s.scripts.len(), "script"),
+            n(s.pairs.len(), "pair"),
+            n(s.directions.len(), "direction"),
+            n(s.variants.len(), "variant"),
+            n(s.repeats as usize, "repeat")
+        );
+        for item in &manifest.items {
+            let expected = item.expected.len();
+            println!(
+                "  {}{}",
+                item.id,
+                if expected > 0 {
+                    format!("  ({expected} expected answers)")
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    if let Some(path) = saved {
+        eprintln!("manifest saved to {}", path.display());
+    }
+    Ok(())
+}

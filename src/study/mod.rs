@@ -1,0 +1,96 @@
+//! Drift studies: many scripted conversations × pairs × directions × named settings ×
+//! repeats, planned into work items with stable ids ([`plan`]), each run as an ordinary
+//! recorded session, on one machine or split into shards for a cluster scheduler.
+
+pub mod file;
+pub mod plan;
+pub mod run;
+
+pub use file::{Direction, Study, StudyScript, Variant};
+pub use plan::{plan, Manifest, Shard, WorkItem, MANIFEST_FILE};
+
+use crate::headless::ScriptError;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StudyError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("study file {path}: {reason}")]
+    File { path: PathBuf, reason: String },
+    #[error("a script of the study does not parse: {0}")]
+    Script(#[from] ScriptError),
+    #[error("{0}")]
+    Shard(String),
+    #[error("{0}")]
+    Item(String),
+    #[error("{dir} holds the items of another study ({other}): give another --out directory, or remove that one")]
+    OtherStudy { dir: PathBuf, other: String },
+    #[error("{path} is not a study manifest ({reason}); it is left as it is: give another --out directory")]
+    BadManifest { path: PathBuf, reason: String },
+}
+
+/// Saves `manifest` in `dir` (created if missing), or finds it there already: a
+/// directory holding another study's manifest is refused and left untouched.
+pub fn save_manifest(dir: &Path, manifest: &Manifest) -> Result<PathBuf, StudyError> {
+    let io = |path: &Path, e: std::io::Error| StudyError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let path = dir.join(MANIFEST_FILE);
+    if let Some(there) = read_manifest(dir)? {
+        if there.study_sha256 != manifest.study_sha256 {
+            return Err(StudyError::OtherStudy {
+                dir: dir.to_path_buf(),
+                other: format!(
+                    "{}, study file sha256 {}",
+                    there.study,
+                    &there.study_sha256[..there.study_sha256.len().min(12)]
+                ),
+            });
+        }
+        return Ok(path);
+    }
+    let json = serde_json::to_string_pretty(manifest).map_err(|e| StudyError::BadManifest {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    let partial = dir.join(format!(".{MANIFEST_FILE}.partial"));
+    std::fs::write(&partial, json).map_err(|e| io(&partial, e))?;
+    std::fs::rename(&partial, &path).map_err(|e| io(&path, e))?;
+    Ok(path)
+}
+
+/// The manifest saved in `dir`, if any.
+pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>, StudyError> {
+    let path = dir.join(MANIFEST_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(StudyError::Io { path, source: e }),
+    };
+    let m: Manifest = serde_json::from_str(&text).map_err(|e| StudyError::BadManifest {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    if m.format != plan::MANIFEST_FORMAT || m.version != plan::MANIFEST_VERSION {
+        return Err(StudyError::BadManifest {
+            path,
+            reason: format!(
+                "format {} version {}, this baton writes {} version {}",
+                m.format,
+                m.version,
+                plan::MANIFEST_FORMAT,
+                plan::MANIFEST_VERSION
+            ),
+        });
+    }
+    Ok(Some(m))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+//! `baton study` through the binary on two tiny chat models generated here: a study's
+//! items run as recorded sessions, a rerun skips what is finished, shards split the items
+//! between processes, and bad input is refused naming the problem.
+
+mod common;
+
+use common::engine_rig::{tiny, write_pair};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn baton(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(args)
+        .current_dir(dir)
+        .env("BATON_CACHE_DIR", dir.join("cache"))
+        .output()
+        .unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    err
+}
+
+/// Two scripts, two variants, one direction between the tiny models: four items.
+fn study_in(dir: &Path) {
+    write_pair(dir, false);
+    std::fs::create_dir_all(dir.join("conversations")).unwrap();
+    for (name, seed) in [("one", 3), ("two", 4)] {
+        let script = format!(
+            "max_tokens = 6\n\n[[step]]\nuser = \"{}\"\n\n[[step]]\nswitch = true\n\n[[step]]\nuser = \"{}\"\nexpect = [\"{}\"]\n",
+            tiny().chat_text(30, seed),
+            tiny().chat_text(8, seed + 10),
+            tiny().chat_text(2, seed + 20),
+        );
+        std::fs::write(dir.join(format!("conversations/{name}.toml")), script).unwrap();
+    }
+    let study = format!(
+        "name = \"tiny\"\nscripts = [\"conversations\"]\npairs = [[\"{a}\", \"{b}\"]]\ndirections = [\"source-to-target\"]\n\n[variants.map]\nlearn = false\nmapper_dir = \"mappers\"\n\n[variants.tail]\nlearn = false\ntail = 8\nmapper_dir = \"mappers\"\n",
+        a = dir.join("a").display(),
+        b = dir.join("b").display(),
+    );
+    std::fs::write(dir.join("study.toml"), study).unwrap();
+}
+
+fn sessions(out: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(out.join("items"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_study_runs_its_items_as_sessions_and_a_rerun_skips_what_is_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    study_in(d);
+    let err = ok(&baton(
+        &["study", "run", "study.toml", "--out", "out", "--jobs", "2"],
+        d,
+    ));
+    assert!(
+        err.contains("4 recorded, 0 finished before, 0 failed"),
+        "{err}"
+    );
+    let names = sessions(&d.join("out"));
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(names.iter().all(|n| n.ends_with(".jsonl")), "{names:?}");
+    for n in &names {
+        let s = baton::session::read_session(d.join("out/items").join(n)).unwrap();
+        assert!(
+            s.events()
+                .any(|e| matches!(e, baton::protocol::Event::Switch { .. })),
+            "{n} holds its switch"
+        );
+    }
+
+    // A rerun runs nothing; one removed session (and a killed run's leftover) runs again.
+    let err = ok(&baton(&["study", "run", "study.toml", "--out", "out"], d));
+    assert!(err.contains("0 recorded, 4 finished before"), "{err}");
+    let gone = d.join("out/items").join(&names[1]);
+    std::fs::remove_file(&gone).unwrap();
+    std::fs::write(gone.with_extension("jsonl.4242.partial"), "{\"cut").unwrap();
+    let err = ok(&baton(&["study", "run", "study.toml", "--out", "out"], d));
+    assert!(err.contains("1 recorded, 3 finished before"), "{err}");
+    assert!(gone.is_file());
+
+    // Two shards in another directory record the same items between them.
+    for shard in ["0/2", "1/2"] {
+        ok(&baton(
+            &[
+                "study",
+                "run",
+                "study.toml",
+                "--out",
+                "sharded",
+                "--shard",
+                shard,
+            ],
+            d,
+        ));
+    }
+    let sharded: Vec<String> = sessions(&d.join("sharded"))
+        .into_iter()
+        .filter(|n| n.ends_with(".jsonl"))
+        .collect();
+    assert_eq!(sharded, names);
+}
+
+#[test]
+fn bad_study_input_is_refused_naming_the_problem_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    study_in(d);
+    let refused = |args: &[&str], want: &[&str]| {
+        let out = baton(args, d);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?}: {err}");
+        for w in want {
+            assert!(err.contains(w), "{w:?} not in {err}");
+        }
+    };
+    refused(
+        &[
+            "study",
+            "run",
+            "study.toml",
+            "--out",
+            "out",
+            "--shard",
+            "2/2",
+        ],
+        &["out of range", "0 to 1"],
+    );
+    refused(
+        &[
+            "study",
+            "run",
+            "study.toml",
+            "--out",
+            "out",
+            "--shard",
+            "auto",
+        ],
+        &["SLURM_ARRAY_TASK_ID", "JOB_COMPLETION_INDEX"],
+    );
+    // An output directory holding another study's manifest is left as it is.
+    ok(&baton(&["study", "plan", "study.toml", "--out", "out"], d));
+    let manifest = std::fs::read(d.join("out/manifest.json")).unwrap();
+    let other = std::fs::read_to_string(d.join("study.toml"))
+        .unwrap()
+        .replace("tail = 8", "tail = 16");
+    std::fs::write(d.join("other.toml"), other).unwrap();
+    refused(
+        &["study", "run", "other.toml", "--out", "out"],
+        &["another study", "tiny"],
+    );
+    assert_eq!(
+        std::fs::read(d.join("out/manifest.json")).unwrap(),
+        manifest
+    );
+    // A variant key the study does not know, and a script that does not parse.
+    let typo = std::fs::read_to_string(d.join("study.toml"))
+        .unwrap()
+        .replace("tail = 8", "tial = 8");
+    std::fs::write(d.join("typo.toml"), typo).unwrap();
+    refused(
+        &["study", "plan", "typo.toml"],
+        &["[variants.tail]", "tial", "mapper_dir, reread, learn, tail"],
+    );
+    std::fs::write(d.join("conversations/three.toml"), "[[step]]\nuser = 3\n").unwrap();
+    refused(&["study", "plan", "study.toml"], &["three.toml"]);
+}
