@@ -109,6 +109,52 @@ fn a_study_runs_its_items_as_sessions_and_a_rerun_skips_what_is_finished() {
         .filter(|n| n.ends_with(".jsonl"))
         .collect();
     assert_eq!(sharded, names);
+
+    // The report: every item found, a group per variant, the tail variant paired with
+    // the map on the same two conversations; the sharded run reports the same.
+    let report = |out: &str| {
+        let o = baton(&["study", "report", out, "--against", "map", "--json"], d);
+        ok(&o);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let r = report("out");
+    assert_eq!(r["items"], 4);
+    assert_eq!(r["missing"].as_array().unwrap().len(), 0);
+    let groups = r["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2);
+    for g in groups {
+        assert_eq!(g["conversations"], 2);
+        let turn2 = g["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["turn"] == 2)
+            .expect("turn 2 is scored");
+        let f1 = turn2["f1"]["value"]
+            .as_f64()
+            .expect("an F1 against the expected answer");
+        assert!((0.0..=1.0).contains(&f1));
+    }
+    let c = &r["comparisons"][0];
+    assert_eq!(
+        (c["variant"].as_str(), c["pairs"].as_u64()),
+        (Some("tail"), Some(2))
+    );
+    assert_eq!(report("sharded"), r, "shards merge into the same report");
+
+    // A missing session is named.
+    std::fs::remove_file(&gone).unwrap();
+    let text = ok_stdout(&baton(&["study", "report", "out"], d));
+    assert!(
+        text.contains("INCOMPLETE: 1 item has no session")
+            && text.contains(names[1].trim_end_matches(".jsonl")),
+        "{text}"
+    );
+}
+
+fn ok_stdout(out: &Output) -> String {
+    ok(out);
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]

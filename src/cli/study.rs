@@ -23,6 +23,22 @@ pub enum StudyCommand {
     /// Run the items of a study (of one shard of it) not finished yet, each recorded as
     /// a session under OUT/items/; a rerun skips what is finished.
     Run(RunArgs),
+    /// Sum a study's output directory up: missing items, fidelity by turn per variant and
+    /// direction with 95% intervals over conversations, a paired comparison with
+    /// --against, and the items whose repeats answered differently.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The study's output directory (as given to `baton study run --out`).
+    pub out: PathBuf,
+    /// Compare every other variant with this one, conversation by conversation.
+    #[arg(long)]
+    pub against: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -62,7 +78,24 @@ pub fn study(a: StudyArgs, dev: &Device) -> Result<()> {
     match a.command {
         StudyCommand::Plan(p) => plan(p),
         StudyCommand::Run(r) => run(r, dev),
+        StudyCommand::Report(r) => report(r),
     }
+}
+
+fn report(a: ReportArgs) -> Result<()> {
+    let Some(manifest) = study::read_manifest(&a.out)? else {
+        bail!(
+            "{} holds no study manifest: run `baton study run STUDY --out {}` first",
+            a.out.display(),
+            a.out.display()
+        );
+    };
+    let r = study::report::report(&manifest, &a.out, a.against.as_deref())?;
+    if a.json {
+        return print_json(&r);
+    }
+    print!("{}", study::report::render(&r));
+    Ok(())
 }
 
 fn run(a: RunArgs, dev: &Device) -> Result<()> {

@@ -4,6 +4,7 @@
 
 pub mod file;
 pub mod plan;
+pub mod report;
 pub mod run;
 
 pub use file::{Direction, Study, StudyScript, Variant};

@@ -1,0 +1,442 @@
+//! A study's results read back: which items are missing, and for each variant and
+//! direction the fidelity by turn number with 95% intervals that resample whole
+//! conversations (one item is one conversation: its turns are not independent), a paired
+//! comparison of two variants on the same conversations, and the items whose answers
+//! differ between repeats.
+//!
+//! Per turn: F1 and exact match of the mapped answer against the script's expected
+//! answers (SQuAD-style, the best over the answers given), the same of the re-prefilled
+//! reference answer, whether the mapped answer is identical to the reference's, and the
+//! share of their tokens that agree.
+
+use super::file::Direction;
+use super::plan::{Manifest, WorkItem};
+use super::run::session_path;
+use super::StudyError;
+use crate::metrics::answers::{best_exact_match, best_f1};
+use crate::metrics::interval::{cluster_bootstrap, Estimate};
+use crate::protocol::{Event, PathKind};
+use crate::session::{read_session, Report};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+pub const FORMAT: &str = "baton-study-report";
+pub const VERSION: u32 = 1;
+const RESAMPLES: usize = 2000;
+const SEED: u64 = 7;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StudyReport {
+    pub format: String,
+    pub version: u32,
+    pub study: String,
+    pub items: usize,
+    /// Items of the manifest with no session (not run, failed, or still running).
+    pub missing: Vec<String>,
+    pub groups: Vec<Group>,
+    /// Each other variant against `--against`, on the conversations both ran.
+    pub comparisons: Vec<Comparison>,
+    /// Items whose mapped answers differ between repeats of the same conversation.
+    pub differing_repeats: Vec<String>,
+}
+
+/// One variant in one direction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    pub variant: String,
+    pub direction: Direction,
+    pub conversations: usize,
+    pub turns: Vec<TurnStats>,
+    /// Over every turn with expected answers.
+    pub f1: Option<Estimate>,
+    pub reference_f1: Option<Estimate>,
+    /// Mapped F1 over reference F1.
+    pub retention: Option<Estimate>,
+    /// Over every turn answered on both paths.
+    pub identical: Option<Estimate>,
+    pub agreement: Option<Estimate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnStats {
+    pub turn: u32,
+    pub conversations: usize,
+    pub f1: Option<Estimate>,
+    pub exact: Option<Estimate>,
+    pub reference_f1: Option<Estimate>,
+    pub identical: Option<Estimate>,
+    pub agreement: Option<Estimate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub variant: String,
+    pub against: String,
+    pub direction: Direction,
+    /// What is compared per conversation: mean F1 where expected answers are given, else
+    /// mean token agreement with the reference.
+    pub measure: String,
+    pub pairs: usize,
+    /// `variant` minus `against`, with its paired 95% interval.
+    pub difference: Estimate,
+    /// The conversations where `variant` scored lower, worst first.
+    pub worse: Vec<(String, f64)>,
+}
+
+/// An item with what its session says, per turn.
+type ReadItem<'a> = (&'a WorkItem, BTreeMap<u32, ItemTurn>);
+
+/// What one item's session says, per turn.
+#[derive(Debug, Clone, Default)]
+struct ItemTurn {
+    f1: Option<f64>,
+    exact: Option<f64>,
+    reference_f1: Option<f64>,
+    identical: Option<f64>,
+    agreement: Option<f64>,
+    mapped_text: Option<String>,
+}
+
+fn item_turns(item: &WorkItem, path: &Path) -> Result<BTreeMap<u32, ItemTurn>, StudyError> {
+    let session = read_session(path).map_err(|e| StudyError::Item(e.to_string()))?;
+    let mut out: BTreeMap<u32, ItemTurn> = BTreeMap::new();
+    for e in session.events() {
+        if let Event::Generation {
+            turn, path, text, ..
+        } = e
+        {
+            let row = out.entry(*turn).or_default();
+            let expected = item.expected.get(turn);
+            match path {
+                PathKind::Mapped => {
+                    row.f1 = expected.map(|x| best_f1(text, x));
+                    row.exact = expected.map(|x| best_exact_match(text, x));
+                    row.mapped_text = Some(text.clone());
+                }
+                PathKind::Reference => row.reference_f1 = expected.map(|x| best_f1(text, x)),
+            }
+        }
+    }
+    for t in Report::from_session(&session).turns {
+        let row = out.entry(t.turn).or_default();
+        row.identical = t.identical.map(|i| f64::from(u8::from(i)));
+        row.agreement = t.agreement;
+    }
+    Ok(out)
+}
+
+/// The mean of `values` (one per conversation, `cluster` naming it) with its interval.
+fn mean(values: &[(usize, f64)]) -> Option<Estimate> {
+    if values.is_empty() {
+        return None;
+    }
+    let rows: Vec<[f64; 1]> = values.iter().map(|&(_, v)| [v]).collect();
+    let cluster: Vec<usize> = values.iter().map(|&(c, _)| c).collect();
+    Some(cluster_bootstrap(
+        &rows,
+        &cluster,
+        |m| Some(m[0]),
+        RESAMPLES,
+        SEED,
+    ))
+}
+
+/// Reads every item's session under `out` and sums the study up; `against` names the
+/// variant the others are compared with.
+pub fn report(
+    manifest: &Manifest,
+    out: &Path,
+    against: Option<&str>,
+) -> Result<StudyReport, StudyError> {
+    if let Some(v) = against {
+        if !manifest.variants.contains_key(v) {
+            return Err(StudyError::Item(format!(
+                "--against {v}: the study has no such variant (it has {})",
+                manifest
+                    .variants
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    let mut missing = Vec::new();
+    let mut read: Vec<ReadItem<'_>> = Vec::new();
+    for item in &manifest.items {
+        let path = session_path(out, item);
+        if path.is_file() {
+            read.push((item, item_turns(item, &path)?));
+        } else {
+            missing.push(item.id.clone());
+        }
+    }
+    let mut groups = Vec::new();
+    let mut keys: Vec<(String, Direction)> = read
+        .iter()
+        .map(|(i, _)| (i.variant.clone(), i.direction))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    for (variant, direction) in &keys {
+        let members: Vec<(usize, &BTreeMap<u32, ItemTurn>)> = read
+            .iter()
+            .enumerate()
+            .filter(|(_, (i, _))| &i.variant == variant && i.direction == *direction)
+            .map(|(k, (_, t))| (k, t))
+            .collect();
+        groups.push(group(variant, *direction, &members));
+    }
+    let comparisons = match against {
+        Some(base) => compare(&read, base),
+        None => Vec::new(),
+    };
+    Ok(StudyReport {
+        format: FORMAT.into(),
+        version: VERSION,
+        study: manifest.study.clone(),
+        items: manifest.items.len(),
+        missing,
+        groups,
+        comparisons,
+        differing_repeats: differing_repeats(&read),
+    })
+}
+
+fn group(
+    variant: &str,
+    direction: Direction,
+    members: &[(usize, &BTreeMap<u32, ItemTurn>)],
+) -> Group {
+    let turns: std::collections::BTreeSet<u32> = members
+        .iter()
+        .flat_map(|(_, t)| t.keys().copied())
+        .collect();
+    let column = |turn: Option<u32>, f: &dyn Fn(&ItemTurn) -> Option<f64>| -> Vec<(usize, f64)> {
+        members
+            .iter()
+            .flat_map(|(k, t)| {
+                t.iter()
+                    .filter(move |(n, _)| turn.is_none_or(|x| x == **n))
+                    .filter_map(move |(_, row)| f(row).map(|v| (*k, v)))
+            })
+            .collect()
+    };
+    let by_turn = turns
+        .iter()
+        .map(|&turn| TurnStats {
+            turn,
+            conversations: members
+                .iter()
+                .filter(|(_, t)| t.contains_key(&turn))
+                .count(),
+            f1: mean(&column(Some(turn), &|r| r.f1)),
+            exact: mean(&column(Some(turn), &|r| r.exact)),
+            reference_f1: mean(&column(Some(turn), &|r| r.reference_f1)),
+            identical: mean(&column(Some(turn), &|r| r.identical)),
+            agreement: mean(&column(Some(turn), &|r| r.agreement)),
+        })
+        .collect();
+    // Retention on the turns scored on both paths, resampling conversations together.
+    let both: Vec<(usize, [f64; 2])> = members
+        .iter()
+        .flat_map(|(k, t)| {
+            t.values()
+                .filter_map(move |r| Some((*k, [r.f1?, r.reference_f1?])))
+        })
+        .collect();
+    let retention = (!both.is_empty()).then(|| {
+        let rows: Vec<[f64; 2]> = both.iter().map(|(_, r)| *r).collect();
+        let cluster: Vec<usize> = both.iter().map(|(c, _)| *c).collect();
+        cluster_bootstrap(
+            &rows,
+            &cluster,
+            |m| (m[1] > 0.0).then(|| m[0] / m[1]),
+            RESAMPLES,
+            SEED,
+        )
+    });
+    Group {
+        variant: variant.to_string(),
+        direction,
+        conversations: members.len(),
+        turns: by_turn,
+        f1: mean(&column(None, &|r| r.f1)),
+        reference_f1: mean(&column(None, &|r| r.reference_f1)),
+        retention,
+        identical: mean(&column(None, &|r| r.identical)),
+        agreement: mean(&column(None, &|r| r.agreement)),
+    }
+}
+
+/// A conversation's score: mean F1 over its expected answers, or mean agreement.
+fn score(turns: &BTreeMap<u32, ItemTurn>, by_f1: bool) -> Option<f64> {
+    let v: Vec<f64> = turns
+        .values()
+        .filter_map(|r| if by_f1 { r.f1 } else { r.agreement })
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn compare(read: &[ReadItem<'_>], base: &str) -> Vec<Comparison> {
+    let key = |i: &WorkItem| (i.script.clone(), i.models.clone(), i.repeat);
+    let by_f1 = read.iter().any(|(i, _)| !i.expected.is_empty());
+    let mut variants: Vec<(&str, Direction)> = read
+        .iter()
+        .filter(|(i, _)| i.variant != base)
+        .map(|(i, _)| (i.variant.as_str(), i.direction))
+        .collect();
+    variants.sort();
+    variants.dedup();
+    let mut out = Vec::new();
+    for (variant, direction) in variants {
+        let mut diffs: Vec<(String, f64)> = Vec::new();
+        for (item, turns) in read
+            .iter()
+            .filter(|(i, _)| i.variant == variant && i.direction == direction)
+        {
+            let Some(other) = read
+                .iter()
+                .find(|(i, _)| i.variant == base && key(i) == key(item))
+            else {
+                continue;
+            };
+            if let (Some(a), Some(b)) = (score(turns, by_f1), score(&other.1, by_f1)) {
+                diffs.push((item.id.clone(), a - b));
+            }
+        }
+        let Some(difference) = mean(
+            &diffs
+                .iter()
+                .enumerate()
+                .map(|(k, (_, d))| (k, *d))
+                .collect::<Vec<_>>(),
+        ) else {
+            continue;
+        };
+        let mut worse: Vec<(String, f64)> =
+            diffs.iter().filter(|(_, d)| *d < 0.0).cloned().collect();
+        worse.sort_by(|a, b| a.1.total_cmp(&b.1));
+        out.push(Comparison {
+            variant: variant.to_string(),
+            against: base.to_string(),
+            direction,
+            measure: if by_f1 { "F1" } else { "agreement" }.into(),
+            pairs: diffs.len(),
+            difference,
+            worse,
+        });
+    }
+    out
+}
+
+fn differing_repeats(read: &[ReadItem<'_>]) -> Vec<String> {
+    let mut by_conversation: BTreeMap<(String, [String; 2], String), Vec<&ReadItem<'_>>> =
+        BTreeMap::new();
+    for r in read {
+        let i = r.0;
+        by_conversation
+            .entry((i.script.clone(), i.models.clone(), i.variant.clone()))
+            .or_default()
+            .push(r);
+    }
+    let mut out = Vec::new();
+    for runs in by_conversation.values().filter(|r| r.len() > 1) {
+        let answers = |r: &ReadItem<'_>| {
+            r.1.values()
+                .map(|t| t.mapped_text.clone())
+                .collect::<Vec<_>>()
+        };
+        let first = answers(runs[0]);
+        for r in &runs[1..] {
+            if answers(r) != first {
+                out.push(r.0.id.clone());
+            }
+        }
+    }
+    out
+}
+
+fn est(e: &Option<Estimate>) -> String {
+    match e {
+        Some(e) if e.value.is_finite() => {
+            format!("{:.3} [{:.3}, {:.3}]", e.value, e.ci95[0], e.ci95[1])
+        }
+        _ => "-".into(),
+    }
+}
+
+/// The report as text: completeness, a table per variant and direction, comparisons.
+pub fn render(r: &StudyReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let done = r.items - r.missing.len();
+    let _ = writeln!(s, "study {}: {done} of {} items recorded", r.study, r.items);
+    if !r.missing.is_empty() {
+        let n = r.missing.len();
+        let _ = writeln!(
+            s,
+            "INCOMPLETE: {n} {} no session (not run, failed, or running):",
+            if n == 1 { "item has" } else { "items have" }
+        );
+        for id in &r.missing {
+            let _ = writeln!(s, "  {id}");
+        }
+    }
+    for g in &r.groups {
+        let _ = writeln!(
+            s,
+            "\n{} · {:?} · {} conversations",
+            g.variant, g.direction, g.conversations
+        );
+        let _ = writeln!(
+            s,
+            "  {:>4}  {:>3}  {:<22} {:<22} {:<22} {:<22}",
+            "turn", "n", "F1 (mapped)", "F1 (re-prefilled)", "identical", "token agreement"
+        );
+        for t in &g.turns {
+            let _ = writeln!(
+                s,
+                "  {:>4}  {:>3}  {:<22} {:<22} {:<22} {:<22}",
+                t.turn,
+                t.conversations,
+                est(&t.f1),
+                est(&t.reference_f1),
+                est(&t.identical),
+                est(&t.agreement)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  all turns: F1 {} · re-prefilled {} · retention {} · identical {} · agreement {}",
+            est(&g.f1),
+            est(&g.reference_f1),
+            est(&g.retention),
+            est(&g.identical),
+            est(&g.agreement)
+        );
+    }
+    for c in &r.comparisons {
+        let _ = writeln!(
+            s,
+            "\n{} against {} ({:?}, {} conversations): {} difference {}",
+            c.variant,
+            c.against,
+            c.direction,
+            c.pairs,
+            c.measure,
+            est(&Some(c.difference))
+        );
+        for (id, d) in &c.worse {
+            let _ = writeln!(s, "  worse: {id} ({d:+.3})");
+        }
+    }
+    if !r.differing_repeats.is_empty() {
+        let _ = writeln!(s, "\nanswers differ between repeats:");
+        for id in &r.differing_repeats {
+            let _ = writeln!(s, "  {id}");
+        }
+    }
+    s
+}
