@@ -5,6 +5,7 @@
 pub mod engine_rig;
 pub mod fuzz;
 pub mod learn_rig;
+pub mod study_rig;
 pub mod synthetic;
 
 use std::path::PathBuf;
