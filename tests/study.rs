@@ -121,6 +121,18 @@ fn a_study_runs_its_items_as_sessions_and_a_rerun_skips_what_is_finished() {
     );
     assert_eq!(report("sharded"), r, "shards merge into the same report");
 
+    // The drift curves, one per variant, as SVG.
+    ok(&baton(
+        &["study", "report", "out", "--plot", "drift.svg"],
+        d,
+    ));
+    let svg = std::fs::read_to_string(d.join("drift.svg")).unwrap();
+    assert!(
+        svg.contains("Drift by turn") && svg.contains("map") && svg.contains("tail"),
+        "{}",
+        &svg[..svg.len().min(400)]
+    );
+
     // A missing session is named.
     std::fs::remove_file(&gone).unwrap();
     let text = ok_stdout(&baton(&["study", "report", "out"], d));

@@ -39,6 +39,10 @@ pub struct ReportArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Draw the drift curves by turn (per variant and direction, with intervals) to this
+    /// .svg or .png file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -91,6 +95,10 @@ fn report(a: ReportArgs) -> Result<()> {
         );
     };
     let r = study::report::report(&manifest, &a.out, a.against.as_deref())?;
+    if let Some(path) = &a.plot {
+        baton::plot::study::write_study_plot(&r, path)?;
+        eprintln!("drift curves drawn to {}", path.display());
+    }
     if a.json {
         return print_json(&r);
     }

@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod gate;
 pub mod session;
+pub mod study;
 
 pub use bench::{render_bench_svg, write_bench_plot, BenchSeries};
 pub use session::{render_svg, write_plot};
