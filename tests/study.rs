@@ -113,6 +113,11 @@ fn a_study_runs_its_items_as_sessions_and_a_rerun_skips_what_is_finished() {
             .as_f64()
             .expect("an F1 against the expected answer");
         assert!((0.0..=1.0).contains(&f1));
+        // The switch before turn 2 was measured: its attention cosine is that turn's.
+        let cosine = turn2["attention_cosine"]["value"]
+            .as_f64()
+            .expect("a cosine");
+        assert!(cosine > 0.0 && cosine <= 1.0, "{cosine}");
     }
     let c = &r["comparisons"][0];
     assert_eq!(

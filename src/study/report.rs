@@ -6,8 +6,9 @@
 //!
 //! Per turn: F1 and exact match of the mapped answer against the script's expected
 //! answers (SQuAD-style, the best over the answers given), the same of the re-prefilled
-//! reference answer, whether the mapped answer is identical to the reference's, and the
-//! share of their tokens that agree.
+//! reference answer, whether the mapped answer is identical to the reference's, the
+//! share of their tokens that agree, and at a turn a switch handed over, that switch's
+//! mean attention-output cosine and next-token agreement (with the reference path on).
 
 use super::file::Direction;
 use super::plan::{Manifest, WorkItem};
@@ -67,6 +68,9 @@ pub struct TurnStats {
     pub reference_f1: Option<Estimate>,
     pub identical: Option<Estimate>,
     pub agreement: Option<Estimate>,
+    /// The switches handed over at this turn: mean attention cosine, next-token agreement.
+    pub attention_cosine: Option<Estimate>,
+    pub next_token: Option<Estimate>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,6 +99,8 @@ struct ItemTurn {
     reference_f1: Option<f64>,
     identical: Option<f64>,
     agreement: Option<f64>,
+    cosine: Option<f64>,
+    next_token: Option<f64>,
     mapped_text: Option<String>,
 }
 
@@ -118,10 +124,16 @@ fn item_turns(item: &WorkItem, path: &Path) -> Result<BTreeMap<u32, ItemTurn>, S
             }
         }
     }
-    for t in Report::from_session(&session).turns {
+    let report = Report::from_session(&session);
+    for t in report.turns {
         let row = out.entry(t.turn).or_default();
         row.identical = t.identical.map(|i| f64::from(u8::from(i)));
         row.agreement = t.agreement;
+    }
+    for sw in report.switches {
+        let row = out.entry(sw.turn).or_default();
+        row.cosine = sw.cosine_mean.filter(|c| c.is_finite());
+        row.next_token = sw.top1_agreement.filter(|c| c.is_finite());
     }
     Ok(out)
 }
@@ -236,6 +248,8 @@ fn group(
             reference_f1: mean(&column(Some(turn), &|r| r.reference_f1)),
             identical: mean(&column(Some(turn), &|r| r.identical)),
             agreement: mean(&column(Some(turn), &|r| r.agreement)),
+            attention_cosine: mean(&column(Some(turn), &|r| r.cosine)),
+            next_token: mean(&column(Some(turn), &|r| r.next_token)),
         })
         .collect();
     // Retention on the turns scored on both paths, resampling conversations together.
@@ -392,19 +406,26 @@ pub fn render(r: &StudyReport) -> String {
         );
         let _ = writeln!(
             s,
-            "  {:>4}  {:>3}  {:<22} {:<22} {:<22} {:<22}",
-            "turn", "n", "F1 (mapped)", "F1 (re-prefilled)", "identical", "token agreement"
+            "  {:>4}  {:>3}  {:<22} {:<22} {:<22} {:<22} {:<22}",
+            "turn",
+            "n",
+            "F1 (mapped)",
+            "F1 (re-prefilled)",
+            "identical",
+            "token agreement",
+            "attention cosine"
         );
         for t in &g.turns {
             let _ = writeln!(
                 s,
-                "  {:>4}  {:>3}  {:<22} {:<22} {:<22} {:<22}",
+                "  {:>4}  {:>3}  {:<22} {:<22} {:<22} {:<22} {:<22}",
                 t.turn,
                 t.conversations,
                 est(&t.f1),
                 est(&t.reference_f1),
                 est(&t.identical),
-                est(&t.agreement)
+                est(&t.agreement),
+                est(&t.attention_cosine)
             );
         }
         let _ = writeln!(
