@@ -65,7 +65,7 @@ impl Curves {
             .groups
             .iter()
             .map(|g| {
-                let name = format!("{} · {:?}", g.variant, g.direction);
+                let name = format!("{} · {}", g.variant, g.direction);
                 let points = g
                     .turns
                     .iter()

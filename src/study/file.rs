@@ -38,6 +38,15 @@ pub enum Direction {
     TargetToSource,
 }
 
+impl std::fmt::Display for Direction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Direction::SourceToTarget => "source-to-target",
+            Direction::TargetToSource => "target-to-source",
+        })
+    }
+}
+
 impl Direction {
     /// The pair in the order the conversation uses it.
     pub fn order(self, pair: &[String; 2]) -> [&str; 2] {

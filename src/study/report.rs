@@ -401,7 +401,7 @@ pub fn render(r: &StudyReport) -> String {
     for g in &r.groups {
         let _ = writeln!(
             s,
-            "\n{} · {:?} · {} conversations",
+            "\n{} · {} · {} conversations",
             g.variant, g.direction, g.conversations
         );
         let _ = writeln!(
@@ -441,7 +441,7 @@ pub fn render(r: &StudyReport) -> String {
     for c in &r.comparisons {
         let _ = writeln!(
             s,
-            "\n{} against {} ({:?}, {} conversations): {} difference {}",
+            "\n{} against {} ({}, {} conversations): {} difference {}",
             c.variant,
             c.against,
             c.direction,
