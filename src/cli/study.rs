@@ -27,6 +27,22 @@ pub enum StudyCommand {
     /// direction with 95% intervals over conversations, a paired comparison with
     /// --against, and the items whose repeats answered differently.
     Report(ReportArgs),
+    /// Write the recall suite's conversations (SQuAD passages, a question a turn after a
+    /// switch each, with the reference answers as `expect`) as study scripts.
+    RecallScripts(RecallScriptsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RecallScriptsArgs {
+    /// How many conversations.
+    #[arg(long, default_value_t = 40, value_parser = baton::engine::config::at_least_one)]
+    pub conversations: usize,
+    /// Pass over the suite's first N conversations.
+    #[arg(long, default_value_t = 0)]
+    pub skip_conversations: usize,
+    /// The directory to write the scripts to (created; existing scripts are kept).
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -83,7 +99,44 @@ pub fn study(a: StudyArgs, dev: &Device) -> Result<()> {
         StudyCommand::Plan(p) => plan(p),
         StudyCommand::Run(r) => run(r, dev),
         StudyCommand::Report(r) => report(r),
+        StudyCommand::RecallScripts(r) => recall_scripts(r),
     }
+}
+
+fn recall_scripts(a: RecallScriptsArgs) -> Result<()> {
+    use baton::study::recall_scripts::{script_name, script_text};
+    let root = baton::fetch::ensure_by_name("eval-tasks", &baton::fetch::SilentProgress)?.path;
+    let skip = a.skip_conversations;
+    let mut all = baton::data::recall::load_conversations(&root, skip + a.conversations)?;
+    if all.len() <= skip {
+        bail!(
+            "--skip-conversations {skip} passes over the whole suite ({} conversations): skip fewer",
+            all.len()
+        );
+    }
+    all.drain(..skip);
+    std::fs::create_dir_all(&a.out)?;
+    let (mut written, mut kept) = (0, 0);
+    for (k, c) in all.iter().enumerate() {
+        let path = a.out.join(script_name(skip + k, c));
+        if path.exists() {
+            kept += 1;
+            continue;
+        }
+        std::fs::write(&path, script_text(c))?;
+        written += 1;
+    }
+    eprintln!(
+        "{written} scripts written, {kept} already there, in {}",
+        a.out.display()
+    );
+    if all.len() < a.conversations {
+        eprintln!(
+            "the suite has {} conversations past the first {skip}, fewer than asked",
+            all.len()
+        );
+    }
+    Ok(())
 }
 
 fn report(a: ReportArgs) -> Result<()> {

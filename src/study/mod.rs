@@ -4,6 +4,7 @@
 
 pub mod file;
 pub mod plan;
+pub mod recall_scripts;
 pub mod report;
 pub mod run;
 
