@@ -33,6 +33,7 @@ mod learner;
 pub mod open;
 mod refit;
 pub mod shard;
+mod step;
 pub mod store;
 
 pub use judge::{HeldOutScores, Slice};

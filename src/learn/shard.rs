@@ -14,7 +14,7 @@
 //! update would weigh what the calibration's do (0.5 to 1.2 GB) however little it held.
 
 use super::learner::Update;
-use super::store::LearnedStep;
+use super::step::LearnedStep;
 use super::LearnError;
 use crate::calibrate::WindowFeatures;
 use crate::mapper::artifact::ModelRef;

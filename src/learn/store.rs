@@ -9,7 +9,8 @@
 
 use super::learner::Update;
 use super::shard::{self, ShardHeader};
-use super::{LearnError, LearnOutcome};
+pub use super::step::LearnedStep;
+use super::LearnError;
 use crate::calibrate::DirectionStats;
 use crate::mapper::artifact::{self, ModelRef};
 use crate::mapper::PairStats;
@@ -19,33 +20,6 @@ use std::path::{Path, PathBuf};
 pub const FORMAT: &str = "baton-learned";
 pub const VERSION: u32 = 1;
 const META: &str = "learned.json";
-
-/// One accepted update.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LearnedStep {
-    /// Where the text came from (a session file, an eval conversation).
-    pub from: String,
-    pub unix: u64,
-    pub tokens: usize,
-    /// Held-out cosine before and after, both halves combined.
-    pub before: f64,
-    pub after: f64,
-}
-
-impl LearnedStep {
-    /// The step `o` took, from `from`, now.
-    pub fn of(from: &str, o: &LearnOutcome) -> Self {
-        Self {
-            from: from.to_string(),
-            unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            tokens: o.tokens,
-            before: o.before.combined(),
-            after: o.after.combined(),
-        }
-    }
-}
 
 /// What was learned between two models: the base's description (`learned.json`) with
 /// every shard's step counted in.
