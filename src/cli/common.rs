@@ -247,6 +247,30 @@ pub fn human(json: bool, line: &str) {
 }
 
 /// A JSON document on stdout.
+/// The recall suite's conversations `skip..skip + count` (fewer, said, where the suite
+/// ends first), for `eval --conversations` and `study recall-scripts`.
+pub fn recall_conversations(
+    skip: usize,
+    count: usize,
+) -> Result<Vec<baton::data::recall::RecallConversation>> {
+    let root = fetch::ensure_by_name("eval-tasks", &BarProgress::new())?.path;
+    let mut c = baton::data::recall::load_conversations(&root, skip + count)?;
+    if c.len() <= skip {
+        anyhow::bail!(
+            "--skip-conversations {skip} passes over the whole suite ({} conversations): skip fewer",
+            c.len()
+        );
+    }
+    c.drain(..skip);
+    if c.len() < count {
+        eprintln!(
+            "the suite has {} conversations past the first {skip}, fewer than the {count} asked: using those",
+            c.len()
+        );
+    }
+    Ok(c)
+}
+
 pub fn print_json<T: serde::Serialize + ?Sized>(doc: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(doc)?);
     Ok(())

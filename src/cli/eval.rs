@@ -199,24 +199,7 @@ impl EvalArgs {
         if self.conversations == 0 {
             return Ok(Vec::new());
         }
-        let root = baton::fetch::ensure_by_name("eval-tasks", &BarProgress::new())?.path;
-        let skip = self.skip_conversations;
-        let mut c = baton::data::recall::load_conversations(&root, skip + self.conversations)?;
-        if c.len() <= skip {
-            bail!(
-                "--skip-conversations {skip} passes over the whole suite ({} conversations): skip fewer",
-                c.len()
-            );
-        }
-        c.drain(..skip);
-        if c.len() < self.conversations {
-            eprintln!(
-                "the suite has {} conversations past the first {skip}, fewer than --conversations {}: evaluating those",
-                c.len(),
-                self.conversations
-            );
-        }
-        Ok(c)
+        super::common::recall_conversations(self.skip_conversations, self.conversations)
     }
 }
 

@@ -105,16 +105,8 @@ pub fn study(a: StudyArgs, dev: &Device) -> Result<()> {
 
 fn recall_scripts(a: RecallScriptsArgs) -> Result<()> {
     use baton::study::recall_scripts::{script_name, script_text};
-    let root = baton::fetch::ensure_by_name("eval-tasks", &baton::fetch::SilentProgress)?.path;
     let skip = a.skip_conversations;
-    let mut all = baton::data::recall::load_conversations(&root, skip + a.conversations)?;
-    if all.len() <= skip {
-        bail!(
-            "--skip-conversations {skip} passes over the whole suite ({} conversations): skip fewer",
-            all.len()
-        );
-    }
-    all.drain(..skip);
+    let all = super::common::recall_conversations(skip, a.conversations)?;
     std::fs::create_dir_all(&a.out)?;
     let (mut written, mut kept) = (0, 0);
     for (k, c) in all.iter().enumerate() {
@@ -130,12 +122,6 @@ fn recall_scripts(a: RecallScriptsArgs) -> Result<()> {
         "{written} scripts written, {kept} already there, in {}",
         a.out.display()
     );
-    if all.len() < a.conversations {
-        eprintln!(
-            "the suite has {} conversations past the first {skip}, fewer than asked",
-            all.len()
-        );
-    }
     Ok(())
 }
 
