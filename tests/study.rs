@@ -217,3 +217,118 @@ fn bad_study_input_is_refused_naming_the_problem_and_loses_nothing() {
     std::fs::write(d.join("conversations/three.toml"), "[[step]]\nuser = 3\n").unwrap();
     refused(&["study", "plan", "study.toml"], &["three.toml"]);
 }
+
+/// The tiny study with `extra` appended to its top-level keys (before the variants).
+fn study_with(d: &Path, extra: &str) {
+    let path = d.join("study.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let at = text.find("[variants.").unwrap();
+    std::fs::write(&path, format!("{}{extra}\n{}", &text[..at], &text[at..])).unwrap();
+}
+
+#[test]
+fn a_study_killed_mid_run_resumes_without_redoing_finished_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    study_in(d);
+    study_with(d, "repeats = 3");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["study", "run", "study.toml", "--out", "out", "--jobs", "1"])
+        .current_dir(d)
+        .env("BATON_CACHE_DIR", d.join("cache"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let finished = || {
+        std::fs::read_dir(d.join("out/items")).map_or(0, |r| {
+            r.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".jsonl"))
+                .count()
+        })
+    };
+    let waited = std::time::Instant::now();
+    while finished() < 2 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before it could be killed"
+        );
+        assert!(
+            waited.elapsed().as_secs() < 120,
+            "no item finished in 2 min"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // SIGKILL: nothing of the run's own gets to clean up.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = finished();
+    assert!(
+        (2..12).contains(&before),
+        "{before} of 12 finished at the kill"
+    );
+
+    let err = ok(&baton(&["study", "run", "study.toml", "--out", "out"], d));
+    assert!(
+        err.contains(&format!(
+            "{} recorded, {before} finished before, 0 failed",
+            12 - before
+        )),
+        "{err}"
+    );
+    // What the killed run left half-written is no session: every .jsonl reads whole.
+    for n in sessions(&d.join("out"))
+        .iter()
+        .filter(|n| n.ends_with(".jsonl"))
+    {
+        let s = baton::session::read_session(d.join("out/items").join(n)).unwrap();
+        assert!(s.warnings.is_empty(), "{n}: {:?}", s.warnings);
+    }
+    // The interrupted study reports as one run without a break does.
+    ok(&baton(&["study", "run", "study.toml", "--out", "clean"], d));
+    let report = |out: &str| ok_stdout(&baton(&["study", "report", out, "--json"], d));
+    assert_eq!(report("out"), report("clean"));
+}
+
+#[test]
+fn a_variant_without_the_switch_gives_the_source_alone_and_the_gap_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    study_in(d);
+    let text = std::fs::read_to_string(d.join("study.toml")).unwrap();
+    std::fs::write(
+        d.join("study.toml"),
+        format!("{text}\n[variants.alone]\nswitch = false\nmapper_dir = \"mappers\"\n"),
+    )
+    .unwrap();
+    let err = ok(&baton(&["study", "run", "study.toml", "--out", "out"], d));
+    assert!(err.contains("6 recorded"), "{err}");
+    for n in sessions(&d.join("out")) {
+        let s = baton::session::read_session(d.join("out/items").join(&n)).unwrap();
+        let switched = s
+            .events()
+            .any(|e| matches!(e, baton::protocol::Event::Switch { .. }));
+        assert_eq!(switched, !n.contains(".alone."), "{n}");
+    }
+    let o = baton(&["study", "report", "out", "--json"], d);
+    let r: serde_json::Value = serde_json::from_str(&ok_stdout(&o)).unwrap();
+    for g in r["groups"].as_array().unwrap() {
+        let alone = g["variant"] == "alone";
+        assert_eq!(g["source_alone"], alone);
+        // Measured for the handoffs (from the alone run of the same conversations), not
+        // for the baseline itself.
+        if alone {
+            assert!(g["gap_recovered"].is_null(), "{g}");
+            assert!(
+                g["reference_f1"].is_null(),
+                "nothing re-prefilled without a switch"
+            );
+        } else {
+            assert!(g["gap_recovered"].is_object(), "{g}");
+        }
+    }
+    let text = ok_stdout(&baton(&["study", "report", "out"], d));
+    assert!(
+        text.contains("no switch: the first model answers alone") && text.contains("gap recovered"),
+        "{text}"
+    );
+}

@@ -69,9 +69,20 @@ pub struct Variant {
     pub learn: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tail: Option<usize>,
+    /// `false`: the scripts' switches are left out, so the conversation's first model
+    /// answers every turn: the source-alone baseline the gap recovered is measured from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch: Option<bool>,
 }
 
-const VARIANT_KEYS: &str = "mapper_dir, reread, learn, tail";
+impl Variant {
+    /// Whether this variant leaves the switches out (the source-alone baseline).
+    pub fn stays(&self) -> bool {
+        self.switch == Some(false)
+    }
+}
+
+const VARIANT_KEYS: &str = "mapper_dir, reread, learn, tail, switch";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -138,7 +149,7 @@ impl Study {
                     .into(),
             ));
         }
-        let mut variants = BTreeMap::new();
+        let mut variants: BTreeMap<String, Variant> = BTreeMap::new();
         for (name, value) in raw.variants {
             if !name
                 .chars()
@@ -160,6 +171,21 @@ impl Study {
             }
             if let Some(d) = &v.mapper_dir {
                 v.mapper_dir = Some(base.join(d));
+            }
+            if v.stays() {
+                // mapper_dir stays allowed: the engine loads the pair's mappers to start.
+                if v.reread.is_some() || v.learn.is_some() || v.tail.is_some() {
+                    return Err(bad(format!(
+                        "[variants.{name}] has switch = false, so nothing is handed over and \
+                         its reread, learn and tail would do nothing: leave them out"
+                    )));
+                }
+                if let Some((other, _)) = variants.iter().find(|(_, o)| o.stays()) {
+                    return Err(bad(format!(
+                        "[variants.{name}] and [variants.{other}] both have switch = false and \
+                         would run the same conversations: keep one"
+                    )));
+                }
             }
             variants.insert(name, v);
         }

@@ -3,6 +3,7 @@
 //! recorded session, on one machine or split into shards for a cluster scheduler.
 
 pub mod file;
+mod gap;
 pub mod plan;
 pub mod recall_scripts;
 pub mod report;

@@ -11,6 +11,7 @@
 //! mean attention-output cosine and next-token agreement (with the reference path on).
 
 use super::file::Direction;
+use super::gap::gap_recovered;
 use super::plan::{Manifest, WorkItem};
 use super::run::session_path;
 use super::StudyError;
@@ -24,8 +25,8 @@ use std::path::Path;
 
 pub const FORMAT: &str = "baton-study-report";
 pub const VERSION: u32 = 1;
-const RESAMPLES: usize = 2000;
-const SEED: u64 = 7;
+pub(super) const RESAMPLES: usize = 2000;
+pub(super) const SEED: u64 = 7;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StudyReport {
@@ -57,6 +58,14 @@ pub struct Group {
     /// Over every turn answered on both paths.
     pub identical: Option<Estimate>,
     pub agreement: Option<Estimate>,
+    /// Whether this variant leaves the switches out: its F1 is the first model's alone.
+    #[serde(default)]
+    pub source_alone: bool,
+    /// (F1 mapped − F1 source alone) / (F1 re-prefilled − F1 source alone) on the turns
+    /// scored on all three, the source alone taken from the study's `switch = false`
+    /// variant on the same conversation.
+    #[serde(default)]
+    pub gap_recovered: Option<Estimate>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -89,14 +98,14 @@ pub struct Comparison {
 }
 
 /// An item with what its session says, per turn.
-type ReadItem<'a> = (&'a WorkItem, BTreeMap<u32, ItemTurn>);
+pub(super) type ReadItem<'a> = (&'a WorkItem, BTreeMap<u32, ItemTurn>);
 
 /// What one item's session says, per turn.
 #[derive(Debug, Clone, Default)]
-struct ItemTurn {
-    f1: Option<f64>,
+pub(super) struct ItemTurn {
+    pub(super) f1: Option<f64>,
     exact: Option<f64>,
-    reference_f1: Option<f64>,
+    pub(super) reference_f1: Option<f64>,
     identical: Option<f64>,
     agreement: Option<f64>,
     cosine: Option<f64>,
@@ -198,7 +207,18 @@ pub fn report(
             .filter(|(_, (i, _))| &i.variant == variant && i.direction == *direction)
             .map(|(k, (_, t))| (k, t))
             .collect();
-        groups.push(group(variant, *direction, &members));
+        let mut g = group(variant, *direction, &members);
+        g.source_alone = manifest.variants.get(variant).is_some_and(|v| v.stays());
+        if let Some(stay) = manifest
+            .variants
+            .iter()
+            .find(|(_, v)| v.stays())
+            .map(|(n, _)| n.as_str())
+            .filter(|n| n != variant)
+        {
+            g.gap_recovered = gap_recovered(&read, variant, *direction, stay);
+        }
+        groups.push(g);
     }
     let comparisons = match against {
         Some(base) => compare(&read, base),
@@ -281,6 +301,8 @@ fn group(
         retention,
         identical: mean(&column(None, &|r| r.identical)),
         agreement: mean(&column(None, &|r| r.agreement)),
+        source_alone: false,
+        gap_recovered: None,
     }
 }
 
@@ -401,8 +423,15 @@ pub fn render(r: &StudyReport) -> String {
     for g in &r.groups {
         let _ = writeln!(
             s,
-            "\n{} · {} · {} conversations",
-            g.variant, g.direction, g.conversations
+            "\n{} · {} · {} conversations{}",
+            g.variant,
+            g.direction,
+            g.conversations,
+            if g.source_alone {
+                " · no switch: the first model answers alone"
+            } else {
+                ""
+            }
         );
         let _ = writeln!(
             s,
@@ -437,6 +466,13 @@ pub fn render(r: &StudyReport) -> String {
             est(&g.identical),
             est(&g.agreement)
         );
+        if g.gap_recovered.is_some() {
+            let _ = writeln!(
+                s,
+                "  gap recovered (from the first model alone to the re-prefilled target): {}",
+                est(&g.gap_recovered)
+            );
+        }
     }
     for c in &r.comparisons {
         let _ = writeln!(

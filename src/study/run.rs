@@ -77,7 +77,14 @@ pub fn item_config(
     cfg.mapper_dir = variant.mapper_dir.clone();
     cfg.learning.keep = false;
     cfg.record = Some(record);
-    Ok((cfg, script.script.steps.clone()))
+    let steps = script
+        .script
+        .steps
+        .iter()
+        .filter(|c| !(variant.stays() && matches!(c, crate::protocol::Command::Switch)))
+        .cloned()
+        .collect();
+    Ok((cfg, steps))
 }
 
 /// Runs the items of `shard` not finished yet under `out`, `jobs` at a time; `told` hears

@@ -84,7 +84,7 @@ fn bad_study_files_are_refused_naming_the_problem_and_the_fix() {
             vec![
                 "[variants.reread]",
                 "tial",
-                "mapper_dir, reread, learn, tail",
+                "mapper_dir, reread, learn, tail, switch",
             ],
         ),
         (
@@ -104,6 +104,14 @@ fn bad_study_files_are_refused_naming_the_problem_and_the_fix() {
             vec!["\"a b\"", "letters"],
         ),
         (format!("{STUDY}\nshards = 3\n"), vec!["shards"]),
+        (
+            format!("{STUDY}\n[variants.alone]\nswitch = false\ntail = 8\n"),
+            vec!["[variants.alone]", "switch = false", "leave them out"],
+        ),
+        (
+            format!("{STUDY}\n[variants.alone]\nswitch = false\n[variants.solo]\nswitch = false\n"),
+            vec!["[variants.solo]", "[variants.alone]", "keep one"],
+        ),
     ];
     for (text, want) in cases {
         let (_d, path) = study_dir(&text);
