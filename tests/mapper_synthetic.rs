@@ -360,6 +360,8 @@ fn artifact_round_trips_and_refuses_other_models() {
         key_sources: f.keys.iter().map(|m| m.sources.clone()).collect(),
         value_sources: f.values.iter().map(|m| m.sources.clone()).collect(),
         token_features: false,
+        kind: Default::default(),
+        training: None,
         corpus: CorpusInfo {
             files: "synthetic".into(),
             fingerprint: "x".into(),
@@ -373,6 +375,7 @@ fn artifact_round_trips_and_refuses_other_models() {
     };
     let path = artifact::artifact_path(dir.path(), &sr, &tr);
     let maps = artifact::Maps {
+        heads: None,
         keys: &f.keys,
         values: &f.values,
         source_scales: &f.source_scales,

@@ -135,6 +135,8 @@ pub(super) fn fit_direction(
         source_scales: scales,
         report,
         token_layers: st.token_layers,
+        heads: None,
+        training: None,
     })
 }
 

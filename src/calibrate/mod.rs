@@ -34,6 +34,7 @@ mod save;
 pub mod saved_stats;
 mod sweep;
 mod token_choice;
+pub mod train;
 
 pub use crate::mapper::calibration_report::{CalibrationReport, RankPoint, SkippedK, SweepPoint};
 pub use error::CalibrateError;
@@ -102,11 +103,18 @@ pub struct Fitted {
     pub report: CalibrationReport,
     /// Source layers past the source's own that the maps read: the token block's pieces.
     pub token_layers: usize,
+    /// The trained heads of a residual or mlp mapper, and how they were trained.
+    pub heads: Option<crate::mapper::nonlinear::Heads>,
+    pub training: Option<crate::mapper::nonlinear::TrainingReport>,
 }
 
 impl Fitted {
     pub fn cache_mapper(&self, src: &Model, tgt: &Model) -> Result<CacheMapper, CalibrateError> {
-        heldout::to_cache_mapper(src, tgt, &self.keys, &self.values, &self.source_scales)
+        let m = heldout::to_cache_mapper(src, tgt, &self.keys, &self.values, &self.source_scales)?;
+        Ok(match &self.heads {
+            Some(h) => m.with_heads(h)?,
+            None => m,
+        })
     }
 }
 
@@ -240,6 +248,29 @@ pub fn calibrate_with(
     let fit_seconds = t1.elapsed().as_secs_f64();
     for f in &mut out {
         f.report.fit_seconds = fit_seconds;
+    }
+    if opts.train.kind != crate::mapper::nonlinear::MapperKind::Ridge {
+        let windows = mixed_windows(
+            a,
+            docs,
+            Split::Fit,
+            len,
+            (0, opts.train.windows),
+            opts.chat_share,
+        )?;
+        let anchor = opts.skip_first.max(crate::mapper::DEFAULT_ANCHOR);
+        train::train_heads(
+            a,
+            b,
+            &mut out,
+            &stats,
+            &windows,
+            &held,
+            &opts.train,
+            anchor,
+            progress,
+            cancel,
+        )?;
     }
     Ok(Calibrated { fitted: out, stats })
 }

@@ -68,6 +68,9 @@ pub struct CalibrateOptions {
     /// saved statistics being added to already hold.
     #[serde(default)]
     pub skip_windows: usize,
+    /// The mapper's kind and how its heads are trained (a ridge mapper trains nothing).
+    #[serde(default)]
+    pub train: super::train::TrainOptions,
 }
 
 /// Which maps read the token block.
@@ -187,6 +190,7 @@ impl Default for CalibrateOptions {
             attention_weight: 0.0,
             key_gain_matched: DEFAULT_KEY_GAIN_MATCHED,
             value_gain_matched: false,
+            train: super::train::TrainOptions::default(),
         }
     }
 }

@@ -59,6 +59,7 @@ pub fn save_fitted<'a>(
                 keys: &f.keys,
                 values: &f.values,
                 source_scales: &f.source_scales,
+                heads: f.heads.as_ref(),
             },
             &meta,
             &path,
@@ -98,6 +99,11 @@ pub fn meta_for(
             .iter()
             .chain(&f.values)
             .any(|m| m.sources.iter().any(|&s| s >= source.1.n_layer)),
+        kind: f
+            .heads
+            .as_ref()
+            .map_or(crate::mapper::nonlinear::MapperKind::Ridge, |h| h.kind),
+        training: f.training.clone(),
         corpus,
         report: f.report.clone(),
         created_unix: std::time::SystemTime::now()

@@ -4,10 +4,12 @@
 use super::common::{count_or_all, print_json, rank, DirectionArgs, Gain, PairArgs};
 use anyhow::Result;
 use baton::calibrate::saved_stats::{self, SavedStats};
+use baton::calibrate::train::TrainOptions;
 use baton::calibrate::TokenFeatures;
 use baton::calibrate::{self as cal, CalibrateOptions, Direction, RankChoice, SelectBy};
 use baton::data::corpus;
 use baton::mapper::artifact::ModelRef;
+use baton::mapper::nonlinear::{MapperKind, TrainLoss};
 use baton::model::Model;
 use candle_core::Device;
 use clap::Args;
@@ -131,9 +133,42 @@ pub struct CalibrateArgs {
     /// already hold (their count is in `baton mappers`).
     #[arg(long, default_value_t = 0)]
     pub skip_windows: usize,
+    /// The mapper to fit: `ridge` (the closed form), `residual` (ridge plus a trained
+    /// bottleneck network per target layer) or `mlp` (a trained network of two hidden
+    /// layers of 1024 ReLU units per target layer in place of ridge).
+    #[arg(long, default_value = "ridge", value_parser = parse_kind)]
+    pub mapper: MapperKind,
+    /// What a trained mapper minimises: `attention` (the error of the target's attention
+    /// output under its own queries) or `kv-mse` (the keys' and values' error).
+    #[arg(long, default_value = "attention", value_parser = parse_loss)]
+    pub train_loss: TrainLoss,
+    /// Windows a trained mapper reads per epoch.
+    #[arg(long, default_value_t = TrainOptions::default().windows)]
+    pub train_windows: usize,
+    /// Epochs at most (training stops earlier once held-out windows stop improving).
+    #[arg(long, default_value_t = TrainOptions::default().epochs)]
+    pub train_epochs: usize,
+    /// The seed of a trained mapper's initial weights.
+    #[arg(long, default_value_t = 0)]
+    pub train_seed: u64,
+    /// Hidden widths of a trained mapper's networks in place of its kind's, e.g. 128 or
+    /// 512,512.
+    #[arg(long, value_delimiter = ',')]
+    pub train_hidden: Option<Vec<usize>>,
+    /// AdamW's learning rate for a trained mapper.
+    #[arg(long, default_value_t = TrainOptions::default().learning_rate)]
+    pub train_lr: f64,
     /// Print the calibration report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_kind(s: &str) -> std::result::Result<MapperKind, String> {
+    s.parse()
+}
+
+fn parse_loss(s: &str) -> std::result::Result<TrainLoss, String> {
+    s.parse()
 }
 
 impl CalibrateArgs {
@@ -169,6 +204,16 @@ impl CalibrateArgs {
             skip_windows: self.skip_windows,
             attention_weight: self.attention_weight,
             rank: self.rank,
+            train: TrainOptions {
+                kind: self.mapper,
+                loss: self.train_loss,
+                windows: self.train_windows,
+                epochs: self.train_epochs,
+                seed: self.train_seed,
+                hidden: self.train_hidden.clone(),
+                learning_rate: self.train_lr,
+                ..TrainOptions::default()
+            },
             ..CalibrateOptions::default()
         }
     }

@@ -5,6 +5,7 @@
 //! models' checksums and written to a temp file, then renamed into place.
 
 use super::calibration_report::CalibrationReport;
+use super::nonlinear::{stored, Heads, MapperKind, TrainingReport};
 use super::ridge::Factors;
 use super::ridge::{FitInfo, LayerMap};
 use super::SourceScales;
@@ -16,7 +17,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub const FORMAT: &str = "baton.mapper";
-pub const VERSION: u32 = 1;
+/// Version 2 added trained heads and the mapper's kind; version 1 files (ridge maps
+/// alone) still load.
+pub const VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
@@ -111,6 +114,10 @@ impl MapperArtifact {
             &self.values,
             self.source_scales.as_ref(),
         )
+        .and_then(|m| match &self.heads {
+            Some(h) => m.with_heads(h),
+            None => Ok(m),
+        })
         .map_err(|e| ArtifactError::Apply {
             path: self.path.clone(),
             source: Box::new(e),
@@ -185,6 +192,12 @@ pub struct MapperMeta {
     /// ([`crate::mapper::token_block`]).
     #[serde(default)]
     pub token_features: bool,
+    /// Ridge alone, or with trained heads (absent in version 1: ridge).
+    #[serde(default)]
+    pub kind: MapperKind,
+    /// How the heads were trained and what they scored, for a trained kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<TrainingReport>,
     pub corpus: CorpusInfo,
     pub report: CalibrationReport,
     pub created_unix: u64,
@@ -196,8 +209,9 @@ impl MapperMeta {
     pub fn summary_line(&self) -> String {
         let r = &self.report;
         format!(
-            "{}: k = {}{}, lambda = {}, held-out attention cosine {:.4}, R² K {:.3} V {:.3}",
+            "{}: {} mapper, k = {}{}, lambda = {}, held-out attention cosine {:.4}, R² K {:.3} V {:.3}{}",
             self.direction,
+            self.kind,
             self.k,
             if self.token_features {
                 " + token features"
@@ -207,15 +221,17 @@ impl MapperMeta {
             self.lambda,
             crate::metrics::mean(&r.cosine),
             crate::metrics::mean(&r.r2_k),
-            crate::metrics::mean(&r.r2_v)
+            crate::metrics::mean(&r.r2_v),
+            self.training.as_ref().map_or(String::new(), |t| format!("; {}", t.summary()))
         )
     }
 
     /// One row of `baton mappers`: the direction, its choice, its corpus and its file.
     pub fn list_line(&self, path: &Path) -> String {
         format!(
-            "{:<45} k={:<3}{} lambda={:<6} cosine {:.4}  {} x {} tokens  {}",
+            "{:<45} {:<8} k={:<3}{} lambda={:<6} cosine {:.4}  {} x {} tokens  {}",
             self.direction,
+            self.kind.name(),
             self.k,
             if self.token_features { " +tokens" } else { "" },
             self.lambda,
@@ -235,6 +251,8 @@ pub struct MapperArtifact {
     pub values: Vec<LayerMap>,
     /// Absent in artifacts written before the int8 map; such a mapper runs in f32.
     pub source_scales: Option<SourceScales>,
+    /// The trained heads of a residual or mlp mapper.
+    pub heads: Option<Heads>,
 }
 
 /// `<cache>/mappers/`.
@@ -300,6 +318,7 @@ pub struct Maps<'a> {
     pub keys: &'a [LayerMap],
     pub values: &'a [LayerMap],
     pub source_scales: &'a SourceScales,
+    pub heads: Option<&'a Heads>,
 }
 
 /// Write `maps` atomically to `path` (and `path` with `.json` for people).
@@ -347,6 +366,11 @@ pub fn save(maps: Maps<'_>, meta: &MapperMeta, path: &Path) -> Result<(), Artifa
     ] {
         buffers.push((name.to_string(), f32_bytes(v), vec![v.len()]));
     }
+    if let Some(h) = maps.heads {
+        for (name, v, shape) in stored::buffers(h) {
+            buffers.push((name, f32_bytes(&v), shape));
+        }
+    }
     let views: Vec<(String, TensorView<'_>)> = buffers
         .iter()
         .map(|(n, b, s)| {
@@ -392,7 +416,7 @@ fn read_meta(path: &Path, bytes: &[u8]) -> Result<MapperMeta, ArtifactError> {
     if meta.format != FORMAT {
         return Err(bad(format!("format `{}` is not `{FORMAT}`", meta.format)));
     }
-    if meta.version != VERSION {
+    if meta.version == 0 || meta.version > VERSION {
         return Err(bad(format!(
             "format version {} is not supported (this build reads {VERSION}); calibrate again",
             meta.version
@@ -488,12 +512,25 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
     if keys.len() != meta.target.layers || values.len() != meta.target.layers {
         return Err(bad("layer count does not match the target model".into()));
     }
+    let widths = |is_keys: bool, j: usize| {
+        let m = if is_keys { &keys[j] } else { &values[j] };
+        (m.weight.len() / m.bias.len().max(1), m.bias.len())
+    };
+    let heads = stored::read(
+        meta.kind,
+        meta.target.layers,
+        &|n| read(n).map_err(|e| e.to_string()),
+        &|n| has(n),
+        &widths,
+    )
+    .map_err(|e| bad(format!("trained heads: {e}")))?;
     Ok(MapperArtifact {
         path: path.to_path_buf(),
         meta,
         keys,
         values,
         source_scales,
+        heads,
     })
 }
 

@@ -20,6 +20,9 @@
 //! - **Artifact** ([`artifact`]): the fitted maps with the identities of both models and
 //!   the calibration report, found and checked by pair.
 //!
+//! - **Trained heads** ([`nonlinear`]): a small network per target layer added to the
+//!   ridge map (`residual`) or in its place (`mlp`).
+//!
 //! Calibration (capture, sweep, choice) lives above this in `calibrate`; measuring a
 //! mapper in `eval` and `bench`.
 
@@ -43,5 +46,6 @@ pub mod features;
 pub mod gain;
 pub mod low_rank;
 pub mod map;
+pub mod nonlinear;
 
 pub use map::{CacheMapper, MapPrecision, SourceScales, TargetLayerMap, DEFAULT_ANCHOR};

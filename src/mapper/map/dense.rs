@@ -4,6 +4,7 @@
 
 use super::MapInput;
 use crate::mapper::features::{layer_features, rows_to_heads, LayerFeatures};
+use crate::mapper::nonlinear::{HeadTensors, HeadUse};
 use crate::mapper::ridge::Factors;
 use crate::mapper::token_block;
 use crate::model::{LayerKv, ModelError};
@@ -20,6 +21,8 @@ pub struct TargetLayerMap {
     pub bias: Tensor,
     /// A reduced map's factors ([k·D_s, r], [r, D_t]) whose product is `weight`.
     pub factors: Option<(Tensor, Tensor)>,
+    /// A trained head on the same input, added to the product or in its place.
+    pub head: Option<HeadTensors>,
 }
 
 impl TargetLayerMap {
@@ -62,6 +65,7 @@ impl TargetLayerMap {
             weight: Tensor::from_slice(weight, (rows, cols), device)?.to_dtype(dtype)?,
             bias: Tensor::from_slice(bias, cols, device)?.to_dtype(dtype)?,
             factors,
+            head: None,
         })
     }
 }
@@ -86,6 +90,27 @@ pub fn map_layers(
         out.push(LayerKv { k, v });
     }
     Ok(out)
+}
+
+/// What each target layer's maps read at positions `start..end`: its source layers' keys
+/// and values side by side, `([n, k·D_s], [n, k·D_s])` in the maps' dtype.
+pub fn layer_inputs(
+    input: &MapInput<'_>,
+    start: usize,
+    end: usize,
+) -> Result<Vec<(Tensor, Tensor)>, ModelError> {
+    let feats = source_features(input, start, end)?;
+    let (keys, values) = input.maps;
+    let dtype = keys[0].weight.dtype();
+    keys.iter()
+        .zip(values)
+        .map(|(km, vm)| {
+            Ok((
+                stacked(km, &feats, true, dtype)?,
+                stacked(vm, &feats, false, dtype)?,
+            ))
+        })
+        .collect()
 }
 
 /// Every source layer that any target layer reads, un-rotated once, and the token block's
@@ -113,8 +138,24 @@ fn source_features(
     Ok(feats)
 }
 
-/// One map's product: its source layers' keys or values side by side, times W, plus b.
+/// One map's product: its source layers' keys or values side by side, times W, plus b,
+/// with the head's output added, or the head's output alone.
 fn product(
+    m: &TargetLayerMap,
+    feats: &BTreeMap<usize, LayerFeatures>,
+    keys: bool,
+    dtype: DType,
+) -> Result<Tensor, ModelError> {
+    let x = stacked(m, feats, keys, dtype)?;
+    Ok(match &m.head {
+        None => x.matmul(&m.weight)?.broadcast_add(&m.bias)?,
+        Some(h) if h.used == HeadUse::Alone => h.forward(&x)?,
+        Some(h) => (x.matmul(&m.weight)?.broadcast_add(&m.bias)? + h.forward(&x)?)?,
+    })
+}
+
+/// A map's input: its source layers' keys or values side by side.
+fn stacked(
     m: &TargetLayerMap,
     feats: &BTreeMap<usize, LayerFeatures>,
     keys: bool,
@@ -129,10 +170,9 @@ fn product(
             t.to_dtype(dtype)
         })
         .collect::<Result<_, _>>()?;
-    let x = if parts.len() == 1 {
+    Ok(if parts.len() == 1 {
         parts[0].clone()
     } else {
         Tensor::cat(&parts, 1)?
-    };
-    Ok(x.matmul(&m.weight)?.broadcast_add(&m.bias)?)
+    })
 }

@@ -15,6 +15,7 @@ pub use dense::TargetLayerMap;
 pub use int8::PackedMapper;
 pub use scales::SourceScales;
 
+use crate::mapper::nonlinear::Heads;
 use crate::model::rope::Rope;
 use crate::model::{KvCache, KvShape, LayerKv, LayerZero, ModelError};
 use candle_core::DType;
@@ -137,8 +138,45 @@ impl CacheMapper {
         Ok(self)
     }
 
+    /// The same maps with trained heads (one per target layer, keys and values): they run
+    /// as dense products, since the int8 form packs linear maps only.
+    pub fn with_heads(mut self, heads: &Heads) -> Result<Self, ModelError> {
+        if heads.keys.len() != self.keys.len() || heads.values.len() != self.values.len() {
+            return Err(ModelError::Cache(format!(
+                "{} key and {} value heads for a mapper of {} target layers",
+                heads.keys.len(),
+                heads.values.len(),
+                self.keys.len()
+            )));
+        }
+        for (maps, list) in [
+            (&mut self.keys, &heads.keys),
+            (&mut self.values, &heads.values),
+        ] {
+            for (m, h) in maps.iter_mut().zip(list) {
+                let (rows, cols) = m.weight.dims2()?;
+                h.check(rows, cols).map_err(ModelError::Cache)?;
+                m.head = Some(h.tensors(m.weight.device(), m.weight.dtype())?);
+            }
+        }
+        self.rebuild_int8()?;
+        Ok(self)
+    }
+
+    /// Whether the maps carry trained heads.
+    pub fn has_heads(&self) -> bool {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .any(|m| m.head.is_some())
+    }
+
     /// Derives the int8 form from the maps, the scales and the precision asked for.
     fn rebuild_int8(&mut self) -> Result<(), ModelError> {
+        if self.has_heads() {
+            self.int8 = None;
+            return Ok(());
+        }
         self.int8 = match (self.requested, &self.scales) {
             (MapPrecision::Int8, Some(sc)) => {
                 int8::pack(&self.keys, &self.values, sc, self.source)?.map(Arc::new)
@@ -217,6 +255,27 @@ impl CacheMapper {
             Some(p) => int8::map_layers(p, &input, start, end),
             None => dense::map_layers(&input, start, end),
         }
+    }
+
+    /// What each target layer's key and value maps read at positions `start..end` of
+    /// `src` (whose positions hold `tokens`): the input a trained head learns from.
+    pub fn layer_inputs(
+        &self,
+        src: &KvCache,
+        tokens: &[u32],
+        src_rope: &Rope,
+        start: usize,
+        end: usize,
+    ) -> Result<Vec<(candle_core::Tensor, candle_core::Tensor)>, ModelError> {
+        self.check_source(src)?;
+        self.check_tokens(tokens, end)?;
+        if end > src.len() || start > end {
+            return Err(ModelError::Cache(format!(
+                "range {start}..{end} is outside a source cache of {} positions",
+                src.len()
+            )));
+        }
+        dense::layer_inputs(&self.input(src, tokens, src_rope, src_rope), start, end)
     }
 
     /// A whole target cache from a whole source cache whose positions hold `tokens`.

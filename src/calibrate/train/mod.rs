@@ -1,0 +1,503 @@
+//! Training the heads of a `residual` or `mlp` mapper after the ridge fit, on CPU with
+//! candle's autograd and AdamW.
+//!
+//! - **Data, streamed.** Each epoch both models prefill the training windows again, one
+//!   window at a time, and every direction's heads take one step per window: no window's
+//!   features outlive its step. The input of a target layer's head is what its ridge map
+//!   reads (the selected source layers' RoPE-stripped features side by side).
+//! - **Loss.** By default the error of the target's attention output under its own queries
+//!   at probe positions, `‖o(K̂, V̂) − o(K, V)‖² / ‖o(K, V)‖²` per target layer, the mapped
+//!   keys rotated by the target's RoPE and the anchor positions the target's own, as a
+//!   handoff uses them. `kv-mse` minimises the keys' and values' error in the target's
+//!   standardized units instead.
+//! - **Each target layer on its own.** Every layer's heads (keys and values) have their own
+//!   optimiser and loss, so a layer's training never moves another's.
+//! - **Early stopping** on the held-out windows calibration already reads: after every
+//!   epoch each layer's held-out loss is measured and its best weights kept; training ends
+//!   when no layer has improved for `patience` epochs.
+//! - **Seeded**: the initial weights come from the seed and the windows are read in a
+//!   fixed order, so the same inputs and seed give the same heads.
+
+mod attention;
+mod net;
+
+use super::capture::{capture, Captured, HeldOutCaptures};
+use super::saved_stats::SavedStats;
+use super::{check_cancel, CalibrateError, CalibrationProgress, Direction, Fitted};
+use crate::mapper::features::{heads_to_rows, rows_to_heads};
+use crate::mapper::nonlinear::{Head, HeadUse, Heads, MapperKind, TrainLoss, TrainingReport};
+use crate::mapper::CacheMapper;
+use crate::metrics::probe_positions;
+use crate::model::Model;
+use attention::{attention_output, probe_mask, relative_error, Rotation};
+use candle_core::{Device, Tensor};
+use candle_nn::optim::{AdamW, Optimizer, ParamsAdamW};
+use net::{Net, NetShape};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+/// How heads are trained (`baton calibrate --mapper residual|mlp` and its `--train-*`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainOptions {
+    pub kind: MapperKind,
+    pub loss: TrainLoss,
+    /// Training windows read each epoch (the first of the fit split).
+    pub windows: usize,
+    /// Epochs at most; early stopping usually ends sooner.
+    pub epochs: usize,
+    /// Epochs without a held-out gain in any layer before training stops.
+    pub patience: usize,
+    pub learning_rate: f64,
+    pub seed: u64,
+    /// Hidden widths in place of the kind's own.
+    pub hidden: Option<Vec<usize>>,
+    /// Query positions per training window the attention loss reads.
+    pub probes: usize,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        Self {
+            kind: MapperKind::Ridge,
+            loss: TrainLoss::Attention,
+            windows: 32,
+            epochs: 8,
+            patience: 2,
+            learning_rate: 1e-3,
+            seed: 0,
+            hidden: None,
+            probes: 64,
+        }
+    }
+}
+
+/// One window as both sides of a direction read it, ready for every layer's loss.
+struct Sample {
+    /// Per target layer, the key and value maps' input.
+    inputs: Vec<(Tensor, Tensor)>,
+    /// Per target layer, the target's own keys (rotated) and values [n_kv, n, hd].
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+    /// Per target layer, its own keys un-rotated as rows [n, D_t] (for kv-mse).
+    key_rows: Vec<Tensor>,
+    /// Per target layer, the target's queries at the probes and their true output.
+    queries: Vec<Tensor>,
+    outputs: Vec<Tensor>,
+    mask: Tensor,
+    rotation: Rotation,
+    n: usize,
+}
+
+/// The heads of one target layer under training.
+struct LayerNets {
+    keys: Net,
+    values: Net,
+    opt: AdamW,
+    best: Option<(Head, Head)>,
+    best_loss: f64,
+    best_epoch: usize,
+    stale: usize,
+}
+
+/// One direction's training.
+struct Trainer<'a> {
+    direction: Direction,
+    src: &'a Model,
+    tgt: &'a Model,
+    ridge: CacheMapper,
+    layers: Vec<LayerNets>,
+    anchor: usize,
+    loss: TrainLoss,
+    /// The target's feature deviations per layer, keys and values, for kv-mse.
+    inv_std: Vec<(Tensor, Tensor)>,
+    ridge_loss: Vec<f64>,
+}
+
+fn err(e: impl std::fmt::Display) -> CalibrateError {
+    CalibrateError::Options(format!("training the heads: {e}"))
+}
+
+/// The mean and deviation of the target features of each layer, from the statistics.
+fn target_moments(stats: &crate::mapper::PairStats, layer: usize) -> (Vec<f32>, Vec<f32>) {
+    let d = stats.d_t();
+    let n = stats.count().max(1) as f64;
+    let mean = &stats.mean_y()[layer * d..(layer + 1) * d];
+    let sum2 = stats.sum_y2();
+    let std = (0..d)
+        .map(|c| {
+            let var = sum2[layer * d + c] / n - mean[c] * mean[c];
+            var.max(1e-12).sqrt() as f32
+        })
+        .collect();
+    (mean.iter().map(|&m| m as f32).collect(), std)
+}
+
+impl<'a> Trainer<'a> {
+    fn new(
+        src: &'a Model,
+        tgt: &'a Model,
+        fitted: &Fitted,
+        stats: &SavedStats,
+        opts: &TrainOptions,
+        anchor: usize,
+    ) -> Result<Self, CalibrateError> {
+        let (hidden, activation, used) = opts
+            .kind
+            .architecture()
+            .ok_or_else(|| err("a ridge mapper has no heads to train"))?;
+        let hidden = opts.hidden.clone().unwrap_or(hidden);
+        let device = Device::Cpu;
+        let ridge = fitted
+            .cache_mapper(src, tgt)?
+            .with_precision(crate::mapper::MapPrecision::F32)?;
+        let scales = &fitted.source_scales;
+        let d_s = src.config().kv_width();
+        let mut layers = Vec::new();
+        let mut inv_std = Vec::new();
+        for (j, (km, vm)) in fitted.keys.iter().zip(&fitted.values).enumerate() {
+            let mut pair = Vec::new();
+            let mut inv = Vec::new();
+            for (side, m, st, mean, std) in [
+                (
+                    0u64,
+                    km,
+                    &stats.stats.keys,
+                    &scales.key_mean,
+                    &scales.key_std,
+                ),
+                (
+                    1,
+                    vm,
+                    &stats.stats.values,
+                    &scales.value_mean,
+                    &scales.value_std,
+                ),
+            ] {
+                let pick = |v: &[f32]| -> Vec<f32> {
+                    m.sources
+                        .iter()
+                        .flat_map(|&s| v[s * d_s..(s + 1) * d_s].iter().copied())
+                        .collect()
+                };
+                let (t_mean, t_std) = target_moments(st, j);
+                inv.push(Tensor::new(
+                    t_std
+                        .iter()
+                        .map(|s| 1.0 / s)
+                        .collect::<Vec<f32>>()
+                        .as_slice(),
+                    &device,
+                )?);
+                let shape = NetShape {
+                    hidden: &hidden,
+                    activation,
+                    used,
+                    in_mean: pick(mean),
+                    in_scale: pick(std).iter().map(|s| 1.0 / s.max(1e-6)).collect(),
+                    out_scale: t_std,
+                    out_mean: if used == HeadUse::Added {
+                        vec![0.0; m.bias.len()]
+                    } else {
+                        t_mean
+                    },
+                };
+                // A seed per (direction, layer, side): layers train the same whichever
+                // runs first, and the directions differ.
+                let seed = opts.seed ^ ((fitted.direction_tag() << 32) | ((j as u64) << 1) | side);
+                pair.push(Net::new(shape, seed, &device)?);
+            }
+            let values = pair.pop().ok_or_else(|| err("no value head"))?;
+            let keys = pair.pop().ok_or_else(|| err("no key head"))?;
+            let mut vars = keys.vars();
+            vars.extend(values.vars());
+            let opt = AdamW::new(
+                vars,
+                ParamsAdamW {
+                    lr: opts.learning_rate,
+                    weight_decay: 0.0,
+                    ..ParamsAdamW::default()
+                },
+            )?;
+            layers.push(LayerNets {
+                keys,
+                values,
+                opt,
+                best: None,
+                best_loss: f64::INFINITY,
+                best_epoch: 0,
+                stale: 0,
+            });
+            let v = inv.pop().ok_or_else(|| err("no value scale"))?;
+            let k = inv.pop().ok_or_else(|| err("no key scale"))?;
+            inv_std.push((k, v));
+        }
+        Ok(Self {
+            direction: stats.stats.direction,
+            src,
+            tgt,
+            ridge,
+            layers,
+            anchor,
+            loss: opts.loss,
+            inv_std,
+            ridge_loss: Vec::new(),
+        })
+    }
+
+    fn sample(
+        &self,
+        s: &Captured,
+        t: &Captured,
+        tokens: &[u32],
+        probes: &[usize],
+    ) -> Result<Sample, CalibrateError> {
+        let n = tokens.len().min(s.cache.len()).min(t.cache.len());
+        let device = Device::Cpu;
+        let inputs = self
+            .ridge
+            .layer_inputs(&s.cache, tokens, self.src.decoder.rope(), 0, n)?;
+        let mask = probe_mask(probes, n, &device)?;
+        let rope = self.tgt.decoder.rope();
+        let (mut keys, mut values, mut key_rows, mut outputs) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (j, q) in t.queries.iter().enumerate() {
+            let kv = t.cache.layer_range(j, 0, n)?;
+            let (k, v) = (kv.k.contiguous()?, kv.v.contiguous()?);
+            key_rows.push(heads_to_rows(&rope.unrotate(&k, 0)?)?);
+            outputs.push(attention_output(q, &k, &v, &mask)?);
+            keys.push(k);
+            values.push(v);
+        }
+        Ok(Sample {
+            inputs,
+            keys,
+            values,
+            key_rows,
+            queries: t.queries.clone(),
+            outputs,
+            mask,
+            rotation: Rotation::new(rope, n, &device)?,
+            n,
+        })
+    }
+
+    /// Target layer `j`'s mapped keys and values as rows: the ridge map's alone, or with
+    /// its heads.
+    fn mapped(&self, j: usize, x: &Sample, heads: bool) -> candle_core::Result<(Tensor, Tensor)> {
+        let (xk, xv) = &x.inputs[j];
+        let one = |input: &Tensor, m: &crate::mapper::TargetLayerMap, net: &Net| {
+            let base = || input.matmul(&m.weight)?.broadcast_add(&m.bias);
+            match (heads, net.used()) {
+                (false, _) => base(),
+                (true, HeadUse::Alone) => net.forward(input),
+                (true, HeadUse::Added) => base()? + net.forward(input)?,
+            }
+        };
+        let l = &self.layers[j];
+        Ok((
+            one(xk, &self.ridge.keys()[j], &l.keys)?,
+            one(xv, &self.ridge.values()[j], &l.values)?,
+        ))
+    }
+
+    fn loss(&self, j: usize, x: &Sample, k: &Tensor, v: &Tensor) -> candle_core::Result<Tensor> {
+        let a = self.anchor.min(x.n);
+        let rest = x.n - a;
+        match self.loss {
+            TrainLoss::KvMse => {
+                let (ik, iv) = &self.inv_std[j];
+                let vt = heads_to_rows(&x.values[j])
+                    .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+                let ek = (k.narrow(0, a, rest)? - x.key_rows[j].narrow(0, a, rest)?)?
+                    .broadcast_mul(ik)?
+                    .sqr()?
+                    .mean_all()?;
+                let ev = (v.narrow(0, a, rest)? - vt.narrow(0, a, rest)?)?
+                    .broadcast_mul(iv)?
+                    .sqr()?
+                    .mean_all()?;
+                ek + ev
+            }
+            TrainLoss::Attention => {
+                let heads = self.tgt.decoder.kv_shape().n_kv_head;
+                let to_heads = |t: &Tensor| {
+                    rows_to_heads(t, heads).map_err(|e| candle_core::Error::Msg(e.to_string()))
+                };
+                let kh = x.rotation.rotate(&to_heads(k)?)?;
+                let vh = to_heads(v)?;
+                let keep = |mapped: Tensor, truth: &Tensor| -> candle_core::Result<Tensor> {
+                    if a == 0 {
+                        return Ok(mapped);
+                    }
+                    Tensor::cat(&[truth.narrow(1, 0, a)?, mapped.narrow(1, a, rest)?], 1)
+                };
+                let kh = keep(kh, &x.keys[j])?;
+                let vh = keep(vh, &x.values[j])?;
+                let out = attention_output(&x.queries[j], &kh, &vh, &x.mask)?;
+                relative_error(&out, &x.outputs[j])
+            }
+        }
+    }
+
+    /// One optimiser step for every layer on one window.
+    fn step(&mut self, x: &Sample) -> Result<(), CalibrateError> {
+        for j in 0..self.layers.len() {
+            let (k, v) = self.mapped(j, x, true)?;
+            let loss = self.loss(j, x, &k, &v)?;
+            self.layers[j].opt.backward_step(&loss)?;
+        }
+        Ok(())
+    }
+
+    /// Per layer, the mean held-out loss with the heads (or the ridge map alone).
+    fn heldout(&self, held: &[Sample], heads: bool) -> Result<Vec<f64>, CalibrateError> {
+        let mut sum = vec![0f64; self.layers.len()];
+        for x in held {
+            for (j, s) in sum.iter_mut().enumerate() {
+                let (k, v) = self.mapped(j, x, heads)?;
+                let l = self.loss(j, x, &k.detach(), &v.detach())?;
+                *s += f64::from(l.to_scalar::<f32>()?);
+            }
+        }
+        Ok(sum.iter().map(|s| s / held.len().max(1) as f64).collect())
+    }
+
+    /// Keeps each layer's weights where they beat its best; whether any layer improved.
+    fn keep_best(&mut self, losses: &[f64], epoch: usize) -> Result<bool, CalibrateError> {
+        let mut any = false;
+        for (l, &loss) in self.layers.iter_mut().zip(losses) {
+            if loss < l.best_loss {
+                l.best_loss = loss;
+                l.best_epoch = epoch;
+                l.best = Some((l.keys.snapshot()?, l.values.snapshot()?));
+                l.stale = 0;
+                any = true;
+            } else {
+                l.stale += 1;
+            }
+        }
+        Ok(any)
+    }
+}
+
+impl Fitted {
+    /// A number per direction for seeding.
+    fn direction_tag(&self) -> u64 {
+        u64::from(
+            self.source
+                .sha256
+                .bytes()
+                .take(4)
+                .fold(0u32, |a, b| a.rotate_left(8) ^ u32::from(b)),
+        )
+    }
+}
+
+/// Trains the heads of every direction in `fitted` (whose statistics are `stats`, in the
+/// same order) on `windows`, stopping early on the held-out windows, and puts them with
+/// their training report into each `Fitted`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn train_heads(
+    a: &Model,
+    b: &Model,
+    fitted: &mut [Fitted],
+    stats: &[SavedStats],
+    windows: &[Vec<u32>],
+    held: &HeldOutCaptures,
+    opts: &TrainOptions,
+    anchor: usize,
+    progress: &dyn CalibrationProgress,
+    cancel: &AtomicBool,
+) -> Result<(), CalibrateError> {
+    let started = Instant::now();
+    let mut trainers = Vec::new();
+    for (f, st) in fitted.iter().zip(stats) {
+        let (src, tgt) = st.stats.direction.pick(a, b);
+        trainers.push(Trainer::new(src, tgt, f, st, opts, anchor)?);
+    }
+    let held_samples = |t: &Trainer<'_>| -> Result<Vec<Sample>, CalibrateError> {
+        let view = held.view(t.direction);
+        view.windows
+            .iter()
+            .zip(view.src.iter().zip(view.tgt))
+            .map(|(w, (s, g))| t.sample(s, g, w, view.probes))
+            .collect()
+    };
+    // The starting point: the ridge map, and the heads as initialised.
+    for t in &mut trainers {
+        let h = held_samples(t)?;
+        t.ridge_loss = t.heldout(&h, false)?;
+        let start = t.heldout(&h, true)?;
+        t.keep_best(&start, 0)?;
+    }
+    progress.phase(
+        "training the heads (windows)",
+        (opts.epochs * windows.len()) as u64,
+    );
+    let mut epochs = 0;
+    for epoch in 1..=opts.epochs {
+        for ids in windows {
+            check_cancel(cancel)?;
+            let probes = probe_positions(ids.len(), opts.probes);
+            let (ca, cb) = (capture(a, ids, &probes)?, capture(b, ids, &probes)?);
+            for t in &mut trainers {
+                let (s, g) = t.direction.pick(&ca, &cb);
+                let x = t.sample(s, g, ids, &probes)?;
+                t.step(&x)?;
+            }
+            progress.advance(1);
+        }
+        epochs = epoch;
+        let mut improving = false;
+        for t in &mut trainers {
+            let h = held_samples(t)?;
+            let losses = t.heldout(&h, true)?;
+            t.keep_best(&losses, epoch)?;
+            improving |= t.layers.iter().any(|l| l.stale < opts.patience);
+            progress.note(&format!(
+                "epoch {epoch}: held-out loss {:.4} (ridge {:.4})",
+                crate::metrics::mean(&losses),
+                crate::metrics::mean(&t.ridge_loss)
+            ));
+        }
+        if !improving {
+            break;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let (hidden, activation, _) = opts.kind.architecture().ok_or_else(|| err("ridge"))?;
+    for (f, t) in fitted.iter_mut().zip(trainers) {
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        let mut best_epoch = Vec::new();
+        let mut trained = Vec::new();
+        for l in t.layers {
+            let (k, v) = l.best.ok_or_else(|| err("no weights were kept"))?;
+            keys.push(k);
+            values.push(v);
+            best_epoch.push(l.best_epoch);
+            trained.push(l.best_loss);
+        }
+        f.heads = Some(Heads {
+            kind: opts.kind,
+            keys,
+            values,
+        });
+        f.training = Some(TrainingReport {
+            loss: opts.loss,
+            hidden: opts.hidden.clone().unwrap_or(hidden.clone()),
+            activation,
+            seed: opts.seed,
+            learning_rate: opts.learning_rate,
+            windows: windows.len(),
+            seq_len: windows.first().map_or(0, Vec::len),
+            epochs,
+            best_epoch,
+            heldout_ridge: t.ridge_loss,
+            heldout_trained: trained,
+            seconds,
+        });
+    }
+    Ok(())
+}
