@@ -258,3 +258,53 @@ fn a_trained_mapper_is_stored_read_back_whole_and_maps_as_its_weights_say() {
         }
     }
 }
+
+/// The artifact at `path` rewritten as version 1 wrote it: no kind, version 1.
+fn as_version_1(path: &std::path::Path) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let baton = header["__metadata__"]["baton"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut meta: serde_json::Value = serde_json::from_str(&baton).unwrap();
+    meta["version"] = 1.into();
+    meta.as_object_mut().unwrap().remove("kind");
+    meta.as_object_mut().unwrap().remove("training");
+    header["__metadata__"]["baton"] = meta.to_string().into();
+    let text = header.to_string();
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn a_version_1_artifact_still_loads_as_a_ridge_mapper() {
+    let (_d, tiny, a, b) = pair();
+    let f = fit(
+        &a,
+        &b,
+        &tiny,
+        &opts(MapperKind::Ridge, TrainLoss::Attention, 0),
+    );
+    assert!(f.heads.is_none() && f.training.is_none());
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = CorpusInfo {
+        files: "synthetic".into(),
+        fingerprint: "x".into(),
+        sequences: 8,
+        seq_len: 64,
+        observations: 0,
+    };
+    let saved = baton::calibrate::save_fitted([&f], [&a, &b], &corpus, dir.path()).unwrap();
+    let path = &saved[0].path;
+    let before = artifact::load(path).unwrap();
+    as_version_1(path);
+    let art = artifact::load(path).unwrap();
+    assert_eq!((art.meta.version, art.meta.kind), (1, MapperKind::Ridge));
+    assert!(art.heads.is_none());
+    assert_eq!(art.keys, before.keys);
+    assert!(art.meta.list_line(path).contains("ridge"));
+}

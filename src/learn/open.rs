@@ -58,6 +58,18 @@ pub fn calibration_slices(
         .collect()
 }
 
+/// Why a trained mapper does not learn from use: learning re-solves the ridge maps from
+/// statistics, which would drop the trained heads without a word.
+pub fn not_learnable(art: &MapperArtifact, source: &str, target: &str) -> String {
+    format!(
+        "learning from use re-solves ridge maps, and {source} -> {target} is a {} mapper \
+         whose trained networks it would drop: it is used as calibrated. Run with \
+         --no-learn to say so, or calibrate a ridge mapper (`baton calibrate --mapper ridge`) \
+         to learn from use",
+        art.meta.kind
+    )
+}
+
 /// A learner for `art` (loaded from `mapper_dir`, `mapper` its maps ready to apply):
 /// with `use_learned`, starting from what was learned before.
 #[allow(clippy::too_many_arguments)]
@@ -74,6 +86,11 @@ pub fn open(
     let sr = ModelRef::new(&src.identity, src.config());
     let tr = ModelRef::new(&tgt.identity, tgt.config());
     let stats_dir = saved_stats::stats_dir_in(mapper_dir, &sr, &tr);
+    if art.heads.is_some() {
+        return Err(LearnError::Unsupported(not_learnable(
+            art, &sr.name, &tr.name,
+        )));
+    }
     if saved_stats::read_meta(&stats_dir)?.is_none() {
         return Err(LearnError::Unsupported(format!(
             "learning adds to the calibration's statistics, and {} has none for {} -> {}: \

@@ -22,6 +22,7 @@ mod attention;
 mod net;
 
 use super::capture::{capture, Captured, HeldOutCaptures};
+use super::heldout::HeldOutScorer;
 use super::saved_stats::SavedStats;
 use super::{check_cancel, CalibrateError, CalibrationProgress, Direction, Fitted};
 use crate::mapper::features::{heads_to_rows, rows_to_heads};
@@ -467,6 +468,7 @@ pub(super) fn train_heads(
     }
     let seconds = started.elapsed().as_secs_f64();
     let (hidden, activation, _) = opts.kind.architecture().ok_or_else(|| err("ridge"))?;
+    let directions: Vec<Direction> = trainers.iter().map(|t| t.direction).collect();
     for (f, t) in fitted.iter_mut().zip(trainers) {
         let mut keys = Vec::new();
         let mut values = Vec::new();
@@ -496,8 +498,21 @@ pub(super) fn train_heads(
             best_epoch,
             heldout_ridge: t.ridge_loss,
             heldout_trained: trained,
+            ridge_cosine: crate::metrics::mean(&f.report.cosine),
+            ridge_top1: f.report.agreement.map_or(f64::NAN, |a| a.top1),
             seconds,
         });
+    }
+    // The report's held-out cosine and agreement are the map's as it will run: the
+    // trained one's (the ridge map's stay in the training report).
+    progress.phase("scoring the trained maps", directions.len() as u64);
+    for (f, d) in fitted.iter_mut().zip(directions) {
+        let (src, tgt) = d.pick(a, b);
+        let scorer = HeldOutScorer::new(src, tgt, held.view(d), anchor, &f.source_scales)?;
+        let scored = scorer.score_mapper(&f.cache_mapper(src, tgt)?)?;
+        f.report.cosine = scored.cosine;
+        f.report.agreement = Some(scored.agreement);
+        progress.advance(1);
     }
     Ok(())
 }

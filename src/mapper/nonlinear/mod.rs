@@ -128,6 +128,10 @@ pub struct TrainingReport {
     /// Per target layer, the held-out loss of the ridge map and of the trained map.
     pub heldout_ridge: Vec<f64>,
     pub heldout_trained: Vec<f64>,
+    /// The ridge map's held-out attention cosine and next-token agreement, for the
+    /// trained map's (in the calibration report) to be read against.
+    pub ridge_cosine: f64,
+    pub ridge_top1: f64,
     pub seconds: f64,
 }
 
@@ -136,7 +140,7 @@ impl TrainingReport {
     pub fn summary(&self) -> String {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         format!(
-            "trained {:?} {:?} on {} loss, {} epochs of {} windows in {:.0} s: held-out loss {:.4} (ridge {:.4})",
+            "trained {:?} {:?} on {} loss, {} epochs of {} windows in {:.0} s: held-out loss {:.4} (ridge {:.4}), ridge cosine {:.4}",
             self.hidden,
             self.activation,
             self.loss,
@@ -144,7 +148,8 @@ impl TrainingReport {
             self.windows,
             self.seconds,
             mean(&self.heldout_trained),
-            mean(&self.heldout_ridge)
+            mean(&self.heldout_ridge),
+            self.ridge_cosine
         )
     }
 }
