@@ -351,17 +351,38 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
-    /// Per layer, the mean held-out loss with the heads (or the ridge map alone).
-    fn heldout(&self, held: &[Sample], heads: bool) -> Result<Vec<f64>, CalibrateError> {
-        let mut sum = vec![0f64; self.layers.len()];
-        for x in held {
-            for (j, s) in sum.iter_mut().enumerate() {
-                let (k, v) = self.mapped(j, x, heads)?;
-                let l = self.loss(j, x, &k.detach(), &v.detach())?;
-                *s += f64::from(l.to_scalar::<f32>()?);
+    /// Per layer, the mean held-out loss of the ridge map alone and of the map with its
+    /// heads, one held-out window at a time.
+    fn heldout(
+        &self,
+        held: &HeldOutCaptures,
+        ridge_too: bool,
+    ) -> Result<(Vec<f64>, Vec<f64>), CalibrateError> {
+        let view = held.view(self.direction);
+        let layers = self.layers.len();
+        let (mut ridge, mut trained) = (vec![0f64; layers], vec![0f64; layers]);
+        let windows = view.windows.iter().zip(view.src.iter().zip(view.tgt));
+        for (w, (s, g)) in windows {
+            let x = self.sample(s, g, w, view.probes)?;
+            for j in 0..layers {
+                let modes: &[bool] = if ridge_too { &[false, true] } else { &[true] };
+                for &heads in modes {
+                    let (k, v) = self.mapped(j, &x, heads)?;
+                    let l = f64::from(
+                        self.loss(j, &x, &k.detach(), &v.detach())?
+                            .to_scalar::<f32>()?,
+                    );
+                    if heads {
+                        trained[j] += l;
+                    } else {
+                        ridge[j] += l;
+                    }
+                }
             }
         }
-        Ok(sum.iter().map(|s| s / held.len().max(1) as f64).collect())
+        let n = view.windows.len().max(1) as f64;
+        let mean = |v: Vec<f64>| v.into_iter().map(|s| s / n).collect();
+        Ok((mean(ridge), mean(trained)))
     }
 
     /// Keeps each layer's weights where they beat its best; whether any layer improved.
@@ -417,19 +438,10 @@ pub(super) fn train_heads(
         let (src, tgt) = st.stats.direction.pick(a, b);
         trainers.push(Trainer::new(src, tgt, f, st, opts, anchor)?);
     }
-    let held_samples = |t: &Trainer<'_>| -> Result<Vec<Sample>, CalibrateError> {
-        let view = held.view(t.direction);
-        view.windows
-            .iter()
-            .zip(view.src.iter().zip(view.tgt))
-            .map(|(w, (s, g))| t.sample(s, g, w, view.probes))
-            .collect()
-    };
     // The starting point: the ridge map, and the heads as initialised.
     for t in &mut trainers {
-        let h = held_samples(t)?;
-        t.ridge_loss = t.heldout(&h, false)?;
-        let start = t.heldout(&h, true)?;
+        let (ridge, start) = t.heldout(held, true)?;
+        t.ridge_loss = ridge;
         t.keep_best(&start, 0)?;
     }
     progress.phase(
@@ -452,8 +464,7 @@ pub(super) fn train_heads(
         epochs = epoch;
         let mut improving = false;
         for t in &mut trainers {
-            let h = held_samples(t)?;
-            let losses = t.heldout(&h, true)?;
+            let (_, losses) = t.heldout(held, false)?;
             t.keep_best(&losses, epoch)?;
             improving |= t.layers.iter().any(|l| l.stale < opts.patience);
             progress.note(&format!(
