@@ -369,3 +369,43 @@ fn switches_made_before_learning_replies_never_learn_the_same_positions_twice() 
         );
     }
 }
+
+#[test]
+fn a_trained_mapper_says_it_does_not_learn_naming_its_kind_and_switches_with_its_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    common::engine_rig::write_trained_pair(
+        dir.path(),
+        baton::mapper::nonlinear::MapperKind::Residual,
+    );
+    let mut r = rig(dir.path(), true, None);
+    let said = r.settle();
+    let refusals: Vec<&String> = said
+        .iter()
+        .filter_map(|e| match e {
+            Event::Notice { message } if message.contains("does not learn") => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refusals.len(), 2, "{said:?}");
+    assert!(
+        refusals[0].contains("residual mapper") && refusals[0].contains("--no-learn"),
+        "{}",
+        refusals[0]
+    );
+    let events = r.talk_and_switch(3);
+    assert!(learned(&events).is_empty(), "{events:?}");
+    // The switch mapped with the heads and was measured like any other.
+    let cosines = events
+        .iter()
+        .find_map(|e| match e {
+            Event::SwitchMeasured {
+                metrics: Some(m), ..
+            } => Some(m.attention_cosine.clone()),
+            _ => None,
+        })
+        .expect("the switch was measured");
+    assert!(
+        !cosines.is_empty() && cosines.iter().all(|c| c.is_finite() && *c <= 1.0),
+        "{cosines:?}"
+    );
+}

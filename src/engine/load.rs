@@ -90,8 +90,6 @@ pub struct LoadedMapper {
     /// The gate study's line from feature distance to attention cosine, when one was
     /// kept for this pair (`baton gate-study`).
     pub gate: Option<crate::gate::GateFit>,
-    /// The kind of a trained mapper (residual, mlp), which does not learn from use.
-    pub trained_kind: Option<crate::mapper::nonlinear::MapperKind>,
     /// Why a kept line could not be read (it is then not used).
     pub gate_problem: Option<String>,
 }
@@ -194,7 +192,6 @@ pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, Eng
         calibration_cosine: cos.iter().sum::<f64>() / cos.len().max(1) as f64,
         sequences: art.meta.corpus.sequences,
         has_source_scales: art.source_scales.is_some(),
-        trained_kind: art.heads.as_ref().map(|h| h.kind),
         gate,
         gate_problem,
     })

@@ -235,16 +235,6 @@ pub fn build(
                 ),
             });
         }
-        if config.settings.learn {
-            if let Some(kind) = m.trained_kind {
-                out.emit(Event::Notice {
-                    message: format!(
-                        "learning from use is off for {} -> {}: it is a {kind} mapper, and learning re-solves ridge maps only (its trained networks would be dropped); `baton calibrate --mapper ridge` gives a mapper that learns",
-                        m.info.source, m.info.target
-                    ),
-                });
-            }
-        }
         if m.sequences < full {
             out.emit(Event::Notice {
                 message: format!(

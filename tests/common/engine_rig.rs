@@ -62,6 +62,25 @@ pub fn write_pair(dir: &Path, keep_stats: bool) {
 
 /// [`write_pair`] for chat models shaped as `t` says, calibrated on the same text.
 pub fn write_pair_of(t: &Tiny, dir: &Path, keep_stats: bool) {
+    write_pair_with(t, dir, keep_stats, opts())
+}
+
+/// [`write_pair`] with mappers of a trained kind (small heads, a few epochs).
+pub fn write_trained_pair(dir: &Path, kind: baton::mapper::nonlinear::MapperKind) {
+    let mut o = opts();
+    o.train = baton::calibrate::train::TrainOptions {
+        kind,
+        windows: 4,
+        epochs: 2,
+        hidden: Some(vec![8]),
+        probes: 8,
+        ..Default::default()
+    };
+    write_pair_with(&tiny(), dir, true, o)
+}
+
+/// [`write_pair_of`] calibrated with `o`.
+pub fn write_pair_with(t: &Tiny, dir: &Path, keep_stats: bool, o: CalibrateOptions) {
     t.write_chat_model(&dir.join("a"), 5);
     t.write_chat_model(&dir.join("b"), 6);
     let (a, b) = models(dir);
@@ -70,7 +89,6 @@ pub fn write_pair_of(t: &Tiny, dir: &Path, keep_stats: bool) {
         files: "synthetic".into(),
         fingerprint: corpus::fingerprint(&docs),
     };
-    let o = opts();
     let run = Run {
         docs: &docs,
         corpus: &name,
