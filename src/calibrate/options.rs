@@ -254,6 +254,7 @@ impl CalibrateOptions {
         if self.stride == 0 {
             return bad("--stride 0 keeps no positions; use --stride 1 or more".into());
         }
+        self.train.validate().map_err(CalibrateError::Options)?;
         // Probes start at an eighth of the window; skipped positions must stay before them.
         if self.skip_first >= self.seq_len / 8 {
             return bad(format!(

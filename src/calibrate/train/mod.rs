@@ -73,6 +73,41 @@ impl Default for TrainOptions {
     }
 }
 
+impl TrainOptions {
+    /// Refuses settings that would train nothing or diverge before any model loads.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.kind == MapperKind::Ridge {
+            return Ok(());
+        }
+        let kind = self.kind;
+        if self.windows == 0 || self.epochs == 0 {
+            return Err(format!(
+                "--train-windows {} --train-epochs {}: a {kind} mapper needs at least one \
+                 window and one epoch to train on",
+                self.windows, self.epochs
+            ));
+        }
+        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0 && self.learning_rate < 1.0)
+        {
+            return Err(format!(
+                "--train-lr {}: a learning rate above 0 and below 1, e.g. 0.001",
+                self.learning_rate
+            ));
+        }
+        if let Some(h) = &self.hidden {
+            if h.is_empty() || h.contains(&0) {
+                return Err(format!(
+                    "--train-hidden {h:?}: give one or more hidden widths above 0, e.g. 256 or 512,512"
+                ));
+            }
+        }
+        if self.probes == 0 {
+            return Err("a trained mapper's loss needs at least one probe position".into());
+        }
+        Ok(())
+    }
+}
+
 /// One window as both sides of a direction read it, ready for every layer's loss.
 struct Sample {
     /// Per target layer, the key and value maps' input.
@@ -526,4 +561,50 @@ pub(super) fn train_heads(
         progress.advance(1);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn training_settings_that_cannot_train_are_refused_naming_the_flag() {
+        let trained = |f: &dyn Fn(&mut TrainOptions)| {
+            let mut o = TrainOptions {
+                kind: MapperKind::Residual,
+                ..TrainOptions::default()
+            };
+            f(&mut o);
+            o.validate()
+        };
+        assert!(trained(&|_| {}).is_ok());
+        for (change, flag) in [
+            (
+                &(|o: &mut TrainOptions| o.epochs = 0) as &dyn Fn(&mut TrainOptions),
+                "--train-epochs 0",
+            ),
+            (&|o: &mut TrainOptions| o.windows = 0, "--train-windows 0"),
+            (
+                &|o: &mut TrainOptions| o.learning_rate = f64::NAN,
+                "--train-lr NaN",
+            ),
+            (
+                &|o: &mut TrainOptions| o.learning_rate = 0.0,
+                "--train-lr 0",
+            ),
+            (
+                &|o: &mut TrainOptions| o.hidden = Some(vec![256, 0]),
+                "--train-hidden [256, 0]",
+            ),
+        ] {
+            let e = trained(change).unwrap_err();
+            assert!(e.contains(flag), "{flag:?} not in {e}");
+        }
+        // A ridge mapper trains nothing, so its training settings do not matter.
+        let ridge = TrainOptions {
+            epochs: 0,
+            ..TrainOptions::default()
+        };
+        assert!(ridge.validate().is_ok());
+    }
 }
