@@ -4,8 +4,8 @@
 //! alone taken from the study's `switch = false` variant on the same conversation.
 
 use super::file::Direction;
+use super::items::{ReadItem, RESAMPLES, SEED};
 use super::plan::WorkItem;
-use super::report::{ReadItem, RESAMPLES, SEED};
 use crate::metrics::interval::{cluster_bootstrap, Estimate};
 
 /// The share of the gap between the source alone (`stay`'s answers) and the re-prefilled
@@ -54,7 +54,7 @@ pub(super) fn gap_recovered(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::study::report::ItemTurn;
+    use crate::study::items::ItemTurn;
     use std::collections::BTreeMap;
 
     fn item(script: &str, variant: &str) -> WorkItem {
@@ -72,12 +72,14 @@ mod tests {
 
     fn turn(f1: f64, reference: Option<f64>) -> BTreeMap<u32, ItemTurn> {
         let mut t = BTreeMap::new();
-        t.insert(2, {
-            let mut t = ItemTurn::default();
-            t.f1 = Some(f1);
-            t.reference_f1 = reference;
-            t
-        });
+        t.insert(
+            2,
+            ItemTurn {
+                f1: Some(f1),
+                reference_f1: reference,
+                ..ItemTurn::default()
+            },
+        );
         t
     }
 

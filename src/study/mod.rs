@@ -4,6 +4,7 @@
 
 pub mod file;
 mod gap;
+mod items;
 pub mod plan;
 pub mod recall_scripts;
 pub mod report;
