@@ -16,6 +16,17 @@ use baton::session::{read_session, Report};
 use common::engine_rig::{models, rig, write_pair};
 use std::path::{Path, PathBuf};
 
+/// The engine's notices that a direction does not learn.
+fn refusals(events: &[Event]) -> Vec<&String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Notice { message } if message.contains("does not learn") => Some(message),
+            _ => None,
+        })
+        .collect()
+}
+
 fn learned(events: &[Event]) -> Vec<&Event> {
     events
         .iter()
@@ -217,13 +228,7 @@ fn a_pair_without_saved_statistics_says_it_does_not_learn_and_switches_as_before
     write_pair(dir.path(), false);
     let mut r = rig(dir.path(), true, None);
     let said = r.settle();
-    let refusals: Vec<&String> = said
-        .iter()
-        .filter_map(|e| match e {
-            Event::Notice { message } if message.contains("does not learn") => Some(message),
-            _ => None,
-        })
-        .collect();
+    let refusals = refusals(&said);
     assert_eq!(refusals.len(), 2, "{said:?}");
     assert!(refusals[0].contains("--no-save-stats") && refusals[0].contains("--no-learn"));
     let events = r.talk_and_switch(3);
@@ -379,13 +384,7 @@ fn a_trained_mapper_says_it_does_not_learn_naming_its_kind_and_switches_with_its
     );
     let mut r = rig(dir.path(), true, None);
     let said = r.settle();
-    let refusals: Vec<&String> = said
-        .iter()
-        .filter_map(|e| match e {
-            Event::Notice { message } if message.contains("does not learn") => Some(message),
-            _ => None,
-        })
-        .collect();
+    let refusals = refusals(&said);
     assert_eq!(refusals.len(), 2, "{said:?}");
     assert!(
         refusals[0].contains("residual mapper") && refusals[0].contains("--no-learn"),

@@ -66,6 +66,19 @@ fn pair() -> (tempfile::TempDir, Tiny, Model, Model) {
     (dir, tiny, a, b)
 }
 
+/// `f` saved as calibration saves it, in `dir`: the artifact's path.
+fn save(f: &Fitted, a: &Model, b: &Model, dir: &std::path::Path) -> std::path::PathBuf {
+    let corpus = CorpusInfo {
+        files: "synthetic".into(),
+        fingerprint: "x".into(),
+        sequences: 8,
+        seq_len: 64,
+        observations: 0,
+    };
+    let saved = baton::calibrate::save_fitted([f], [a, b], &corpus, dir).unwrap();
+    saved[0].path.clone()
+}
+
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
@@ -195,20 +208,13 @@ fn a_trained_mapper_is_stored_read_back_whole_and_maps_as_its_weights_say() {
     for kind in [MapperKind::Residual, MapperKind::Mlp] {
         let f = fit(&a, &b, &tiny, &opts(kind, TrainLoss::Attention, 2));
         let dir = tempfile::tempdir().unwrap();
-        let corpus = CorpusInfo {
-            files: "synthetic".into(),
-            fingerprint: "x".into(),
-            sequences: 8,
-            seq_len: 64,
-            observations: 0,
-        };
-        let saved = baton::calibrate::save_fitted([&f], [&a, &b], &corpus, dir.path()).unwrap();
-        let art = artifact::load(&saved[0].path).unwrap();
+        let path = save(&f, &a, &b, dir.path());
+        let art = artifact::load(&path).unwrap();
         assert_eq!(art.meta.kind, kind);
         assert_eq!(art.meta.version, artifact::VERSION);
         assert_eq!(art.heads, f.heads, "{kind}: heads read back bit for bit");
         assert!(art.meta.summary_line().contains(&format!("{kind} mapper")));
-        assert!(art.meta.list_line(&saved[0].path).contains(kind.name()));
+        assert!(art.meta.list_line(&path).contains(kind.name()));
 
         // Mapping a fresh window: each target layer's output against the hand forward.
         let ids: Vec<u32> = a.tokenizer.encode(&tiny.text(60, 99)).unwrap();
@@ -291,15 +297,7 @@ fn a_version_1_artifact_still_loads_as_a_ridge_mapper() {
     );
     assert!(f.heads.is_none() && f.training.is_none());
     let dir = tempfile::tempdir().unwrap();
-    let corpus = CorpusInfo {
-        files: "synthetic".into(),
-        fingerprint: "x".into(),
-        sequences: 8,
-        seq_len: 64,
-        observations: 0,
-    };
-    let saved = baton::calibrate::save_fitted([&f], [&a, &b], &corpus, dir.path()).unwrap();
-    let path = &saved[0].path;
+    let path = &save(&f, &a, &b, dir.path());
     let before = artifact::load(path).unwrap();
     as_version_1(path);
     let art = artifact::load(path).unwrap();

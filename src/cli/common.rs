@@ -246,7 +246,6 @@ pub fn human(json: bool, line: &str) {
     }
 }
 
-/// A JSON document on stdout.
 /// The recall suite's conversations `skip..skip + count` (fewer, said, where the suite
 /// ends first), for `eval --conversations` and `study recall-scripts`.
 pub fn recall_conversations(
@@ -271,6 +270,7 @@ pub fn recall_conversations(
     Ok(c)
 }
 
+/// A JSON document on stdout.
 pub fn print_json<T: serde::Serialize + ?Sized>(doc: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(doc)?);
     Ok(())

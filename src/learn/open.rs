@@ -60,7 +60,7 @@ pub fn calibration_slices(
 
 /// Why a trained mapper does not learn from use: learning re-solves the ridge maps from
 /// statistics, which would drop the trained heads without a word.
-pub fn not_learnable(art: &MapperArtifact, source: &str, target: &str) -> String {
+fn not_learnable(art: &MapperArtifact, source: &str, target: &str) -> String {
     format!(
         "learning from use re-solves ridge maps, and {source} -> {target} is a {} mapper \
          whose trained networks it would drop: it is used as calibrated. Run with \

@@ -3,7 +3,7 @@
 //! model reads. This, not calibration R², is what predicts downstream retention.
 
 use super::{MetricError, Result};
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 
 /// `queries`: [n_head, P, hd] at absolute positions `probe_positions` (after RoPE);
 /// `k_true`, `v_true`, `k_mapped`, `v_mapped`: [n_kv_head, len, hd] with len greater
@@ -39,7 +39,6 @@ pub fn attention_output_cosine(
             "probe at {bad} past a cache of {len}"
         )));
     }
-    let group = nh / nkv;
     let f = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.contiguous()?) };
     let (q, kt, vt, km, vm) = (
         f(queries)?,
@@ -48,29 +47,51 @@ pub fn attention_output_cosine(
         f(k_mapped)?,
         f(v_mapped)?,
     );
-    // Mask: probe i sees keys 0..=pos_i.
-    let mut mask = vec![0f32; p * len];
-    for (i, &pos) in probe_positions.iter().enumerate() {
-        for j in pos + 1..len {
-            mask[i * len + j] = f32::NEG_INFINITY;
-        }
-    }
-    let mask = Tensor::from_vec(mask, (p, len), q.device())?;
-    let scale = 1.0 / (hd as f64).sqrt();
-    let q = q.reshape((nkv, group * p, hd))?;
-    let out = |k: &Tensor, v: &Tensor| -> Result<Tensor> {
-        let s = (q.matmul(&k.t()?)? * scale)?
-            .reshape((nkv, group, p, len))?
-            .broadcast_add(&mask)?;
-        let a = candle_nn::ops::softmax_last_dim(&s)?.reshape((nkv, group * p, len))?;
-        Ok(a.matmul(v)?) // [nkv, group*p, hd]
-    };
+    let mask = probe_mask(probe_positions, len, q.device())?;
+    let out = |k: &Tensor, v: &Tensor| attention_output(&q, k, v, &mask);
     let (ot, om) = (out(&kt, &vt)?, out(&km, &vm)?);
     let dot = (&ot * &om)?.sum(D::Minus1)?;
     let nt = ot.sqr()?.sum(D::Minus1)?.sqrt()?;
     let nm = om.sqr()?.sum(D::Minus1)?.sqrt()?;
     let cos = (dot / (nt * nm)?.clamp(1e-30, f64::MAX)?)?;
     Ok(cos.mean_all()?.to_scalar::<f32>()? as f64)
+}
+
+/// The causal mask of probes over `len` positions: probe `i` sees keys `0..=probes[i]`.
+pub fn probe_mask(probes: &[usize], len: usize, device: &Device) -> candle_core::Result<Tensor> {
+    let mut mask = vec![0f32; probes.len() * len];
+    for (i, &pos) in probes.iter().enumerate() {
+        for j in pos + 1..len {
+            // Large but finite, so the output is differentiable (a softmax's gradient
+            // through -inf is NaN); exp of it is exactly 0 in f32 all the same.
+            mask[i * len + j] = -1e9;
+        }
+    }
+    Tensor::from_vec(mask, (probes.len(), len), device)
+}
+
+/// The attention output of `queries` [n_head, P, hd] (after RoPE) over keys and values
+/// [n_kv_head, len, hd] under `mask` [P, len]: [n_kv_head, group·P, hd], the query heads
+/// of a group side by side. Built of differentiable operations only, so a mapper's
+/// training can minimise an error of it.
+pub fn attention_output(
+    queries: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let (nh, p, hd) = queries.dims3()?;
+    let (nkv, len, _) = k.dims3()?;
+    let group = nh / nkv.max(1);
+    let q = queries.reshape((nkv, group * p, hd))?;
+    let s = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?
+        .reshape((nkv, group, p, len))?
+        .broadcast_add(mask)?;
+    // The max is a constant shift: no gradient needs to flow through it.
+    let s = s.broadcast_sub(&s.max_keepdim(D::Minus1)?.detach())?;
+    let e = s.exp()?;
+    let a = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    a.reshape((nkv, group * p, len))?.matmul(v)
 }
 
 /// Probe positions spread over a window, skipping the first few (attention sinks).
@@ -84,7 +105,63 @@ pub fn probe_positions(len: usize, count: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use candle_core::Var;
+
+    #[test]
+    fn the_attention_output_is_a_causal_softmax_and_carries_gradients() -> Result<()> {
+        let dev = Device::Cpu;
+        let q = Tensor::randn(0f32, 1.0, (4, 3, 8), &dev)?;
+        let k = Tensor::randn(0f32, 1.0, (2, 10, 8), &dev)?;
+        let v = Tensor::randn(0f32, 1.0, (2, 10, 8), &dev)?;
+        let probes = [2, 6, 9];
+        let mask = probe_mask(&probes, 10, &dev)?;
+        let out = attention_output(&q, &k, &v, &mask)?;
+        // Written out per query head and probe: softmax over keys 0..=p, times values.
+        let (qv, kv, vv) = (
+            q.to_vec3::<f32>()?,
+            k.to_vec3::<f32>()?,
+            v.to_vec3::<f32>()?,
+        );
+        let got = out.to_vec3::<f32>()?;
+        for h in 0..4 {
+            let g = h / 2;
+            for (i, &p) in probes.iter().enumerate() {
+                let s: Vec<f64> = (0..=p)
+                    .map(|t| {
+                        (0..8)
+                            .map(|d| f64::from(qv[h][i][d] * kv[g][t][d]))
+                            .sum::<f64>()
+                            / 8f64.sqrt()
+                    })
+                    .collect();
+                let max = s.iter().cloned().fold(f64::MIN, f64::max);
+                let w: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+                let z: f64 = w.iter().sum();
+                for d in 0..8 {
+                    let want: f64 = (0..=p).map(|t| w[t] / z * f64::from(vv[g][t][d])).sum();
+                    let have = f64::from(got[g][(h % 2) * 3 + i][d]);
+                    assert!(
+                        (have - want).abs() < 1e-5,
+                        "head {h} probe {p}: {have} vs {want}"
+                    );
+                }
+            }
+        }
+        // A gradient step on the keys lowers the error of the output against another's.
+        let var = Var::from_tensor(&(&k + Tensor::randn(0f32, 0.3, (2, 10, 8), &dev)?)?)?;
+        let loss = |kk: &Tensor| -> Result<Tensor> {
+            Ok((attention_output(&q, kk, &v, &mask)? - &out)?
+                .sqr()?
+                .sum_all()?)
+        };
+        let before = loss(var.as_tensor())?;
+        let grads = before.backward()?;
+        let g = grads.get(var.as_tensor()).expect("a gradient for the keys");
+        var.set(&(var.as_tensor() - (g * 0.05)?)?)?;
+        let after = loss(var.as_tensor())?.to_scalar::<f32>()?;
+        assert!(after < before.to_scalar::<f32>()?, "{after}");
+        Ok(())
+    }
 
     #[test]
     fn identical_caches_give_one_and_noise_lowers_it() -> Result<()> {

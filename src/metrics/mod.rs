@@ -9,7 +9,9 @@ pub mod interval;
 pub mod logits;
 pub mod regression;
 
-pub use attention_cosine::{attention_output_cosine, probe_positions};
+pub use attention_cosine::{
+    attention_output, attention_output_cosine, probe_mask, probe_positions,
+};
 pub use concentration::{key_error_concentration, QueryGram};
 pub use logits::{continuation_scores, ContinuationScores, NextTokenAgreement};
 pub use regression::r2_per_layer;

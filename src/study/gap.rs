@@ -4,8 +4,7 @@
 //! alone taken from the study's `switch = false` variant on the same conversation.
 
 use super::file::Direction;
-use super::items::{ReadItem, RESAMPLES, SEED};
-use super::plan::WorkItem;
+use super::items::{same_conversation, ReadItem, RESAMPLES, SEED};
 use crate::metrics::interval::{cluster_bootstrap, Estimate};
 
 /// The share of the gap between the source alone (`stay`'s answers) and the re-prefilled
@@ -17,7 +16,6 @@ pub(super) fn gap_recovered(
     direction: Direction,
     stay: &str,
 ) -> Option<Estimate> {
-    let key = |i: &WorkItem| (i.script.clone(), i.models.clone(), i.repeat);
     let mut rows: Vec<[f64; 3]> = Vec::new();
     let mut cluster: Vec<usize> = Vec::new();
     for (k, (item, turns)) in read
@@ -25,10 +23,7 @@ pub(super) fn gap_recovered(
         .enumerate()
         .filter(|(_, (i, _))| i.variant == variant && i.direction == direction)
     {
-        let Some((_, alone)) = read
-            .iter()
-            .find(|(i, _)| i.variant == stay && key(i) == key(item))
-        else {
+        let Some((_, alone)) = same_conversation(read, item, stay) else {
             continue;
         };
         for (turn, row) in turns {
@@ -55,6 +50,7 @@ pub(super) fn gap_recovered(
 mod tests {
     use super::*;
     use crate::study::items::ItemTurn;
+    use crate::study::plan::WorkItem;
     use std::collections::BTreeMap;
 
     fn item(script: &str, variant: &str) -> WorkItem {

@@ -66,3 +66,18 @@ pub(super) fn item_turns(
     }
     Ok(out)
 }
+
+/// The item of `variant` that ran the same conversation as `item`: the same script,
+/// models in the same order and repeat.
+pub(super) fn same_conversation<'r, 'a>(
+    read: &'r [ReadItem<'a>],
+    item: &WorkItem,
+    variant: &str,
+) -> Option<&'r ReadItem<'a>> {
+    read.iter().find(|(i, _)| {
+        i.variant == variant
+            && i.script == item.script
+            && i.models == item.models
+            && i.repeat == item.repeat
+    })
+}

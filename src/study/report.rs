@@ -12,8 +12,8 @@
 
 use super::file::Direction;
 use super::gap::gap_recovered;
-use super::items::{item_turns, ItemTurn, ReadItem, RESAMPLES, SEED};
-use super::plan::{Manifest, WorkItem};
+use super::items::{item_turns, same_conversation, ItemTurn, ReadItem, RESAMPLES, SEED};
+use super::plan::Manifest;
 use super::run::session_path;
 use super::StudyError;
 use crate::metrics::interval::{cluster_bootstrap, Estimate};
@@ -262,7 +262,6 @@ fn score(turns: &BTreeMap<u32, ItemTurn>, by_f1: bool) -> Option<f64> {
 }
 
 fn compare(read: &[ReadItem<'_>], base: &str) -> Vec<Comparison> {
-    let key = |i: &WorkItem| (i.script.clone(), i.models.clone(), i.repeat);
     let by_f1 = read.iter().any(|(i, _)| !i.expected.is_empty());
     let mut variants: Vec<(&str, Direction)> = read
         .iter()
@@ -278,10 +277,7 @@ fn compare(read: &[ReadItem<'_>], base: &str) -> Vec<Comparison> {
             .iter()
             .filter(|(i, _)| i.variant == variant && i.direction == direction)
         {
-            let Some(other) = read
-                .iter()
-                .find(|(i, _)| i.variant == base && key(i) == key(item))
-            else {
+            let Some(other) = same_conversation(read, item, base) else {
                 continue;
             };
             if let (Some(a), Some(b)) = (score(turns, by_f1), score(&other.1, by_f1)) {

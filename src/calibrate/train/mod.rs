@@ -29,8 +29,9 @@ use crate::mapper::features::{heads_to_rows, rows_to_heads};
 use crate::mapper::nonlinear::{Head, HeadUse, Heads, MapperKind, TrainLoss, TrainingReport};
 use crate::mapper::CacheMapper;
 use crate::metrics::probe_positions;
+use crate::metrics::{attention_output, probe_mask};
 use crate::model::Model;
-use attention::{attention_output, probe_mask, relative_error, Rotation};
+use attention::{relative_error, Rotation};
 use candle_core::{Device, Tensor};
 use candle_nn::optim::{AdamW, Optimizer, ParamsAdamW};
 use net::{Net, NetShape};
@@ -112,17 +113,24 @@ impl TrainOptions {
 struct Sample {
     /// Per target layer, the key and value maps' input.
     inputs: Vec<(Tensor, Tensor)>,
-    /// Per target layer, the target's own keys (rotated) and values [n_kv, n, hd].
-    keys: Vec<Tensor>,
-    values: Vec<Tensor>,
-    /// Per target layer, its own keys un-rotated as rows [n, D_t] (for kv-mse).
-    key_rows: Vec<Tensor>,
-    /// Per target layer, the target's queries at the probes and their true output.
-    queries: Vec<Tensor>,
-    outputs: Vec<Tensor>,
-    mask: Tensor,
-    rotation: Rotation,
+    truth: Truth,
     n: usize,
+}
+
+/// What the loss compares the mapped cache with: only what that loss reads is computed.
+enum Truth {
+    Attention {
+        /// Per target layer, the target's own keys (rotated) and values [n_kv, n, hd].
+        keys: Vec<Tensor>,
+        values: Vec<Tensor>,
+        /// Per target layer, the target's queries at the probes and their output.
+        queries: Vec<Tensor>,
+        outputs: Vec<Tensor>,
+        mask: Tensor,
+        rotation: Rotation,
+    },
+    /// Per target layer, its own keys (un-rotated) and values as rows [n, D_t].
+    KvMse { rows: Vec<(Tensor, Tensor)> },
 }
 
 /// The heads of one target layer under training.
@@ -158,15 +166,16 @@ fn err(e: impl std::fmt::Display) -> CalibrateError {
 fn target_moments(stats: &crate::mapper::PairStats, layer: usize) -> (Vec<f32>, Vec<f32>) {
     let d = stats.d_t();
     let n = stats.count().max(1) as f64;
-    let mean = &stats.mean_y()[layer * d..(layer + 1) * d];
-    let sum2 = stats.sum_y2();
-    let std = (0..d)
-        .map(|c| {
-            let var = sum2[layer * d + c] / n - mean[c] * mean[c];
-            var.max(1e-12).sqrt() as f32
-        })
+    let cols = layer * d..(layer + 1) * d;
+    let mean = stats.mean_y()[cols.clone()]
+        .iter()
+        .map(|&m| m as f32)
         .collect();
-    (mean.iter().map(|&m| m as f32).collect(), std)
+    let std = stats.syy()[cols]
+        .iter()
+        .map(|&s| (s / n).max(1e-12).sqrt() as f32)
+        .collect();
+    (mean, std)
 }
 
 impl<'a> Trainer<'a> {
@@ -293,29 +302,40 @@ impl<'a> Trainer<'a> {
         let inputs = self
             .ridge
             .layer_inputs(&s.cache, tokens, self.src.decoder.rope(), 0, n)?;
-        let mask = probe_mask(probes, n, &device)?;
         let rope = self.tgt.decoder.rope();
-        let (mut keys, mut values, mut key_rows, mut outputs) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (j, q) in t.queries.iter().enumerate() {
+        let layers = (0..t.queries.len()).map(|j| -> Result<(Tensor, Tensor), CalibrateError> {
             let kv = t.cache.layer_range(j, 0, n)?;
-            let (k, v) = (kv.k.contiguous()?, kv.v.contiguous()?);
-            key_rows.push(heads_to_rows(&rope.unrotate(&k, 0)?)?);
-            outputs.push(attention_output(q, &k, &v, &mask)?);
-            keys.push(k);
-            values.push(v);
-        }
-        Ok(Sample {
-            inputs,
-            keys,
-            values,
-            key_rows,
-            queries: t.queries.clone(),
-            outputs,
-            mask,
-            rotation: Rotation::new(rope, n, &device)?,
-            n,
-        })
+            Ok((kv.k.contiguous()?, kv.v.contiguous()?))
+        });
+        let truth = match self.loss {
+            TrainLoss::KvMse => Truth::KvMse {
+                rows: layers
+                    .map(|kv| {
+                        let (k, v) = kv?;
+                        Ok((heads_to_rows(&rope.unrotate(&k, 0)?)?, heads_to_rows(&v)?))
+                    })
+                    .collect::<Result<_, CalibrateError>>()?,
+            },
+            TrainLoss::Attention => {
+                let mask = probe_mask(probes, n, &device)?;
+                let (mut keys, mut values, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
+                for (kv, q) in layers.zip(&t.queries) {
+                    let (k, v) = kv?;
+                    outputs.push(attention_output(q, &k, &v, &mask)?);
+                    keys.push(k);
+                    values.push(v);
+                }
+                Truth::Attention {
+                    keys,
+                    values,
+                    queries: t.queries.clone(),
+                    outputs,
+                    mask,
+                    rotation: Rotation::new(rope, n, &device)?,
+                }
+            }
+        };
+        Ok(Sample { inputs, truth, n })
     }
 
     /// Target layer `j`'s mapped keys and values as rows: the ridge map's alone, or with
@@ -323,11 +343,11 @@ impl<'a> Trainer<'a> {
     fn mapped(&self, j: usize, x: &Sample, heads: bool) -> candle_core::Result<(Tensor, Tensor)> {
         let (xk, xv) = &x.inputs[j];
         let one = |input: &Tensor, m: &crate::mapper::TargetLayerMap, net: &Net| {
-            let base = || input.matmul(&m.weight)?.broadcast_add(&m.bias);
-            match (heads, net.used()) {
-                (false, _) => base(),
-                (true, HeadUse::Alone) => net.forward(input),
-                (true, HeadUse::Added) => base()? + net.forward(input)?,
+            let linear = |x: &Tensor| x.matmul(&m.weight)?.broadcast_add(&m.bias);
+            if heads {
+                net.used().output(input, linear, |x| net.forward(x))
+            } else {
+                linear(input)
             }
         };
         let l = &self.layers[j];
@@ -340,38 +360,41 @@ impl<'a> Trainer<'a> {
     fn loss(&self, j: usize, x: &Sample, k: &Tensor, v: &Tensor) -> candle_core::Result<Tensor> {
         let a = self.anchor.min(x.n);
         let rest = x.n - a;
-        match self.loss {
-            TrainLoss::KvMse => {
+        match &x.truth {
+            Truth::KvMse { rows } => {
                 let (ik, iv) = &self.inv_std[j];
-                let vt = heads_to_rows(&x.values[j])
-                    .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-                let ek = (k.narrow(0, a, rest)? - x.key_rows[j].narrow(0, a, rest)?)?
-                    .broadcast_mul(ik)?
-                    .sqr()?
-                    .mean_all()?;
-                let ev = (v.narrow(0, a, rest)? - vt.narrow(0, a, rest)?)?
-                    .broadcast_mul(iv)?
-                    .sqr()?
-                    .mean_all()?;
-                ek + ev
+                let (kt, vt) = &rows[j];
+                let error = |m: &Tensor, t: &Tensor, inv: &Tensor| {
+                    (m.narrow(0, a, rest)? - t.narrow(0, a, rest)?)?
+                        .broadcast_mul(inv)?
+                        .sqr()?
+                        .mean_all()
+                };
+                error(k, kt, ik)? + error(v, vt, iv)?
             }
-            TrainLoss::Attention => {
+            Truth::Attention {
+                keys,
+                values,
+                queries,
+                outputs,
+                mask,
+                rotation,
+            } => {
                 let heads = self.tgt.decoder.kv_shape().n_kv_head;
                 let to_heads = |t: &Tensor| {
                     rows_to_heads(t, heads).map_err(|e| candle_core::Error::Msg(e.to_string()))
                 };
-                let kh = x.rotation.rotate(&to_heads(k)?)?;
-                let vh = to_heads(v)?;
+                // The anchor positions are the target's own, as a handoff builds them.
                 let keep = |mapped: Tensor, truth: &Tensor| -> candle_core::Result<Tensor> {
                     if a == 0 {
                         return Ok(mapped);
                     }
                     Tensor::cat(&[truth.narrow(1, 0, a)?, mapped.narrow(1, a, rest)?], 1)
                 };
-                let kh = keep(kh, &x.keys[j])?;
-                let vh = keep(vh, &x.values[j])?;
-                let out = attention_output(&x.queries[j], &kh, &vh, &x.mask)?;
-                relative_error(&out, &x.outputs[j])
+                let kh = keep(rotation.rotate(&to_heads(k)?)?, &keys[j])?;
+                let vh = keep(to_heads(v)?, &values[j])?;
+                let out = attention_output(&queries[j], &kh, &vh, mask)?;
+                relative_error(&out, &outputs[j])
             }
         }
     }

@@ -4,7 +4,7 @@
 
 use super::MapInput;
 use crate::mapper::features::{layer_features, rows_to_heads, LayerFeatures};
-use crate::mapper::nonlinear::{HeadTensors, HeadUse};
+use crate::mapper::nonlinear::HeadTensors;
 use crate::mapper::ridge::Factors;
 use crate::mapper::token_block;
 use crate::model::{LayerKv, ModelError};
@@ -147,10 +147,10 @@ fn product(
     dtype: DType,
 ) -> Result<Tensor, ModelError> {
     let x = stacked(m, feats, keys, dtype)?;
+    let linear = |x: &Tensor| x.matmul(&m.weight)?.broadcast_add(&m.bias);
     Ok(match &m.head {
-        None => x.matmul(&m.weight)?.broadcast_add(&m.bias)?,
-        Some(h) if h.used == HeadUse::Alone => h.forward(&x)?,
-        Some(h) => (x.matmul(&m.weight)?.broadcast_add(&m.bias)? + h.forward(&x)?)?,
+        None => linear(&x)?,
+        Some(h) => h.used.output(&x, linear, |x| h.forward(x))?,
     })
 }
 

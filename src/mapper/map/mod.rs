@@ -242,14 +242,7 @@ impl CacheMapper {
         start: usize,
         end: usize,
     ) -> Result<Vec<LayerKv>, ModelError> {
-        self.check_source(src)?;
-        self.check_tokens(tokens, end)?;
-        if end > src.len() || start > end {
-            return Err(ModelError::Cache(format!(
-                "range {start}..{end} is outside a source cache of {} positions",
-                src.len()
-            )));
-        }
+        self.check_range(src, tokens, start, end)?;
         let input = self.input(src, tokens, src_rope, tgt_rope);
         match &self.int8 {
             Some(p) => int8::map_layers(p, &input, start, end),
@@ -267,14 +260,7 @@ impl CacheMapper {
         start: usize,
         end: usize,
     ) -> Result<Vec<(candle_core::Tensor, candle_core::Tensor)>, ModelError> {
-        self.check_source(src)?;
-        self.check_tokens(tokens, end)?;
-        if end > src.len() || start > end {
-            return Err(ModelError::Cache(format!(
-                "range {start}..{end} is outside a source cache of {} positions",
-                src.len()
-            )));
-        }
+        self.check_range(src, tokens, start, end)?;
         dense::layer_inputs(&self.input(src, tokens, src_rope, src_rope), start, end)
     }
 
@@ -309,6 +295,25 @@ impl CacheMapper {
             return Err(ModelError::Cache(
                 "mapper has the wrong number of target layers".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// The source cache, its tokens and positions `start..end` of it fit the maps.
+    fn check_range(
+        &self,
+        src: &KvCache,
+        tokens: &[u32],
+        start: usize,
+        end: usize,
+    ) -> Result<(), ModelError> {
+        self.check_source(src)?;
+        self.check_tokens(tokens, end)?;
+        if end > src.len() || start > end {
+            return Err(ModelError::Cache(format!(
+                "range {start}..{end} is outside a source cache of {} positions",
+                src.len()
+            )));
         }
         Ok(())
     }

@@ -30,6 +30,22 @@ pub enum HeadUse {
     Alone,
 }
 
+impl HeadUse {
+    /// The map's output on input `x` from its ridge product `linear` and its head `head`:
+    /// the map runs the head on constants, training on variables, both through here.
+    pub fn output(
+        self,
+        x: &Tensor,
+        linear: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+        head: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor> {
+        match self {
+            HeadUse::Added => linear(x)? + head(x)?,
+            HeadUse::Alone => head(x),
+        }
+    }
+}
+
 /// One fully connected layer, `weight` row-major `[rows, cols]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dense {

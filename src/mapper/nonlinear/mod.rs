@@ -138,7 +138,7 @@ pub struct TrainingReport {
 impl TrainingReport {
     /// One line: the shape, and the held-out loss against the ridge map's.
     pub fn summary(&self) -> String {
-        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        use crate::metrics::mean;
         format!(
             "trained {:?} {:?} on {} loss, {} epochs of {} windows in {:.0} s: held-out loss {:.4} (ridge {:.4}), ridge cosine {:.4}",
             self.hidden,
