@@ -47,26 +47,63 @@ pub fn save_manifest(dir: &Path, manifest: &Manifest) -> Result<PathBuf, StudyEr
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let path = dir.join(MANIFEST_FILE);
     if let Some(there) = read_manifest(dir)? {
-        if there.study_sha256 != manifest.study_sha256 {
-            return Err(StudyError::OtherStudy {
-                dir: dir.to_path_buf(),
-                other: format!(
-                    "{}, study file sha256 {}",
-                    there.study,
-                    &there.study_sha256[..there.study_sha256.len().min(12)]
-                ),
-            });
-        }
-        return Ok(path);
+        return same_study(dir, &there, manifest).map(|()| path);
     }
     let json = serde_json::to_string_pretty(manifest).map_err(|e| StudyError::BadManifest {
         path: path.clone(),
         reason: e.to_string(),
     })?;
-    let partial = dir.join(format!(".{MANIFEST_FILE}.partial"));
+    // Every shard of an array starts at once and writes the manifest: each writes its
+    // own temporary file (a shared name was truncated and renamed away under another
+    // shard), then links it into place, which fails where one is there already, so the
+    // first manifest stays and the others are checked against it.
+    let partial = dir.join(format!(
+        ".{MANIFEST_FILE}.{}.{}.partial",
+        std::process::id(),
+        unique()
+    ));
     std::fs::write(&partial, json).map_err(|e| io(&partial, e))?;
-    std::fs::rename(&partial, &path).map_err(|e| io(&path, e))?;
-    Ok(path)
+    let placed = match std::fs::hard_link(&partial, &path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        // A file system without hard links: the rename is still atomic.
+        Err(_) => std::fs::rename(&partial, &path).map_err(|e| io(&path, e)),
+    };
+    let _ = std::fs::remove_file(&partial);
+    placed?;
+    match read_manifest(dir)? {
+        Some(there) => same_study(dir, &there, manifest).map(|()| path),
+        None => Err(io(
+            &path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "gone right after saving"),
+        )),
+    }
+}
+
+fn same_study(dir: &Path, there: &Manifest, manifest: &Manifest) -> Result<(), StudyError> {
+    if there.study_sha256 == manifest.study_sha256 {
+        return Ok(());
+    }
+    Err(StudyError::OtherStudy {
+        dir: dir.to_path_buf(),
+        other: format!(
+            "{}, study file sha256 {}",
+            there.study,
+            &there.study_sha256[..there.study_sha256.len().min(12)]
+        ),
+    })
+}
+
+/// A number no other call in this process and, with the clock, hardly any other
+/// process on a shared file system gives.
+fn unique() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{nanos}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The manifest saved in `dir`, if any.

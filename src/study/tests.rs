@@ -232,3 +232,25 @@ fn an_output_directory_of_another_study_is_refused_and_left_as_it_is() {
         Err(StudyError::BadManifest { .. })
     ));
 }
+
+#[test]
+fn shards_saving_the_manifest_at_once_all_find_it() {
+    let (d, path) = study_dir(STUDY);
+    let m = plan(&Study::load(&path).unwrap());
+    let out = d.path().join("out");
+    let saved: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| save_manifest(&out, &m)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in saved {
+        assert_eq!(r.unwrap(), out.join(MANIFEST_FILE));
+    }
+    assert_eq!(read_manifest(&out).unwrap().unwrap(), m);
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from(MANIFEST_FILE)]);
+}
