@@ -39,7 +39,7 @@ fn opts(kind: MapperKind, loss: TrainLoss, seed: u64) -> CalibrateOptions {
             patience: 12,
             learning_rate: 1e-2,
             seed,
-            hidden: Some(vec![16]),
+            hidden: vec![vec![16]],
             probes: 16,
         },
         ..CalibrateOptions::default()
@@ -305,4 +305,38 @@ fn a_version_1_artifact_still_loads_as_a_ridge_mapper() {
     assert!(art.heads.is_none());
     assert_eq!(art.keys, before.keys);
     assert!(art.meta.list_line(path).contains("ridge"));
+}
+
+#[test]
+fn widths_trained_side_by_side_keep_the_best_held_out_and_train_as_each_would_alone() {
+    let (_d, tiny, a, b) = pair();
+    let with = |hidden: Vec<Vec<usize>>| {
+        let mut o = opts(MapperKind::Residual, TrainLoss::Attention, 5);
+        o.train.hidden = hidden;
+        o.train.patience = 1;
+        fit(&a, &b, &tiny, &o)
+    };
+    let both = with(vec![vec![2], vec![32]]);
+    let t = both.training.as_ref().unwrap();
+    assert_eq!(t.candidates.len(), 2);
+    let best = t
+        .candidates
+        .iter()
+        .min_by(|x, y| x.heldout.total_cmp(&y.heldout))
+        .unwrap();
+    assert_eq!(t.hidden, best.hidden);
+    assert!((mean(&t.heldout_trained) - best.heldout).abs() < 1e-12);
+    let heads = both.heads.as_ref().unwrap();
+    assert!(heads.keys.iter().all(|h| h.hidden() == best.hidden));
+    // Sharing the windows changes nothing in a width's training: alone it ends with the
+    // same held-out loss and, when it is the one kept, the same weights.
+    for c in &t.candidates {
+        let alone = with(vec![c.hidden.clone()]);
+        let ta = alone.training.as_ref().unwrap();
+        assert_eq!(ta.candidates.len(), 1);
+        assert_eq!(ta.candidates[0], *c);
+        if c.hidden == best.hidden {
+            assert_eq!(alone.heads, both.heads);
+        }
+    }
 }

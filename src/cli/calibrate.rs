@@ -152,9 +152,10 @@ pub struct CalibrateArgs {
     #[arg(long, default_value_t = 0)]
     pub train_seed: u64,
     /// Hidden widths of a trained mapper's networks in place of its kind's, e.g. 128 or
-    /// 512,512.
-    #[arg(long, value_delimiter = ',')]
-    pub train_hidden: Option<Vec<usize>>,
+    /// 512,512 (two layers). Given more than once, every width trains on the same windows
+    /// and each direction keeps the one that scores best on held-out windows.
+    #[arg(long, value_parser = parse_widths)]
+    pub train_hidden: Vec<Vec<usize>>,
     /// AdamW's learning rate for a trained mapper.
     #[arg(long, default_value_t = TrainOptions::default().learning_rate)]
     pub train_lr: f64,
@@ -169,6 +170,17 @@ fn parse_kind(s: &str) -> std::result::Result<MapperKind, String> {
 
 fn parse_loss(s: &str) -> std::result::Result<TrainLoss, String> {
     s.parse()
+}
+
+/// One network's hidden widths, comma-separated ("512,512").
+fn parse_widths(s: &str) -> std::result::Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|w| {
+            w.trim().parse::<usize>().map_err(|_| {
+                format!("`{w}` is not a width: give whole numbers, e.g. 256 or 512,512")
+            })
+        })
+        .collect()
 }
 
 impl CalibrateArgs {

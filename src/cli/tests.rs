@@ -34,6 +34,23 @@ fn calibrate_flags_become_options_with_all_as_every_layer() {
 }
 
 #[test]
+fn each_train_hidden_is_a_width_to_try_and_commas_make_layers() {
+    let o = calibrate(&[
+        "--mapper",
+        "residual",
+        "--train-hidden",
+        "128",
+        "--train-hidden",
+        "512,512",
+    ])
+    .options();
+    assert_eq!(o.train.hidden, vec![vec![128], vec![512, 512]]);
+    assert!(calibrate(&[]).options().train.hidden.is_empty());
+    let e = calibrate_error(&["--train-hidden", "256,x"]);
+    assert!(e.contains("`x` is not a width"), "{e}");
+}
+
+#[test]
 fn counts_of_zero_and_impossible_sampling_are_refused_when_parsing() {
     for args in [
         &["generate", "-p", "x", "--max-tokens", "0"][..],

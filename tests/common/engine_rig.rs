@@ -72,7 +72,7 @@ pub fn write_trained_pair(dir: &Path, kind: baton::mapper::nonlinear::MapperKind
         kind,
         windows: 4,
         epochs: 2,
-        hidden: Some(vec![8]),
+        hidden: vec![vec![8]],
         probes: 8,
         ..Default::default()
     };

@@ -133,6 +133,20 @@ pub struct TrainingReport {
     pub ridge_cosine: f64,
     pub ridge_top1: f64,
     pub seconds: f64,
+    /// Every width trained, with the held-out loss its kept weights gave: the chosen
+    /// one is the lowest. (Absent in artifacts of one width saved before the choice.)
+    #[serde(default)]
+    pub candidates: Vec<CandidateScore>,
+}
+
+/// One hidden width tried in training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateScore {
+    pub hidden: Vec<usize>,
+    /// The mean over the target layers of each layer's best held-out loss.
+    pub heldout: f64,
+    /// Epochs it trained before it stopped.
+    pub epochs: usize,
 }
 
 impl TrainingReport {
@@ -150,6 +164,19 @@ impl TrainingReport {
             mean(&self.heldout_trained),
             mean(&self.heldout_ridge),
             self.ridge_cosine
-        )
+        ) + &self.choice()
+    }
+
+    /// The widths tried, where more than one was.
+    fn choice(&self) -> String {
+        if self.candidates.len() < 2 {
+            return String::new();
+        }
+        let tried: Vec<String> = self
+            .candidates
+            .iter()
+            .map(|c| format!("{:?} {:.4}", c.hidden, c.heldout))
+            .collect();
+        format!(" (widths tried: {})", tried.join(", "))
     }
 }
