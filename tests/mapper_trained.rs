@@ -215,6 +215,20 @@ fn a_trained_mapper_is_stored_read_back_whole_and_maps_as_its_weights_say() {
         assert_eq!(art.heads, f.heads, "{kind}: heads read back bit for bit");
         assert!(art.meta.summary_line().contains(&format!("{kind} mapper")));
         assert!(art.meta.list_line(&path).contains(kind.name()));
+        // `baton mappers --mapper-dir` lists a directory apart from the cache's, by kind.
+        let listed = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["mappers", "--json", "--mapper-dir"])
+            .arg(dir.path())
+            .env("BATON_CACHE_DIR", dir.path().join("cache"))
+            .output()
+            .unwrap();
+        assert!(listed.status.success(), "{listed:?}");
+        let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+        assert_eq!(
+            listed["mappers"][0]["meta"]["kind"].as_str(),
+            Some(kind.name()),
+            "{listed}"
+        );
 
         // Mapping a fresh window: each target layer's output against the hand forward.
         let ids: Vec<u32> = a.tokenizer.encode(&tiny.text(60, 99)).unwrap();

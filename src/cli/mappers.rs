@@ -1,9 +1,9 @@
-//! `baton mappers`: the mapper artifacts in the cache dir, or forget what they learned.
+//! `baton mappers`: the mapper artifacts in the cache dir (or `--mapper-dir`), or forget
+//! what they learned.
 
-use super::common::print_json;
+use super::common::{print_json, MapperDirArgs};
 use anyhow::Result;
 use baton::console::mappers::{reset_learned, MapperListing};
-use baton::fetch;
 use clap::Args;
 
 #[derive(Debug, Args)]
@@ -15,12 +15,14 @@ pub struct MappersArgs {
     /// calibration (the calibration's own statistics stay).
     #[arg(long)]
     pub reset_learned: bool,
+    #[command(flatten)]
+    pub mappers: MapperDirArgs,
 }
 
 pub fn mappers(a: MappersArgs) -> Result<()> {
-    let root = fetch::cache_root();
+    let dir = baton::engine::load::mapper_dir(&a.mappers.mapper_dir);
     if a.reset_learned {
-        let forgot = reset_learned(&root, &mut |direction| {
+        let forgot = reset_learned(&dir, &mut |direction| {
             println!("{direction}: back to its calibration")
         })?;
         if forgot == 0 {
@@ -28,7 +30,7 @@ pub fn mappers(a: MappersArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let listing = MapperListing::read(&root);
+    let listing = MapperListing::read(&dir);
     if a.json {
         print_json(&listing)?;
     } else {

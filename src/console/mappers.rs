@@ -74,10 +74,10 @@ fn dir_of(path: &Path) -> &Path {
 }
 
 impl MapperListing {
-    /// Every artifact under `<root>/mappers`, newest first, with what is saved beside
-    /// it (read from the descriptions only).
-    pub fn read(root: &Path) -> Self {
-        let mappers = artifact::list(root)
+    /// Every artifact in the mappers directory `dir`, newest first, with what is saved
+    /// beside it (read from the descriptions only).
+    pub fn read(dir: &Path) -> Self {
+        let mappers = artifact::list_in(dir)
             .into_iter()
             .map(|(path, m)| match m {
                 Ok(m) => {
@@ -140,12 +140,12 @@ impl fmt::Display for MapperListing {
     }
 }
 
-/// Forget what every mapper under `<root>/mappers` learned from conversations, returning
-/// each to its calibration; `on_reset` is told each direction that had learned
+/// Forget what every mapper in the mappers directory `dir` learned from conversations,
+/// returning each to its calibration; `on_reset` is told each direction that had learned
 /// something, as it is reset. How many were.
-pub fn reset_learned(root: &Path, on_reset: &mut dyn FnMut(&str)) -> Result<usize, LearnError> {
+pub fn reset_learned(dir: &Path, on_reset: &mut dyn FnMut(&str)) -> Result<usize, LearnError> {
     let mut forgot = 0;
-    for (path, m) in artifact::list(root) {
+    for (path, m) in artifact::list_in(dir) {
         if let Ok(m) = m {
             if store::reset(&store::learned_dir_in(dir_of(&path), &m.source, &m.target))? {
                 on_reset(&m.direction);
@@ -163,10 +163,13 @@ mod tests {
     #[test]
     fn an_empty_cache_says_how_to_get_a_mapper() {
         let dir = tempfile::tempdir().unwrap();
-        let l = MapperListing::read(dir.path());
+        let l = MapperListing::read(&artifact::mappers_dir(dir.path()));
         assert!(l.mappers.is_empty());
         assert!(l.to_string().starts_with("no mappers yet"), "{l}");
-        assert_eq!(reset_learned(dir.path(), &mut |_| {}).unwrap(), 0);
+        assert_eq!(
+            reset_learned(&artifact::mappers_dir(dir.path()), &mut |_| {}).unwrap(),
+            0
+        );
     }
 
     #[test]
@@ -175,7 +178,7 @@ mod tests {
         let mappers = artifact::mappers_dir(dir.path());
         std::fs::create_dir_all(&mappers).unwrap();
         std::fs::write(mappers.join("bad.safetensors"), b"not one").unwrap();
-        let l = MapperListing::read(dir.path());
+        let l = MapperListing::read(&artifact::mappers_dir(dir.path()));
         let v = serde_json::to_value(&l).unwrap();
         assert_eq!(v["format"], "baton.mappers");
         assert_eq!(v["version"], 1);

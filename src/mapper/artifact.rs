@@ -578,8 +578,12 @@ impl MapperArtifact {
 /// Every artifact under `<root>/mappers`, newest first; unreadable files are reported,
 /// not skipped silently.
 pub fn list(root: &Path) -> Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> {
-    let dir = mappers_dir(root);
-    let Ok(rd) = std::fs::read_dir(&dir) else {
+    list_in(&mappers_dir(root))
+}
+
+/// Every artifact in the mappers directory `dir`, newest first.
+pub fn list_in(dir: &Path) -> Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut out: Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> = rd
