@@ -604,17 +604,7 @@ fn int8_agrees_with_f32(token_features: bool) {
     let f = forward(&a, &b, &tiny, &o).unwrap();
     let int8 = f.cache_mapper(&a, &b).unwrap();
     assert_eq!(int8.reads_tokens(), token_features);
-    let vnni = cfg!(target_arch = "x86_64") && {
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    };
-    if !vnni {
+    if !common::int8_kernels() {
         assert_eq!(int8.precision(), MapPrecision::F32);
         common::skipped(
             "the int8-against-f32 comparison",

@@ -49,6 +49,19 @@ pub fn llama3_tokenizer_json() -> PathBuf {
 
 /// Says that `test` did not run and why, past the test harness's output capture (see the
 /// README's list of tests that can be skipped).
+/// Whether the int8 kernels run on this CPU (AVX-512 VNNI), so an int8 map is not the
+/// f32 one under another name.
+pub fn int8_kernels() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 pub fn skipped(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");

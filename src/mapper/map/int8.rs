@@ -4,8 +4,10 @@
 //! leave the product and are rotated into the target's head layout in one pass.
 
 use super::dense::TargetLayerMap;
+use super::packed_head::{pack_head, PackedHead};
 use super::{MapInput, SourceScales};
 use crate::mapper::features::layer_features;
+use crate::mapper::nonlinear::HeadUse;
 use crate::model::config::RopeLayout;
 use crate::model::rope::Rope;
 use crate::model::weights::Linear;
@@ -42,11 +44,76 @@ impl PackedMap {
     }
 }
 
-/// One target layer's K and V maps, packed.
+/// One target layer's K and V maps, packed, with their trained heads if any.
 #[derive(Debug, Clone)]
 pub struct PackedLayer {
     k: PackedMap,
     v: PackedMap,
+    k_head: Option<PackedHead>,
+    v_head: Option<PackedHead>,
+}
+
+/// `μ·W` added to `b` (`W` [rows, cols] row-major, `μ` the source means of the features
+/// the rows read): the bias of the same map on centred features.
+pub(super) fn mean_into_bias(
+    sources: &[usize],
+    scales: &SourceScales,
+    width: usize,
+    keys: bool,
+    w: &[f32],
+    b: &mut [f32],
+) {
+    let cols = b.len();
+    for (j, &l) in sources.iter().enumerate() {
+        let (mean, _) = scales.layer(l, width, keys);
+        for (i, mu) in mean.iter().enumerate() {
+            for (bc, x) in b.iter_mut().zip(&w[(j * width + i) * cols..][..cols]) {
+                *bc += mu * x;
+            }
+        }
+    }
+}
+
+/// Rows of `mat` ([rows, cols]) divided by the scale of their feature.
+pub(super) fn unscale_rows(
+    sources: &[usize],
+    scales: &SourceScales,
+    width: usize,
+    keys: bool,
+    mat: &mut [f32],
+    cols: usize,
+) {
+    for (j, &l) in sources.iter().enumerate() {
+        let (_, scale) = scales.layer(l, width, keys);
+        for (i, s) in scale.iter().enumerate() {
+            for x in &mut mat[(j * width + i) * cols..][..cols] {
+                *x /= s;
+            }
+        }
+    }
+}
+
+/// `mat` ([r, c] row-major) and `bias` on the int8 kernels, or `None` where they do not
+/// take that shape.
+pub(super) fn packed_linear(
+    mat: Vec<f32>,
+    r: usize,
+    c: usize,
+    bias: Option<&[f32]>,
+) -> Result<Option<Linear>, ModelError> {
+    let t = Tensor::from_vec(mat, (r, c), &Device::Cpu)?
+        .t()?
+        .contiguous()?;
+    let b = bias
+        .map(|b| Tensor::from_slice(b, c, &Device::Cpu))
+        .transpose()?;
+    Linear::packed_q8_0(&t, b.as_ref())
+}
+
+pub(super) fn vec2(t: &Tensor) -> Result<Vec<f32>, ModelError> {
+    Ok(t.to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
 }
 
 /// The map rewritten for conditioned features `z = (x − μ)·s`: rows of W divided by
@@ -59,48 +126,16 @@ fn pack_one(
     width: usize,
     keys: bool,
 ) -> Result<Option<PackedMap>, ModelError> {
-    let vec2 = |t: &Tensor| -> Result<Vec<f32>, ModelError> {
-        Ok(t.to_dtype(candle_core::DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?)
-    };
     let d_t = m.bias.dims1()?;
     let rows = m.sources.len() * width;
     let w = vec2(&m.weight)?;
     let mut b = vec2(&m.bias)?;
-    for (j, &l) in m.sources.iter().enumerate() {
-        let (mean, _) = scales.layer(l, width, keys);
-        for (i, mu) in mean.iter().enumerate() {
-            for (bc, x) in b.iter_mut().zip(&w[(j * width + i) * d_t..][..d_t]) {
-                *bc += mu * x;
-            }
-        }
-    }
-    // Rows of `mat` ([rows, cols]) divided by the scale of their feature.
-    let unscale = |mat: &mut [f32], cols: usize| {
-        for (j, &l) in m.sources.iter().enumerate() {
-            let (_, scale) = scales.layer(l, width, keys);
-            for (i, s) in scale.iter().enumerate() {
-                for x in &mut mat[(j * width + i) * cols..][..cols] {
-                    *x /= s;
-                }
-            }
-        }
-    };
-    let packed = |mat: Vec<f32>, r: usize, c: usize, bias: Option<&[f32]>| {
-        let t = Tensor::from_vec(mat, (r, c), &Device::Cpu)?
-            .t()?
-            .contiguous()?;
-        let b = bias
-            .map(|b| Tensor::from_slice(b, c, &Device::Cpu))
-            .transpose()?;
-        Linear::packed_q8_0(&t, b.as_ref())
-    };
+    mean_into_bias(&m.sources, scales, width, keys, &w, &mut b);
     match &m.factors {
         None => {
             let mut w = w;
-            unscale(&mut w, d_t);
-            Ok(packed(w, rows, d_t, Some(&b))?.map(PackedMap::Full))
+            unscale_rows(&m.sources, scales, width, keys, &mut w, d_t);
+            Ok(packed_linear(w, rows, d_t, Some(&b))?.map(PackedMap::Full))
         }
         Some((left, right)) => {
             let rank = right.dims2()?.0;
@@ -108,10 +143,10 @@ fn pack_one(
                 return Ok(None);
             }
             let mut l = vec2(left)?;
-            unscale(&mut l, rank);
+            unscale_rows(&m.sources, scales, width, keys, &mut l, rank);
             match (
-                packed(l, rows, rank, None)?,
-                packed(vec2(right)?, rank, d_t, Some(&b))?,
+                packed_linear(l, rows, rank, None)?,
+                packed_linear(vec2(right)?, rank, d_t, Some(&b))?,
             ) {
                 (Some(left), Some(right)) => Ok(Some(PackedMap::Factored { left, right, rank })),
                 _ => Ok(None),
@@ -158,11 +193,25 @@ pub fn pack(
     }
     let mut out = Vec::with_capacity(keys.len());
     for (km, vm) in keys.iter().zip(values) {
+        let head =
+            |m: &TargetLayerMap, keys: bool| -> Result<Option<Option<PackedHead>>, ModelError> {
+                match &m.head {
+                    None => Ok(Some(None)),
+                    Some(h) => Ok(pack_head(h, &m.sources, scales, width, keys)?.map(Some)),
+                }
+            };
         match (
             pack_one(km, scales, width, true)?,
             pack_one(vm, scales, width, false)?,
+            head(km, true)?,
+            head(vm, false)?,
         ) {
-            (Some(k), Some(v)) => out.push(PackedLayer { k, v }),
+            (Some(k), Some(v), Some(k_head), Some(v_head)) => out.push(PackedLayer {
+                k,
+                v,
+                k_head,
+                v_head,
+            }),
             _ => return Ok(None),
         }
     }
@@ -507,7 +556,11 @@ fn products(
         .collect();
     let (cos, sin) = input.tgt_rope.tables(start, rows)?;
     let layout = input.tgt_rope.layout();
-    let run = |pm: &PackedMap, m: &TargetLayerMap, keys: bool| -> Result<Vec<f32>, ModelError> {
+    let run = |pm: &PackedMap,
+               head: Option<&PackedHead>,
+               m: &TargetLayerMap,
+               keys: bool|
+     -> Result<Vec<f32>, ModelError> {
         let parts: Vec<&[f32]> = m
             .sources
             .iter()
@@ -520,15 +573,30 @@ fn products(
                 }
             })
             .collect();
-        pm.forward(&parts, width, rows)
+        match head {
+            None => pm.forward(&parts, width, rows),
+            Some(h) => {
+                let out = h.forward(&parts, width, rows)?;
+                match h.used() {
+                    HeadUse::Alone => Ok(out),
+                    HeadUse::Added => {
+                        let mut y = pm.forward(&parts, width, rows)?;
+                        for (y, o) in y.iter_mut().zip(&out) {
+                            *y += o;
+                        }
+                        Ok(y)
+                    }
+                }
+            }
+        }
     };
     let (heads, hd) = (input.target.n_kv_head, input.target.head_dim);
     let (keys, values) = input.maps;
     let mut out = Vec::with_capacity(packed.layers.len());
     for ((p, km), vm) in packed.layers.iter().zip(keys).zip(values) {
-        let k = run(&p.k, km, true)?;
+        let k = run(&p.k, p.k_head.as_ref(), km, true)?;
         let k = rotate_into_heads(&k, rows, cap, heads, hd, Some((&cos, &sin, layout)));
-        let v = run(&p.v, vm, false)?;
+        let v = run(&p.v, p.v_head.as_ref(), vm, false)?;
         let v = rotate_into_heads(&v, rows, cap, heads, hd, None);
         out.push((k, v));
     }

@@ -9,6 +9,7 @@
 
 pub mod dense;
 pub mod int8;
+mod packed_head;
 mod scales;
 
 pub use dense::TargetLayerMap;
@@ -138,8 +139,8 @@ impl CacheMapper {
         Ok(self)
     }
 
-    /// The same maps with trained heads (one per target layer, keys and values): they run
-    /// as dense products, since the int8 form packs linear maps only.
+    /// The same maps with trained heads (one per target layer, keys and values), packed
+    /// beside the maps for the int8 kernels where those run.
     pub fn with_heads(mut self, heads: &Heads) -> Result<Self, ModelError> {
         if heads.keys.len() != self.keys.len() || heads.values.len() != self.values.len() {
             return Err(ModelError::Cache(format!(
@@ -163,6 +164,15 @@ impl CacheMapper {
         Ok(self)
     }
 
+    /// The same maps without their heads: the ridge map a residual head corrects.
+    pub fn without_heads(mut self) -> Result<Self, ModelError> {
+        for m in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            m.head = None;
+        }
+        self.rebuild_int8()?;
+        Ok(self)
+    }
+
     /// Whether the maps carry trained heads.
     pub fn has_heads(&self) -> bool {
         self.keys
@@ -173,10 +183,6 @@ impl CacheMapper {
 
     /// Derives the int8 form from the maps, the scales and the precision asked for.
     fn rebuild_int8(&mut self) -> Result<(), ModelError> {
-        if self.has_heads() {
-            self.int8 = None;
-            return Ok(());
-        }
         self.int8 = match (self.requested, &self.scales) {
             (MapPrecision::Int8, Some(sc)) => {
                 int8::pack(&self.keys, &self.values, sc, self.source)?.map(Arc::new)
