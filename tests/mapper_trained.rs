@@ -250,6 +250,30 @@ fn a_trained_mapper_is_stored_read_back_whole_and_maps_as_its_weights_say() {
             .with_precision(MapPrecision::F32)
             .unwrap();
         assert!(mapper.has_heads());
+        // The cost `baton bench` reports counts the heads, and no ridge product where an
+        // mlp replaces it.
+        let heads = art.heads.as_ref().unwrap();
+        let head_macs: usize = heads
+            .keys
+            .iter()
+            .chain(&heads.values)
+            .flat_map(|h| &h.layers)
+            .map(|l| l.rows * l.cols)
+            .sum();
+        let ridge_macs: usize = art
+            .keys
+            .iter()
+            .chain(&art.values)
+            .map(|m| m.weight.len())
+            .sum();
+        let cost = baton::bench::mapper_cost(&mapper).flops_per_token;
+        let alone =
+            baton::bench::mapper_cost(&mapper.clone().without_heads().unwrap()).flops_per_token;
+        let expected = match kind {
+            MapperKind::Mlp => alone + 2.0 * (head_macs as f64 - ridge_macs as f64),
+            _ => alone + 2.0 * head_macs as f64,
+        };
+        assert_eq!(cost, expected, "{kind}");
         let inputs = mapper
             .layer_inputs(&cache, &ids, a.decoder.rope(), 0, ids.len())
             .unwrap();
@@ -263,7 +287,6 @@ fn a_trained_mapper_is_stored_read_back_whole_and_maps_as_its_weights_say() {
                 ids.len(),
             )
             .unwrap();
-        let heads = art.heads.as_ref().unwrap();
         for (j, layer) in mapped.iter().enumerate() {
             // Values carry no rotation: compare them directly, row by row.
             let v = baton::mapper::features::heads_to_rows(&layer.v).unwrap();

@@ -74,8 +74,8 @@ pub const REREAD_MESSAGE: usize = 32;
 /// Cost of one mapped token, to set the time against the floor.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MapperCost {
-    /// Multiply-adds ×2 per mapped token (all target layers, K and V, and the target's
-    /// layer-0 projections when the maps read the token block).
+    /// Multiply-adds ×2 per mapped token (all target layers, K and V, their trained heads,
+    /// and the target's layer-0 projections when the maps read the token block).
     pub flops_per_token: f64,
     /// Mapper weights read per map call, in the precision the map runs in (not counting
     /// the target's own layer-0 projections, which its prefill reads too).
@@ -108,8 +108,18 @@ pub fn mapper_cost(m: &CacheMapper) -> MapperCost {
             }
             None => rows * cols,
         };
-        macs += n;
-        weights += per_weight * n as f64 + 4.0 * cols as f64;
+        // An mlp head replaces the ridge product, which then does not run; a residual
+        // head's products come on top of it.
+        let head = t.head.as_ref();
+        if head.is_none_or(|h| h.used == crate::mapper::nonlinear::HeadUse::Added) {
+            macs += n;
+            weights += per_weight * n as f64 + 4.0 * cols as f64;
+        }
+        for (w, b) in head.map_or(&[][..], |h| &h.layers[..]) {
+            let (r, c) = w.dims2().unwrap_or((0, 0));
+            macs += r * c;
+            weights += per_weight * (r * c) as f64 + 4.0 * b.elem_count() as f64;
+        }
         reads.extend(t.sources.iter().copied());
     }
     let src_width = m.source().n_kv_head * m.source().head_dim;
