@@ -67,7 +67,7 @@ impl Default for TrainOptions {
             kind: MapperKind::Ridge,
             loss: TrainLoss::Attention,
             windows: 64,
-            epochs: 4,
+            epochs: 3,
             patience: 1,
             learning_rate: 1e-3,
             seed: 0,
