@@ -80,6 +80,22 @@ fn save(f: &Fitted, a: &Model, b: &Model, dir: &std::path::Path) -> std::path::P
     saved[0].path.clone()
 }
 
+/// The source's cache of `ids`.
+fn prefill(a: &Model, ids: &[u32]) -> baton::model::KvCache {
+    let mut cache = a.decoder.new_cache();
+    a.decoder
+        .forward(
+            ids,
+            &mut cache,
+            &baton::model::ForwardOptions {
+                logits: baton::model::Logits::None,
+                probe_positions: vec![],
+            },
+        )
+        .unwrap();
+    cache
+}
+
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
@@ -233,17 +249,7 @@ fn a_trained_mapper_is_stored_read_back_whole_and_maps_as_its_weights_say() {
 
         // Mapping a fresh window: each target layer's output against the hand forward.
         let ids: Vec<u32> = a.tokenizer.encode(&tiny.text(60, 99)).unwrap();
-        let mut cache = a.decoder.new_cache();
-        a.decoder
-            .forward(
-                &ids,
-                &mut cache,
-                &baton::model::ForwardOptions {
-                    logits: baton::model::Logits::None,
-                    probe_positions: vec![],
-                },
-            )
-            .unwrap();
+        let cache = prefill(&a, &ids);
         let mapper = art
             .cache_mapper(&a, &b)
             .unwrap()
@@ -405,17 +411,7 @@ fn trained_heads_run_on_the_int8_kernels_within_quantization_of_f32() {
         assert_eq!(int8.precision(), MapPrecision::Int8, "{kind}");
         let f32m = int8.clone().with_precision(MapPrecision::F32).unwrap();
         let ids: Vec<u32> = a.tokenizer.encode(&tiny.text(70, 98)).unwrap();
-        let mut cache = a.decoder.new_cache();
-        a.decoder
-            .forward(
-                &ids,
-                &mut cache,
-                &baton::model::ForwardOptions {
-                    logits: baton::model::Logits::None,
-                    probe_positions: vec![],
-                },
-            )
-            .unwrap();
+        let cache = prefill(&a, &ids);
         let (ra, rb) = (a.decoder.rope(), b.decoder.rope());
         // A residual head is a small correction on the ridge map: compare what the head
         // adds, or a fault in it would hide under the ridge map's share.
