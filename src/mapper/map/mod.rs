@@ -10,6 +10,7 @@
 pub mod dense;
 pub mod int8;
 mod packed_head;
+mod packing;
 mod scales;
 
 pub use dense::TargetLayerMap;

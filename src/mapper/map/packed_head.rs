@@ -13,7 +13,7 @@
 //! through candle, as in the dense map and in training, so all three compute the same
 //! nonlinearity.
 
-use super::int8::{mean_into_bias, packed_linear, unscale_rows, vec2};
+use super::packing::{mean_into_bias, packed_linear, unscale_rows, vec2};
 use super::SourceScales;
 use crate::mapper::nonlinear::{Activation, HeadTensors, HeadUse};
 use crate::model::weights::Linear;
