@@ -8,19 +8,13 @@
 
 mod common;
 
+use common::prefill;
+
 use baton::handoff::{HandoffInputs, HandoffPlan};
 use baton::mapper::CacheMapper;
 use baton::model::{ForwardOptions, KvCache, Model};
 use candle_core::Tensor;
 use common::engine_rig::{models_and_mappers, tiny, write_pair};
-
-fn prefill(m: &Model, ids: &[u32]) -> KvCache {
-    let mut cache = m.decoder.new_cache();
-    m.decoder
-        .forward(ids, &mut cache, &ForwardOptions::cache_only())
-        .unwrap();
-    cache
-}
 
 /// Largest absolute difference between positions `range` of two caches, over all layers.
 fn max_diff(a: &KvCache, b: &KvCache, start: usize, end: usize) -> f32 {

@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::prefill;
+
 use baton::calibrate::{
     calibrate, CalibrateError, CalibrateOptions, Direction, Fitted, NoProgress, SelectBy,
 };
@@ -15,22 +17,6 @@ use baton::model::Model;
 use candle_core::{Device, Tensor};
 use common::synthetic::{model_pair, Tiny};
 use std::sync::atomic::AtomicBool;
-
-/// `m`'s cache of `ids`.
-fn prefill(m: &Model, ids: &[u32]) -> baton::model::KvCache {
-    let mut cache = m.decoder.new_cache();
-    m.decoder
-        .forward(
-            ids,
-            &mut cache,
-            &baton::model::ForwardOptions {
-                logits: baton::model::Logits::None,
-                probe_positions: vec![],
-            },
-        )
-        .unwrap();
-    cache
-}
 
 fn docs(tiny: &Tiny) -> Vec<Document> {
     (0..3)

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::prefill;
+
 use baton::calibrate::train::TrainOptions;
 use baton::calibrate::{calibrate, CalibrateOptions, Direction, Fitted, NoProgress};
 use baton::data::corpus::Document;
@@ -78,22 +80,6 @@ fn save(f: &Fitted, a: &Model, b: &Model, dir: &std::path::Path) -> std::path::P
     };
     let saved = baton::calibrate::save_fitted([f], [a, b], &corpus, dir).unwrap();
     saved[0].path.clone()
-}
-
-/// The source's cache of `ids`.
-fn prefill(a: &Model, ids: &[u32]) -> baton::model::KvCache {
-    let mut cache = a.decoder.new_cache();
-    a.decoder
-        .forward(
-            ids,
-            &mut cache,
-            &baton::model::ForwardOptions {
-                logits: baton::model::Logits::None,
-                probe_positions: vec![],
-            },
-        )
-        .unwrap();
-    cache
 }
 
 fn mean(v: &[f64]) -> f64 {

@@ -107,12 +107,18 @@ mod tests {
     use super::*;
     use candle_core::Var;
 
-    #[test]
-    fn the_attention_output_is_a_causal_softmax_and_carries_gradients() -> Result<()> {
+    /// Four query heads at three probes over two KV heads of ten positions, random.
+    fn queries_keys_values() -> Result<(Device, Tensor, Tensor, Tensor)> {
         let dev = Device::Cpu;
         let q = Tensor::randn(0f32, 1.0, (4, 3, 8), &dev)?;
         let k = Tensor::randn(0f32, 1.0, (2, 10, 8), &dev)?;
         let v = Tensor::randn(0f32, 1.0, (2, 10, 8), &dev)?;
+        Ok((dev, q, k, v))
+    }
+
+    #[test]
+    fn the_attention_output_is_a_causal_softmax_and_carries_gradients() -> Result<()> {
+        let (dev, q, k, v) = queries_keys_values()?;
         let probes = [2, 6, 9];
         let mask = probe_mask(&probes, 10, &dev)?;
         let out = attention_output(&q, &k, &v, &mask)?;
@@ -165,10 +171,7 @@ mod tests {
 
     #[test]
     fn identical_caches_give_one_and_noise_lowers_it() -> Result<()> {
-        let dev = Device::Cpu;
-        let q = Tensor::randn(0f32, 1.0, (4, 3, 8), &dev)?;
-        let k = Tensor::randn(0f32, 1.0, (2, 10, 8), &dev)?;
-        let v = Tensor::randn(0f32, 1.0, (2, 10, 8), &dev)?;
+        let (dev, q, k, v) = queries_keys_values()?;
         let probes = [2, 5, 9];
         let same = attention_output_cosine(&q, &probes, &k, &v, &k, &v)?;
         assert!((same - 1.0).abs() < 1e-5, "{same}");

@@ -62,6 +62,15 @@ pub fn int8_kernels() -> bool {
     }
 }
 
+/// `m`'s cache of `ids`, as a prefill leaves it.
+pub fn prefill(m: &baton::model::Model, ids: &[u32]) -> baton::model::KvCache {
+    let mut cache = m.decoder.new_cache();
+    m.decoder
+        .forward(ids, &mut cache, &baton::model::ForwardOptions::cache_only())
+        .unwrap();
+    cache
+}
+
 pub fn skipped(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
