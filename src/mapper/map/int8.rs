@@ -30,7 +30,6 @@ enum PackedMap {
 
 impl PackedMap {
     fn forward(&self, parts: &[&[f32]], width: usize, rows: usize) -> Result<Vec<f32>, ModelError> {
-        let not_packed = || ModelError::Cache("a packed mapper layer is not packed".into());
         match self {
             PackedMap::Full(l) => l.forward_parts(parts, width, rows)?.ok_or_else(not_packed),
             PackedMap::Factored { left, right, rank } => {
@@ -43,6 +42,39 @@ impl PackedMap {
             }
         }
     }
+
+    /// The map and `beside` (another product on the same features, a residual head's
+    /// first layer) in one pass over the features, so they are quantized once and the
+    /// head's first layer rounds the same int8 features as the map it corrects.
+    fn forward_beside(
+        &self,
+        beside: &Linear,
+        parts: &[&[f32]],
+        width: usize,
+        rows: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let first = match self {
+            PackedMap::Full(l) => l,
+            PackedMap::Factored { left, .. } => left,
+        };
+        let mut outs = Linear::forward_parts_fused(&[first, beside], parts, width, rows)?
+            .ok_or_else(not_packed)?
+            .into_iter();
+        let (Some(y), Some(b)) = (outs.next(), outs.next()) else {
+            return Err(not_packed());
+        };
+        let y = match self {
+            PackedMap::Full(_) => y,
+            PackedMap::Factored { right, rank, .. } => right
+                .forward_parts(&[&y], *rank, rows)?
+                .ok_or_else(not_packed)?,
+        };
+        Ok((y, b))
+    }
+}
+
+fn not_packed() -> ModelError {
+    ModelError::Cache("a packed mapper layer is not packed".into())
 }
 
 /// One target layer's K and V maps, packed, with their trained heads if any.
@@ -513,19 +545,17 @@ fn products(
             .collect();
         match head {
             None => pm.forward(&parts, width, rows),
-            Some(h) => {
-                let out = h.forward(&parts, width, rows)?;
-                match h.used() {
-                    HeadUse::Alone => Ok(out),
-                    HeadUse::Added => {
-                        let mut y = pm.forward(&parts, width, rows)?;
-                        for (y, o) in y.iter_mut().zip(&out) {
-                            *y += o;
-                        }
-                        Ok(y)
+            Some(h) => match h.used() {
+                HeadUse::Alone => h.forward(&parts, width, rows),
+                HeadUse::Added => {
+                    let (mut y, first) = pm.forward_beside(h.first(), &parts, width, rows)?;
+                    let out = h.forward_after_first(first, rows)?;
+                    for (y, o) in y.iter_mut().zip(&out) {
+                        *y += o;
                     }
+                    Ok(y)
                 }
-            }
+            },
         }
     };
     let (heads, hd) = (input.target.n_kv_head, input.target.head_dim);

@@ -73,6 +73,9 @@ pub fn pack_head(
             None => return Ok(None),
         }
     }
+    if layers.is_empty() {
+        return Err(ModelError::Cache("a trained head with no layers".into()));
+    }
     Ok(Some(PackedHead {
         layers,
         activation: head.activation,
@@ -85,6 +88,12 @@ impl PackedHead {
         self.used
     }
 
+    /// The head's first layer, on the conditioned features: a caller that runs another
+    /// product on the same features runs this one beside it, quantizing them once.
+    pub fn first(&self) -> &Linear {
+        &self.layers[0].0
+    }
+
     /// The head's output for `rows` rows of conditioned features given as `parts` side
     /// by side, `width` each.
     pub fn forward(
@@ -93,16 +102,24 @@ impl PackedHead {
         width: usize,
         rows: usize,
     ) -> Result<Vec<f32>, ModelError> {
-        let not_packed = || ModelError::Cache("a packed head layer is not packed".into());
-        let mut h: Vec<f32> = Vec::new();
-        for (i, (layer, input)) in self.layers.iter().enumerate() {
-            h = if i == 0 {
-                layer.forward_parts(parts, width, rows)?
-            } else {
-                let a = self.activate(std::mem::take(&mut h), *input);
-                layer.forward_parts(&[&a], *input, rows)?
-            }
+        let h = self
+            .first()
+            .forward_parts(parts, width, rows)?
             .ok_or_else(not_packed)?;
+        self.forward_after_first(h, rows)
+    }
+
+    /// The rest of the head, from its first layer's output `h`.
+    pub fn forward_after_first(
+        &self,
+        mut h: Vec<f32>,
+        rows: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        for (layer, input) in &self.layers[1..] {
+            let a = self.activate(std::mem::take(&mut h), *input);
+            h = layer
+                .forward_parts(&[&a], *input, rows)?
+                .ok_or_else(not_packed)?;
         }
         Ok(h)
     }
@@ -119,6 +136,10 @@ impl PackedHead {
             .for_each(|c| c.iter_mut().for_each(f));
         h
     }
+}
+
+fn not_packed() -> ModelError {
+    ModelError::Cache("a packed head layer is not packed".into())
 }
 
 /// GELU as candle computes it (the tanh form), with tanh as a rational function (the

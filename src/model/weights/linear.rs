@@ -104,7 +104,24 @@ impl Linear {
         width: usize,
         m: usize,
     ) -> Result<Option<Vec<f32>>> {
-        if let LinearWeight::Packed(p, b) = &self.w {
+        Ok(Self::forward_parts_fused(&[self], parts, width, m)?
+            .and_then(|outs| outs.into_iter().next()))
+    }
+
+    /// [`Self::forward_parts`] for several projections of the same input in one pass:
+    /// the input is quantized once for all of them. `None` unless every one is packed as
+    /// Q8_0.
+    pub fn forward_parts_fused(
+        layers: &[&Linear],
+        parts: &[&[f32]],
+        width: usize,
+        m: usize,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        let mut jobs = Vec::with_capacity(layers.len());
+        for l in layers {
+            let LinearWeight::Packed(p, b) = &l.w else {
+                return Ok(None);
+            };
             if p.kind().a256() {
                 return Ok(None);
             }
@@ -118,16 +135,21 @@ impl Linear {
                     p.k()
                 )));
             }
-            let job = Job {
+            jobs.push(Job {
                 w: p,
                 up: None,
                 bias: b.as_ref().map(|b| b.as_slice()),
                 epilogue: Epilogue::Plain,
-            };
-            let out = int8::matmul_rows(Rows::Parts { parts, width }, m, &[job])?;
-            return Ok(out.into_iter().next());
+            });
         }
-        Ok(None)
+        if jobs.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(int8::matmul_rows(
+            Rows::Parts { parts, width },
+            m,
+            &jobs,
+        )?))
     }
 
     /// The weight as a dense f32 matrix [out, in]. The packed kernels keep no other copy,
@@ -371,6 +393,69 @@ mod dense_weight_tests {
             let err = (d - &deq)?.abs()?.max_all()?.to_scalar::<f32>()?;
             // Within the f32 rounding of one activation scale, far below a quant step.
             assert!(err < 1e-4, "{dt:?}: {err}");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod fused_parts_tests {
+    use super::Linear;
+    use candle_core::{Device, Tensor};
+
+    #[test]
+    fn projections_run_side_by_side_give_what_each_gives_alone() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let err = |e: super::ModelError| candle_core::Error::Msg(e.to_string());
+        let (w1, b1) = (
+            Tensor::randn(0f32, 1.0, (96, 64), &dev)?,
+            Tensor::randn(0f32, 1.0, 96, &dev)?,
+        );
+        let w2 = Tensor::randn(0f32, 1.0, (32, 64), &dev)?;
+        let (Some(a), Some(b)) = (
+            Linear::packed_q8_0(&w1, Some(&b1)).map_err(err)?,
+            Linear::packed_q8_0(&w2, None).map_err(err)?,
+        ) else {
+            // No int8 kernels on this CPU: nothing is fused, and nothing to compare.
+            return Ok(());
+        };
+        let rows = 5;
+        let x: Vec<f32> = Tensor::randn(0f32, 1.0, rows * 64, &dev)?.to_vec1()?;
+        let (p0, p1): (Vec<f32>, Vec<f32>) = (0..rows)
+            .flat_map(|r| {
+                x[r * 64..][..64]
+                    .chunks(32)
+                    .map(|c| c.to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .enumerate()
+            .fold((vec![], vec![]), |(mut l, mut r), (i, c)| {
+                if i % 2 == 0 {
+                    l.extend(c)
+                } else {
+                    r.extend(c)
+                }
+                (l, r)
+            });
+        let parts = [p0.as_slice(), p1.as_slice()];
+        let fused = Linear::forward_parts_fused(&[&a, &b], &parts, 32, rows)
+            .map_err(err)?
+            .expect("both packed");
+        assert_eq!(fused.len(), 2);
+        assert_eq!(
+            Some(&fused[0]),
+            a.forward_parts(&parts, 32, rows).map_err(err)?.as_ref()
+        );
+        assert_eq!(
+            Some(&fused[1]),
+            b.forward_parts(&parts, 32, rows).map_err(err)?.as_ref()
+        );
+        // And what a dense product of the same input gives, within Q8_0's rounding.
+        let xt = Tensor::from_vec(x, (rows, 64), &dev)?;
+        let want: Vec<f32> = xt.matmul(&w2.t()?)?.flatten_all()?.to_vec1()?;
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (g, w) in fused[1].iter().zip(&want) {
+            assert!((g - w).abs() <= 0.02 * scale, "{g} against {w}");
         }
         Ok(())
     }
