@@ -30,6 +30,7 @@ fn keep_line(dir: &Path, estimator: &str, intercept: f64, slope: f64) {
         checked_on: 30,
         held_out_r: -0.5,
         held_out_mae: 0.05,
+        mapper: None,
     };
     fit::save(&fit::path_in(&dir.join("mappers"), &sr, &tr), &f).unwrap();
 }

@@ -30,7 +30,13 @@ pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
     use baton::data::corpus;
     let (src, tgt) = a.pair.open(dev)?;
     let dir = baton::engine::load::mapper_dir(&a.pair.mappers.mapper_dir);
-    let (_, forward) = artifact::open_for(Some(&dir), &src, &tgt)?;
+    let (art, forward) = artifact::open_for(Some(&dir), &src, &tgt)?;
+    let (sha256, _) =
+        baton::fetch::checksum::sha256_file(&art.path, &baton::fetch::SilentProgress)?;
+    let measured_on = fit::FitMapper {
+        sha256,
+        kind: art.meta.kind,
+    };
     let (_, reverse) = artifact::open_for(Some(&dir), &tgt, &src)?;
     let docs = corpus::read_documents(&corpus::default_files()?)?;
     let windows = gate_study::study_windows(&tgt, &docs, a.switches)?;
@@ -40,7 +46,7 @@ pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
         docs.len() + 1
     );
     let anchor = baton::mapper::DEFAULT_ANCHOR;
-    let study = gate_study::study(
+    let mut study = gate_study::study(
         &src,
         &tgt,
         &forward,
@@ -49,6 +55,9 @@ pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
         anchor,
         &mut print_switch,
     )?;
+    if let Some(f) = &mut study.fit {
+        f.mapper = Some(measured_on);
+    }
     print_study(&study);
     match &study.fit {
         Some(f) => {

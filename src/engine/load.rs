@@ -173,7 +173,11 @@ pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, Eng
         ModelRef::new(&s.identity, s.config()),
         ModelRef::new(&t.identity, t.config()),
     );
-    let (gate, gate_problem) = match crate::gate::fit::load(dir, &sr, &tr) {
+    let measured_on = crate::gate::fit::FitMapper {
+        sha256: sha.clone(),
+        kind: art.meta.kind,
+    };
+    let (gate, gate_problem) = match crate::gate::fit::load(dir, &sr, &tr, &measured_on) {
         Ok(g) => (g, None),
         Err(e) => (None, Some(e.to_string())),
     };

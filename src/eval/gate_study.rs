@@ -287,5 +287,6 @@ fn fitted_line(
         checked_on: check_half.len(),
         held_out_r: fit::pearson(&check_half).unwrap_or(f64::NAN),
         held_out_mae: if check_half.is_empty() { f64::NAN } else { mae },
+        mapper: None,
     })
 }

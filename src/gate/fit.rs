@@ -4,6 +4,7 @@
 
 use super::GateError;
 use crate::mapper::artifact::{self, ModelRef};
+use crate::mapper::nonlinear::MapperKind;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -27,6 +28,19 @@ pub struct GateFit {
     /// and the mean absolute error of the line's prediction there.
     pub held_out_r: f64,
     pub held_out_mae: f64,
+    /// The mapper the switches were measured on: a line read off one mapper's switches
+    /// says nothing about another's cosine. Absent in fits written before they named it,
+    /// which were all measured on ridge mappers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapper: Option<FitMapper>,
+}
+
+/// Which mapper artifact a gate line was measured on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FitMapper {
+    /// SHA-256 of the artifact file.
+    pub sha256: String,
+    pub kind: MapperKind,
 }
 
 impl GateFit {
@@ -110,11 +124,13 @@ pub fn save(path: &Path, fit: &GateFit) -> Result<(), GateError> {
     std::fs::rename(&tmp, path).map_err(|e| bad(e.to_string()))
 }
 
-/// The fit kept for `source → target`, if any; one for other models is refused.
+/// The fit kept for `source → target`, if any; one for other models, or measured on
+/// another mapper than `mapper` (the artifact the engine loaded), is refused.
 pub fn load(
     mapper_dir: &Path,
     source: &ModelRef,
     target: &ModelRef,
+    mapper: &FitMapper,
 ) -> Result<Option<GateFit>, GateError> {
     let path = path_in(mapper_dir, source, target);
     let text = match std::fs::read_to_string(&path) {
@@ -129,7 +145,7 @@ pub fn load(
     };
     let bad = |reason: String| GateError::Fit {
         path: path.clone(),
-        reason: format!("{reason}; `baton eval --gate-study N` writes it again"),
+        reason: format!("{reason}; `baton gate-study` measures it again"),
     };
     let fit: GateFit = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     if fit.format != FORMAT || fit.version != VERSION {
@@ -140,6 +156,22 @@ pub fn load(
     }
     if fit.source.sha256 != source.sha256 || fit.target.sha256 != target.sha256 {
         return Err(bad("it was fitted for other models".into()));
+    }
+    match &fit.mapper {
+        Some(m) if m.sha256 != mapper.sha256 => {
+            return Err(bad(format!(
+                "it was measured on another mapper ({}) than the {} mapper now in the directory",
+                m.kind.name(),
+                mapper.kind.name()
+            )))
+        }
+        None if mapper.kind != MapperKind::Ridge => {
+            return Err(bad(format!(
+                "it was measured on a ridge mapper and the mapper now is {}",
+                mapper.kind.name()
+            )))
+        }
+        _ => {}
     }
     Ok(Some(fit))
 }
@@ -195,9 +227,85 @@ mod tests {
             checked_on: 2,
             held_out_r: -0.5,
             held_out_mae: 0.1,
+            mapper: None,
         };
         assert!((f.predict(0.2) - 0.8).abs() < 1e-12);
         assert_eq!(f.predict(10.0), -1.0);
         assert_eq!(f.predict(-10.0), 1.0);
+    }
+
+    fn a_fit(mapper: Option<FitMapper>) -> GateFit {
+        let model = |name: &str| ModelRef {
+            name: name.into(),
+            sha256: format!("{name}-sha"),
+            architecture: "qwen2".into(),
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 1,
+            tokenizer_fingerprint: "t".into(),
+        };
+        GateFit {
+            format: FORMAT.into(),
+            version: VERSION,
+            source: model("a"),
+            target: model("b"),
+            estimator: "feature_distance".into(),
+            intercept: 0.9,
+            slope: -0.5,
+            fitted_on: 30,
+            checked_on: 30,
+            held_out_r: -0.5,
+            held_out_mae: 0.1,
+            mapper,
+        }
+    }
+
+    #[test]
+    fn a_line_measured_on_another_mapper_is_refused_naming_both_kinds() {
+        let dir = tempfile::tempdir().unwrap();
+        let ridge = FitMapper {
+            sha256: "r".into(),
+            kind: MapperKind::Ridge,
+        };
+        let residual = FitMapper {
+            sha256: "t".into(),
+            kind: MapperKind::Residual,
+        };
+        let f = a_fit(Some(ridge.clone()));
+        let path = path_in(dir.path(), &f.source, &f.target);
+        save(&path, &f).unwrap();
+        let loaded = load(dir.path(), &f.source, &f.target, &ridge).unwrap();
+        assert_eq!(loaded, Some(f.clone()));
+        let e = load(dir.path(), &f.source, &f.target, &residual)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("another mapper (ridge)") && e.contains("residual"),
+            "{e}"
+        );
+        assert!(e.contains("baton gate-study"), "{e}");
+    }
+
+    #[test]
+    fn a_line_from_before_fits_named_their_mapper_holds_for_ridge_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = a_fit(None);
+        let path = path_in(dir.path(), &f.source, &f.target);
+        save(&path, &f).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("mapper"), "an old fit's JSON: {text}");
+        let on = |kind| FitMapper {
+            sha256: "any".into(),
+            kind,
+        };
+        assert!(
+            load(dir.path(), &f.source, &f.target, &on(MapperKind::Ridge))
+                .unwrap()
+                .is_some()
+        );
+        let e = load(dir.path(), &f.source, &f.target, &on(MapperKind::Mlp))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mapper now is mlp"), "{e}");
     }
 }

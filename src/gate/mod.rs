@@ -12,7 +12,7 @@
 //!   mapper, against themselves (cosine): what survives two maps. It costs a second map.
 //!
 //! Neither is on the attention cosine's scale, so a study over varied text
-//! (`baton eval --gate-study N`) measures both against the measured attention cosine
+//! (`baton gate-study`) measures both against the measured attention cosine
 //! and next-turn agreement, and fits a line from the better one to the cosine on half
 //! of the switches, checked on the other half. That line ([`fit`]) is kept beside the
 //! artifact; with it the gate predicts the cosine of each switch.
