@@ -590,12 +590,7 @@ fn int8_agrees_with_f32(token_features: bool) {
     let f = forward(&a, &b, &tiny, &o).unwrap();
     let int8 = f.cache_mapper(&a, &b).unwrap();
     assert_eq!(int8.reads_tokens(), token_features);
-    if !common::int8_kernels() {
-        assert_eq!(int8.precision(), MapPrecision::F32);
-        common::skipped(
-            "the int8-against-f32 comparison",
-            "no AVX-512 VNNI here: the int8 map falls back to f32, nothing to compare",
-        );
+    if !common::int8_or_skipped(&int8, "the int8-against-f32 comparison") {
         return;
     }
     assert_eq!(int8.precision(), MapPrecision::Int8);

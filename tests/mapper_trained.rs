@@ -386,12 +386,7 @@ fn trained_heads_run_on_the_int8_kernels_within_quantization_of_f32() {
         let f = fit(&a, &b, &tiny, &o);
         let int8 = f.cache_mapper(&a, &b).unwrap();
         assert!(int8.has_heads());
-        if !common::int8_kernels() {
-            assert_eq!(int8.precision(), MapPrecision::F32);
-            common::skipped(
-                "trained heads on int8 against f32",
-                "no AVX-512 VNNI here: the int8 map falls back to f32, nothing to compare",
-            );
+        if !common::int8_or_skipped(&int8, "trained heads on int8 against f32") {
             return;
         }
         assert_eq!(int8.precision(), MapPrecision::Int8, "{kind}");

@@ -199,36 +199,7 @@ mod tests {
 
     #[test]
     fn the_prediction_stays_a_cosine() {
-        let f = GateFit {
-            format: FORMAT.into(),
-            version: VERSION,
-            source: ModelRef {
-                name: "a".into(),
-                sha256: "x".into(),
-                architecture: "qwen2".into(),
-                layers: 1,
-                kv_heads: 1,
-                head_dim: 1,
-                tokenizer_fingerprint: "t".into(),
-            },
-            target: ModelRef {
-                name: "b".into(),
-                sha256: "y".into(),
-                architecture: "qwen2".into(),
-                layers: 1,
-                kv_heads: 1,
-                head_dim: 1,
-                tokenizer_fingerprint: "t".into(),
-            },
-            estimator: "feature_distance".into(),
-            intercept: 0.9,
-            slope: -0.5,
-            fitted_on: 2,
-            checked_on: 2,
-            held_out_r: -0.5,
-            held_out_mae: 0.1,
-            mapper: None,
-        };
+        let f = a_fit(None);
         assert!((f.predict(0.2) - 0.8).abs() < 1e-12);
         assert_eq!(f.predict(10.0), -1.0);
         assert_eq!(f.predict(-10.0), 1.0);

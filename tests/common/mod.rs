@@ -71,6 +71,21 @@ pub fn prefill(m: &baton::model::Model, ids: &[u32]) -> baton::model::KvCache {
     cache
 }
 
+/// Whether `mapper` runs on the int8 kernels. Where this CPU lacks them it must have
+/// fallen back to f32 (asserted), and `test`, an int8 comparison, is reported skipped.
+pub fn int8_or_skipped(mapper: &baton::mapper::CacheMapper, test: &str) -> bool {
+    use baton::mapper::MapPrecision;
+    if int8_kernels() {
+        return true;
+    }
+    assert_eq!(mapper.precision(), MapPrecision::F32);
+    skipped(
+        test,
+        "no AVX-512 VNNI here: the int8 map falls back to f32, nothing to compare",
+    );
+    false
+}
+
 pub fn skipped(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");

@@ -80,10 +80,59 @@ fn not_packed() -> ModelError {
 /// One target layer's K and V maps, packed, with their trained heads if any.
 #[derive(Debug, Clone)]
 pub struct PackedLayer {
-    k: PackedMap,
-    v: PackedMap,
-    k_head: Option<PackedHead>,
-    v_head: Option<PackedHead>,
+    k: PackedSide,
+    v: PackedSide,
+}
+
+/// The keys' or the values' map of one target layer: the ridge map, its trained head, or
+/// both (a residual head adds to the map; an mlp head replaces it, so no map is kept).
+#[derive(Debug, Clone)]
+struct PackedSide {
+    map: Option<PackedMap>,
+    head: Option<PackedHead>,
+}
+
+impl PackedSide {
+    /// `m` packed, or `None` where the kernels do not take one of its shapes.
+    fn pack(
+        m: &TargetLayerMap,
+        scales: &SourceScales,
+        width: usize,
+        keys: bool,
+    ) -> Result<Option<Self>, ModelError> {
+        let head = match &m.head {
+            None => None,
+            Some(h) => match pack_head(h, &m.sources, scales, width, keys)? {
+                Some(p) => Some(p),
+                None => return Ok(None),
+            },
+        };
+        let map = if head.as_ref().is_some_and(|h| h.used() == HeadUse::Alone) {
+            None
+        } else {
+            match pack_one(m, scales, width, keys)? {
+                Some(p) => Some(p),
+                None => return Ok(None),
+            }
+        };
+        Ok(Some(Self { map, head }))
+    }
+
+    fn forward(&self, parts: &[&[f32]], width: usize, rows: usize) -> Result<Vec<f32>, ModelError> {
+        match (&self.map, &self.head) {
+            (Some(pm), None) => pm.forward(parts, width, rows),
+            (None, Some(h)) => h.forward(parts, width, rows),
+            (Some(pm), Some(h)) => {
+                let (mut y, first) = pm.forward_beside(h.first(), parts, width, rows)?;
+                let out = h.forward_after_first(first, rows)?;
+                for (y, o) in y.iter_mut().zip(&out) {
+                    *y += o;
+                }
+                Ok(y)
+            }
+            (None, None) => Err(not_packed()),
+        }
+    }
 }
 
 /// The map rewritten for conditioned features `z = (x − μ)·s`: rows of W divided by
@@ -163,25 +212,11 @@ pub fn pack(
     }
     let mut out = Vec::with_capacity(keys.len());
     for (km, vm) in keys.iter().zip(values) {
-        let head =
-            |m: &TargetLayerMap, keys: bool| -> Result<Option<Option<PackedHead>>, ModelError> {
-                match &m.head {
-                    None => Ok(Some(None)),
-                    Some(h) => Ok(pack_head(h, &m.sources, scales, width, keys)?.map(Some)),
-                }
-            };
         match (
-            pack_one(km, scales, width, true)?,
-            pack_one(vm, scales, width, false)?,
-            head(km, true)?,
-            head(vm, false)?,
+            PackedSide::pack(km, scales, width, true)?,
+            PackedSide::pack(vm, scales, width, false)?,
         ) {
-            (Some(k), Some(v), Some(k_head), Some(v_head)) => out.push(PackedLayer {
-                k,
-                v,
-                k_head,
-                v_head,
-            }),
+            (Some(k), Some(v)) => out.push(PackedLayer { k, v }),
             _ => return Ok(None),
         }
     }
@@ -526,11 +561,7 @@ fn products(
         .collect();
     let (cos, sin) = input.tgt_rope.tables(start, rows)?;
     let layout = input.tgt_rope.layout();
-    let run = |pm: &PackedMap,
-               head: Option<&PackedHead>,
-               m: &TargetLayerMap,
-               keys: bool|
-     -> Result<Vec<f32>, ModelError> {
+    let run = |side: &PackedSide, m: &TargetLayerMap, keys: bool| -> Result<Vec<f32>, ModelError> {
         let parts: Vec<&[f32]> = m
             .sources
             .iter()
@@ -543,28 +574,15 @@ fn products(
                 }
             })
             .collect();
-        match head {
-            None => pm.forward(&parts, width, rows),
-            Some(h) => match h.used() {
-                HeadUse::Alone => h.forward(&parts, width, rows),
-                HeadUse::Added => {
-                    let (mut y, first) = pm.forward_beside(h.first(), &parts, width, rows)?;
-                    let out = h.forward_after_first(first, rows)?;
-                    for (y, o) in y.iter_mut().zip(&out) {
-                        *y += o;
-                    }
-                    Ok(y)
-                }
-            },
-        }
+        side.forward(&parts, width, rows)
     };
     let (heads, hd) = (input.target.n_kv_head, input.target.head_dim);
     let (keys, values) = input.maps;
     let mut out = Vec::with_capacity(packed.layers.len());
     for ((p, km), vm) in packed.layers.iter().zip(keys).zip(values) {
-        let k = run(&p.k, p.k_head.as_ref(), km, true)?;
+        let k = run(&p.k, km, true)?;
         let k = rotate_into_heads(&k, rows, cap, heads, hd, Some((&cos, &sin, layout)));
-        let v = run(&p.v, p.v_head.as_ref(), vm, false)?;
+        let v = run(&p.v, vm, false)?;
         let v = rotate_into_heads(&v, rows, cap, heads, hd, None);
         out.push((k, v));
     }
