@@ -13,6 +13,17 @@ use common::engine_rig::{models, rig_with, tiny, write_pair};
 use std::path::Path;
 
 fn keep_line(dir: &Path, estimator: &str, intercept: f64, slope: f64) {
+    keep_line_on(dir, estimator, intercept, slope, |_| {});
+}
+
+/// A kept line, with `name` setting the mappers it names.
+fn keep_line_on(
+    dir: &Path,
+    estimator: &str,
+    intercept: f64,
+    slope: f64,
+    name: impl FnOnce(&mut GateFit),
+) {
     let (a, b) = models(dir);
     let (sr, tr) = (
         ModelRef::new(&a.identity, a.config()),
@@ -31,7 +42,10 @@ fn keep_line(dir: &Path, estimator: &str, intercept: f64, slope: f64) {
         held_out_r: -0.5,
         held_out_mae: 0.05,
         mapper: None,
+        reverse_mapper: None,
     };
+    let mut f = f;
+    name(&mut f);
     fit::save(&fit::path_in(&dir.join("mappers"), &sr, &tr), &f).unwrap();
 }
 
@@ -159,6 +173,67 @@ fn a_line_for_other_models_is_refused_by_name_and_not_used() {
         ),
         "estimated, but no line to predict with: {events:?}"
     );
+}
+
+#[test]
+fn a_round_trip_line_is_set_aside_once_the_mapper_back_is_another_and_kept_while_it_is_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let (a, b) = models(dir.path());
+    let mappers = dir.path().join("mappers");
+    let on = |s, t| fit::FitMapper::of(&artifact::find_for(Some(&mappers), s, t).unwrap()).unwrap();
+    let (forward, back) = (on(&a, &b), on(&b, &a));
+    let name_back = |back: fit::FitMapper| {
+        let forward = forward.clone();
+        move |f: &mut GateFit| {
+            f.mapper = Some(forward);
+            f.reverse_mapper = Some(back);
+        }
+    };
+    let gate_notices = || -> Vec<String> {
+        let mut r = rig_with(dir.path(), |c| c.settings.reference = false);
+        r.drain()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Notice { message } if message.contains("gate") => Some(message),
+                _ => None,
+            })
+            .collect()
+    };
+    let predicts = || {
+        let Event::Switch {
+            estimate: Some(e), ..
+        } = switch_once(dir.path(), Some(0.0))
+        else {
+            panic!("an estimated switch")
+        };
+        e.predicted_cosine.is_some()
+    };
+
+    keep_line_on(
+        dir.path(),
+        fit::ROUND_TRIP,
+        0.1,
+        0.5,
+        name_back(back.clone()),
+    );
+    assert_eq!(
+        gate_notices(),
+        Vec::<String>::new(),
+        "the same mappers both ways"
+    );
+    assert!(predicts(), "the line is used");
+
+    let mut other = back.clone();
+    other.sha256 = "0".repeat(64);
+    keep_line_on(dir.path(), fit::ROUND_TRIP, 0.1, 0.5, name_back(other));
+    let said = gate_notices();
+    assert!(
+        said.iter()
+            .any(|m| m.contains("another mapper back") && m.contains("gate-study")),
+        "{said:?}"
+    );
+    assert!(!predicts(), "the line is set aside");
 }
 
 #[test]

@@ -31,13 +31,9 @@ pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
     let (src, tgt) = a.pair.open(dev)?;
     let dir = baton::engine::load::mapper_dir(&a.pair.mappers.mapper_dir);
     let (art, forward) = artifact::open_for(Some(&dir), &src, &tgt)?;
-    let (sha256, _) =
-        baton::fetch::checksum::sha256_file(&art.path, &baton::fetch::SilentProgress)?;
-    let measured_on = fit::FitMapper {
-        sha256,
-        kind: art.meta.kind,
-    };
-    let (_, reverse) = artifact::open_for(Some(&dir), &tgt, &src)?;
+    let measured_on = fit::FitMapper::of(&art)?;
+    let (back_art, reverse) = artifact::open_for(Some(&dir), &tgt, &src)?;
+    let mapped_back_with = fit::FitMapper::of(&back_art)?;
     let docs = corpus::read_documents(&corpus::default_files()?)?;
     let windows = gate_study::study_windows(&tgt, &docs, a.switches)?;
     eprintln!(
@@ -57,6 +53,9 @@ pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
     )?;
     if let Some(f) = &mut study.fit {
         f.mapper = Some(measured_on);
+        if f.estimator == fit::ROUND_TRIP {
+            f.reverse_mapper = Some(mapped_back_with);
+        }
     }
     print_study(&study);
     match &study.fit {

@@ -79,6 +79,7 @@ impl CalibrationProgress for LoadingEvents<'_> {
 pub struct LoadedMapper {
     pub mapper: CacheMapper,
     pub info: MapperInfo,
+    pub kind: crate::mapper::nonlinear::MapperKind,
     /// Mean held-out attention cosine from calibration: the gate's estimate when no
     /// reference cache is at hand.
     pub calibration_cosine: f64,
@@ -163,24 +164,38 @@ pub fn calibrate_missing(
     Ok(())
 }
 
-/// The mapper from `s` to `t`, checked against both models.
+/// Both directions' mappers between `models`, each with the gate's line kept for it
+/// when that line was measured on these mappers.
+pub fn load_mappers(dir: &Path, models: &[Model; 2]) -> Result<[LoadedMapper; 2], EngineError> {
+    let mut pair = [
+        load_mapper(dir, &models[0], &models[1])?,
+        load_mapper(dir, &models[1], &models[0])?,
+    ];
+    let measured_on = pair.each_ref().map(|m| crate::gate::fit::FitMapper {
+        sha256: m.info.sha256.clone(),
+        kind: m.kind,
+    });
+    for (i, m) in pair.iter_mut().enumerate() {
+        let (s, t) = (&models[i], &models[1 - i]);
+        let (sr, tr) = (
+            ModelRef::new(&s.identity, s.config()),
+            ModelRef::new(&t.identity, t.config()),
+        );
+        match crate::gate::fit::load(dir, &sr, &tr, &measured_on[i], &measured_on[1 - i]) {
+            Ok(g) => m.gate = g,
+            Err(e) => m.gate_problem = Some(e.to_string()),
+        }
+    }
+    Ok(pair)
+}
+
+/// The mapper from `s` to `t`, checked against both models; without a gate line, which
+/// [`load_mappers`] reads knowing both directions' mappers.
 pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, EngineError> {
     let (art, mapper) = artifact::open_for(Some(dir), s, t)?;
     let path = &art.path;
     let (sha, _) = fetch::checksum::sha256_file(path, &fetch::SilentProgress)?;
     let cos = &art.meta.report.cosine;
-    let (sr, tr) = (
-        ModelRef::new(&s.identity, s.config()),
-        ModelRef::new(&t.identity, t.config()),
-    );
-    let measured_on = crate::gate::fit::FitMapper {
-        sha256: sha.clone(),
-        kind: art.meta.kind,
-    };
-    let (gate, gate_problem) = match crate::gate::fit::load(dir, &sr, &tr, &measured_on) {
-        Ok(g) => (g, None),
-        Err(e) => (None, Some(e.to_string())),
-    };
     Ok(LoadedMapper {
         mapper,
         info: MapperInfo {
@@ -193,10 +208,11 @@ pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, Eng
             sha256: sha,
             k: art.meta.k,
         },
+        kind: art.meta.kind,
         calibration_cosine: cos.iter().sum::<f64>() / cos.len().max(1) as f64,
         sequences: art.meta.corpus.sequences,
         has_source_scales: art.source_scales.is_some(),
-        gate,
-        gate_problem,
+        gate: None,
+        gate_problem: None,
     })
 }

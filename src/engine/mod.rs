@@ -172,11 +172,10 @@ pub fn start(config: EngineConfig, events: Sender<Event>) -> Result<Engine, Engi
         load::calibrate_missing(&models, &dir, opts, &progress, &AtomicBool::new(false))?;
     }
     progress.stage("loading mappers", 0);
-    let m01 = load::load_mapper(&dir, &models[0], &models[1])?;
-    let m10 = load::load_mapper(&dir, &models[1], &models[0])?;
+    let mappers = load::load_mappers(&dir, &models)?;
     progress.stage("preparing metrics", 0);
     let [first, second] = models;
-    build(first, second, [m01, m10], config, events)
+    build(first, second, mappers, config, events)
 }
 
 /// The engine from loaded parts; opens the session file when recording.

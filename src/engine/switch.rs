@@ -251,7 +251,7 @@ pub(super) fn estimate(
     }
     let predicted = m.gate.as_ref().and_then(|g| {
         let x = match g.estimator.as_str() {
-            "round_trip" => trip,
+            crate::gate::fit::ROUND_TRIP => trip,
             "feature_distance" => distance,
             _ => None,
         };

@@ -165,7 +165,7 @@ pub fn study(
 /// The estimates the study compares with the measured values, by name.
 const ESTIMATORS: [(&str, Reading); 2] = [
     ("feature_distance", |s| s.feature_distance),
-    ("round_trip", |s| s.round_trip),
+    (fit::ROUND_TRIP, |s| s.round_trip),
 ];
 
 /// The two models and their mappers each way, as the study's switches use them.
@@ -288,5 +288,6 @@ fn fitted_line(
         held_out_r: fit::pearson(&check_half).unwrap_or(f64::NAN),
         held_out_mae: if check_half.is_empty() { f64::NAN } else { mae },
         mapper: None,
+        reverse_mapper: None,
     })
 }

@@ -33,7 +33,15 @@ pub struct GateFit {
     /// which were all measured on ridge mappers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mapper: Option<FitMapper>,
+    /// The mapper that maps back, for a line that reads the round trip: its estimate
+    /// goes through both directions' mappers, so recalibrating either one moves it.
+    /// Absent for a line on the feature distance, which reads the forward map only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverse_mapper: Option<FitMapper>,
 }
+
+/// The estimator that maps the handed-over cache back with the reverse mapper.
+pub const ROUND_TRIP: &str = "round_trip";
 
 /// Which mapper artifact a gate line was measured on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,6 +49,18 @@ pub struct FitMapper {
     /// SHA-256 of the artifact file.
     pub sha256: String,
     pub kind: MapperKind,
+}
+
+impl FitMapper {
+    /// The artifact as a line names it: its file's SHA-256 and its kind.
+    pub fn of(art: &artifact::MapperArtifact) -> Result<Self, crate::fetch::FetchError> {
+        let (sha256, _) =
+            crate::fetch::checksum::sha256_file(&art.path, &crate::fetch::SilentProgress)?;
+        Ok(Self {
+            sha256,
+            kind: art.meta.kind,
+        })
+    }
 }
 
 impl GateFit {
@@ -125,12 +145,14 @@ pub fn save(path: &Path, fit: &GateFit) -> Result<(), GateError> {
 }
 
 /// The fit kept for `source → target`, if any; one for other models, or measured on
-/// another mapper than `mapper` (the artifact the engine loaded), is refused.
+/// other mappers than `mapper` and `reverse` (the artifacts the engine loaded for the
+/// two directions), is refused.
 pub fn load(
     mapper_dir: &Path,
     source: &ModelRef,
     target: &ModelRef,
     mapper: &FitMapper,
+    reverse: &FitMapper,
 ) -> Result<Option<GateFit>, GateError> {
     let path = path_in(mapper_dir, source, target);
     let text = match std::fs::read_to_string(&path) {
@@ -172,6 +194,20 @@ pub fn load(
             )))
         }
         _ => {}
+    }
+    // Lines from before they named the reverse mapper are kept as the forward check
+    // allows: nothing in them tells which reverse mapper they read.
+    if fit.estimator == ROUND_TRIP {
+        if let Some(m) = &fit.reverse_mapper {
+            if m.sha256 != reverse.sha256 {
+                return Err(bad(format!(
+                    "it reads the round trip and was measured with another mapper back ({}) \
+                     than the {} mapper now in the directory",
+                    m.kind.name(),
+                    reverse.kind.name()
+                )));
+            }
+        }
     }
     Ok(Some(fit))
 }
@@ -228,6 +264,7 @@ mod tests {
             held_out_r: -0.5,
             held_out_mae: 0.1,
             mapper,
+            reverse_mapper: None,
         }
     }
 
@@ -245,9 +282,9 @@ mod tests {
         let f = a_fit(Some(ridge.clone()));
         let path = path_in(dir.path(), &f.source, &f.target);
         save(&path, &f).unwrap();
-        let loaded = load(dir.path(), &f.source, &f.target, &ridge).unwrap();
+        let loaded = load(dir.path(), &f.source, &f.target, &ridge, &ridge).unwrap();
         assert_eq!(loaded, Some(f.clone()));
-        let e = load(dir.path(), &f.source, &f.target, &residual)
+        let e = load(dir.path(), &f.source, &f.target, &residual, &ridge)
             .unwrap_err()
             .to_string();
         assert!(
@@ -269,14 +306,61 @@ mod tests {
             sha256: "any".into(),
             kind,
         };
+        assert!(load(
+            dir.path(),
+            &f.source,
+            &f.target,
+            &on(MapperKind::Ridge),
+            &on(MapperKind::Ridge)
+        )
+        .unwrap()
+        .is_some());
+        let e = load(
+            dir.path(),
+            &f.source,
+            &f.target,
+            &on(MapperKind::Mlp),
+            &on(MapperKind::Ridge),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("mapper now is mlp"), "{e}");
+    }
+
+    #[test]
+    fn a_round_trip_line_is_refused_after_the_reverse_mapper_changes_and_a_distance_line_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let mapper = |sha: &str, kind| FitMapper {
+            sha256: sha.into(),
+            kind,
+        };
+        let forward = mapper("f", MapperKind::Ridge);
+        let (back, back_again) = (
+            mapper("b", MapperKind::Ridge),
+            mapper("b2", MapperKind::Residual),
+        );
+        let mut f = a_fit(Some(forward.clone()));
+        f.estimator = ROUND_TRIP.into();
+        f.reverse_mapper = Some(back.clone());
+        let path = path_in(dir.path(), &f.source, &f.target);
+        save(&path, &f).unwrap();
+        assert!(load(dir.path(), &f.source, &f.target, &forward, &back)
+            .unwrap()
+            .is_some());
+        let e = load(dir.path(), &f.source, &f.target, &forward, &back_again)
+            .unwrap_err()
+            .to_string();
         assert!(
-            load(dir.path(), &f.source, &f.target, &on(MapperKind::Ridge))
+            e.contains("another mapper back (ridge)") && e.contains("residual mapper now"),
+            "{e}"
+        );
+        // The feature distance reads the forward map alone: the reverse does not matter.
+        f.estimator = "feature_distance".into();
+        save(&path, &f).unwrap();
+        assert!(
+            load(dir.path(), &f.source, &f.target, &forward, &back_again)
                 .unwrap()
                 .is_some()
         );
-        let e = load(dir.path(), &f.source, &f.target, &on(MapperKind::Mlp))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("mapper now is mlp"), "{e}");
     }
 }

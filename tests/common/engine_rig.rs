@@ -161,8 +161,9 @@ pub fn rig(dir: &Path, keep: bool, record: Option<PathBuf>) -> Rig {
 pub fn rig_with(dir: &Path, setup: impl FnOnce(&mut EngineConfig)) -> Rig {
     let (a, b) = models(dir);
     let mappers = dir.join("mappers");
-    let m01 = load::load_mapper(&mappers, &a, &b).unwrap();
-    let m10 = load::load_mapper(&mappers, &b, &a).unwrap();
+    let models = [a, b];
+    let loaded = load::load_mappers(&mappers, &models).unwrap();
+    let [a, b] = models;
     let mut config = EngineConfig::new(["a".into(), "b".into()], Device::Cpu);
     config.mapper_dir = Some(mappers);
     config.settings.max_tokens = 24;
@@ -170,7 +171,7 @@ pub fn rig_with(dir: &Path, setup: impl FnOnce(&mut EngineConfig)) -> Rig {
     config.settings.learn = false;
     setup(&mut config);
     let (etx, events) = channel();
-    let engine = engine::build(a, b, [m01, m10], config, etx).unwrap();
+    let engine = engine::build(a, b, loaded, config, etx).unwrap();
     let (tx, rx) = channel();
     Rig {
         engine,
