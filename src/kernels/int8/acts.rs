@@ -3,6 +3,9 @@
 //! the integer sums that undo the weights' unsigned offsets. Both paths quantize with
 //! the same arithmetic (round half to even, the same scale), so they see the same bytes.
 
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512;
+
 use super::super::send_ptr::SendPtr;
 use super::super::KernelPath;
 
@@ -213,7 +216,7 @@ fn a32_on(path: KernelPath, x: &[f32], out: &mut [A32]) {
     if path == KernelPath::Avx512Vnni {
         // SAFETY: the caller only picks this path where the CPU has AVX-512 VNNI (see
         // `matmul_on`); `x` holds 32 values per output block.
-        unsafe { super::vnni::quantize_a32(x, out) };
+        unsafe { avx512::quantize_a32(x, out) };
         return;
     }
     let _ = path;
@@ -224,7 +227,7 @@ fn a256_on(path: KernelPath, x: &[f32], out: &mut [A256]) {
     #[cfg(target_arch = "x86_64")]
     if path == KernelPath::Avx512Vnni {
         // SAFETY: as in `a32_on`, with 256 values per block.
-        unsafe { super::vnni::quantize_a256(x, out) };
+        unsafe { avx512::quantize_a256(x, out) };
         return;
     }
     let _ = path;

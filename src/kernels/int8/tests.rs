@@ -209,12 +209,12 @@ fn avx512vnni_and_portable_paths_agree_bit_for_bit() {
     let (mut p32, mut v32) = (vec![A32::default(); 128], vec![A32::default(); 128]);
     quantize_a32(&x, &mut p32);
     // SAFETY: AVX-512 VNNI (so F/BW/VL) is available: checked above.
-    unsafe { super::vnni::quantize_a32(&x, &mut v32) };
+    unsafe { super::acts::avx512::quantize_a32(&x, &mut v32) };
     assert_eq!(p32, v32);
     let (mut p256, mut v256) = (vec![A256::default(); 16], vec![A256::default(); 16]);
     quantize_a256(&x, &mut p256);
     // SAFETY: as above.
-    unsafe { super::vnni::quantize_a256(&x, &mut v256) };
+    unsafe { super::acts::avx512::quantize_a256(&x, &mut v256) };
     assert_eq!(p256, v256);
 
     let mut seed = 500;
