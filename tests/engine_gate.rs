@@ -191,7 +191,7 @@ fn a_round_trip_line_is_set_aside_once_the_mapper_back_is_another_and_kept_while
         }
     };
     let gate_notices = || -> Vec<String> {
-        let mut r = rig_with(dir.path(), |c| c.settings.reference = false);
+        let r = rig_with(dir.path(), |c| c.settings.reference = false);
         r.drain()
             .into_iter()
             .filter_map(|e| match e {
