@@ -53,7 +53,7 @@ pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
     )?;
     if let Some(f) = &mut study.fit {
         f.mapper = Some(measured_on);
-        if f.estimator == fit::ROUND_TRIP {
+        if f.reads_the_reverse() {
             f.reverse_mapper = Some(mapped_back_with);
         }
     }

@@ -5,6 +5,7 @@ use super::EngineError;
 use crate::calibrate::{self, saved_stats, CalibrateOptions, CalibrationProgress, Direction};
 use crate::data::corpus;
 use crate::fetch::{self, FetchProgress};
+use crate::gate::{self, fit::FitMapper};
 use crate::mapper::artifact::{self, ModelRef};
 use crate::mapper::CacheMapper;
 use crate::model::Model;
@@ -79,7 +80,8 @@ impl CalibrationProgress for LoadingEvents<'_> {
 pub struct LoadedMapper {
     pub mapper: CacheMapper,
     pub info: MapperInfo,
-    pub kind: crate::mapper::nonlinear::MapperKind,
+    /// The artifact's SHA-256 and kind, as a gate line names the mapper it was measured on.
+    pub artifact: FitMapper,
     /// Mean held-out attention cosine from calibration: the gate's estimate when no
     /// reference cache is at hand.
     pub calibration_cosine: f64,
@@ -171,17 +173,14 @@ pub fn load_mappers(dir: &Path, models: &[Model; 2]) -> Result<[LoadedMapper; 2]
         load_mapper(dir, &models[0], &models[1])?,
         load_mapper(dir, &models[1], &models[0])?,
     ];
-    let measured_on = pair.each_ref().map(|m| crate::gate::fit::FitMapper {
-        sha256: m.info.sha256.clone(),
-        kind: m.kind,
-    });
+    let measured_on = pair.each_ref().map(|m| m.artifact.clone());
     for (i, m) in pair.iter_mut().enumerate() {
         let (s, t) = (&models[i], &models[1 - i]);
         let (sr, tr) = (
             ModelRef::new(&s.identity, s.config()),
             ModelRef::new(&t.identity, t.config()),
         );
-        match crate::gate::fit::load(dir, &sr, &tr, &measured_on[i], &measured_on[1 - i]) {
+        match gate::fit::load(dir, &sr, &tr, &measured_on[i], &measured_on[1 - i]) {
             Ok(g) => m.gate = g,
             Err(e) => m.gate_problem = Some(e.to_string()),
         }
@@ -194,7 +193,7 @@ pub fn load_mappers(dir: &Path, models: &[Model; 2]) -> Result<[LoadedMapper; 2]
 pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, EngineError> {
     let (art, mapper) = artifact::open_for(Some(dir), s, t)?;
     let path = &art.path;
-    let (sha, _) = fetch::checksum::sha256_file(path, &fetch::SilentProgress)?;
+    let artifact = FitMapper::of(&art)?;
     let cos = &art.meta.report.cosine;
     Ok(LoadedMapper {
         mapper,
@@ -205,10 +204,10 @@ pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, Eng
                 .unwrap_or_default(),
             source: s.identity.name.as_str().into(),
             target: t.identity.name.as_str().into(),
-            sha256: sha,
+            sha256: artifact.sha256.clone(),
             k: art.meta.k,
         },
-        kind: art.meta.kind,
+        artifact,
         calibration_cosine: cos.iter().sum::<f64>() / cos.len().max(1) as f64,
         sequences: art.meta.corpus.sequences,
         has_source_scales: art.source_scales.is_some(),

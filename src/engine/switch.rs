@@ -252,7 +252,7 @@ pub(super) fn estimate(
     let predicted = m.gate.as_ref().and_then(|g| {
         let x = match g.estimator.as_str() {
             crate::gate::fit::ROUND_TRIP => trip,
-            "feature_distance" => distance,
+            crate::gate::fit::FEATURE_DISTANCE => distance,
             _ => None,
         };
         x.map(|x| g.predict(x))

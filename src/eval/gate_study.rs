@@ -164,7 +164,7 @@ pub fn study(
 
 /// The estimates the study compares with the measured values, by name.
 const ESTIMATORS: [(&str, Reading); 2] = [
-    ("feature_distance", |s| s.feature_distance),
+    (fit::FEATURE_DISTANCE, |s| s.feature_distance),
     (fit::ROUND_TRIP, |s| s.round_trip),
 ];
 

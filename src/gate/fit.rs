@@ -40,7 +40,10 @@ pub struct GateFit {
     pub reverse_mapper: Option<FitMapper>,
 }
 
-/// The estimator that maps the handed-over cache back with the reverse mapper.
+/// The estimators a line can read, by the names the line keeps: the feature distance
+/// reads the forward map alone; the round trip maps the handed-over cache back with the
+/// reverse mapper.
+pub const FEATURE_DISTANCE: &str = "feature_distance";
 pub const ROUND_TRIP: &str = "round_trip";
 
 /// Which mapper artifact a gate line was measured on.
@@ -64,6 +67,11 @@ impl FitMapper {
 }
 
 impl GateFit {
+    /// Whether the line's estimate goes through the reverse mapper too.
+    pub fn reads_the_reverse(&self) -> bool {
+        self.estimator == ROUND_TRIP
+    }
+
     /// The attention cosine the line predicts for an estimate.
     pub fn predict(&self, estimate: f64) -> f64 {
         (self.intercept + self.slope * estimate).clamp(-1.0, 1.0)
@@ -197,7 +205,7 @@ pub fn load(
     }
     // Lines from before they named the reverse mapper are kept as the forward check
     // allows: nothing in them tells which reverse mapper they read.
-    if fit.estimator == ROUND_TRIP {
+    if fit.reads_the_reverse() {
         if let Some(m) = &fit.reverse_mapper {
             if m.sha256 != reverse.sha256 {
                 return Err(bad(format!(
@@ -256,7 +264,7 @@ mod tests {
             version: VERSION,
             source: model("a"),
             target: model("b"),
-            estimator: "feature_distance".into(),
+            estimator: FEATURE_DISTANCE.into(),
             intercept: 0.9,
             slope: -0.5,
             fitted_on: 30,
@@ -355,7 +363,7 @@ mod tests {
             "{e}"
         );
         // The feature distance reads the forward map alone: the reverse does not matter.
-        f.estimator = "feature_distance".into();
+        f.estimator = FEATURE_DISTANCE.into();
         save(&path, &f).unwrap();
         assert!(
             load(dir.path(), &f.source, &f.target, &forward, &back_again)

@@ -20,6 +20,8 @@
 #![allow(clippy::needless_range_loop, clippy::type_complexity)]
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod avx512_exp;
 pub mod int8;
 pub mod par;
 mod send_ptr;

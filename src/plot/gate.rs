@@ -67,7 +67,7 @@ fn draw<DB: DrawingBackend>(
                 .iter()
                 .filter_map(|s| s.feature_distance.map(|d| (d, s.cosine)))
                 .collect::<Vec<_>>(),
-            "feature_distance",
+            crate::gate::fit::FEATURE_DISTANCE,
         ),
         (
             &right,
@@ -77,7 +77,7 @@ fn draw<DB: DrawingBackend>(
                 .iter()
                 .filter_map(|s| s.round_trip.map(|r| (r, s.cosine)))
                 .collect::<Vec<_>>(),
-            "round_trip",
+            crate::gate::fit::ROUND_TRIP,
         ),
     ];
     for (area, name, points, estimator) in panels {

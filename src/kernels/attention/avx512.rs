@@ -9,6 +9,7 @@
 //! passed [`Causal::validate`](super::Causal) (every index the loops form lies inside
 //! its slice), with a head size that is a multiple of 16 and at most 256.
 
+use super::super::avx512_exp::exp;
 use super::super::send_ptr::SendPtr;
 use super::Causal;
 use std::arch::x86_64::*;
@@ -120,26 +121,6 @@ fn reduce16(v: &[__m512; 16]) -> __m512 {
     // r[4L + m] holds vector 4m + L.
     let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     _mm512_permutexvar_ps(idx, r)
-}
-
-/// e^x (Cephes-style polynomial, ~1 ulp), deterministic for a given input; 0 far below.
-#[target_feature(enable = "avx512f")]
-fn exp(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-104.0));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-    );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm512_set1_ps(1.987_569_1e-4);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.398_199_9e-3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5e-1));
-    let r2 = _mm512_mul_ps(r, r);
-    let y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
-    _mm512_scalef_ps(y, n)
 }
 
 /// Softmax numerators in place over `n` scores (padded to a multiple of 16); returns

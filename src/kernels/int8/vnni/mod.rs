@@ -16,6 +16,7 @@ mod blocks;
 mod expand;
 mod gemv;
 
+use super::super::avx512_exp::exp;
 use super::acts::{Acts, A256, A32};
 use super::packed::{Kind, Packed};
 use super::{Epilogue, Item, JobRef, NT, RB};
@@ -69,30 +70,9 @@ pub(super) fn with_work(f: impl FnOnce(&mut Work)) {
 /// portable path's `silu`).
 #[target_feature(enable = "avx512f")]
 fn silu(x: __m512) -> __m512 {
-    let nx = _mm512_sub_ps(_mm512_setzero_ps(), x);
-    // e^-x: clamp to keep the polynomial in range; far out silu is x or 0 anyway.
-    let nx = _mm512_min_ps(
-        _mm512_max_ps(nx, _mm512_set1_ps(-104.0)),
-        _mm512_set1_ps(88.0),
-    );
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(nx, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-    );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), nx);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm512_set1_ps(1.987_569_1e-4);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.398_199_9e-3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5e-1));
-    let e = _mm512_scalef_ps(
-        _mm512_add_ps(
-            _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
-            _mm512_set1_ps(1.0),
-        ),
-        n,
-    );
+    // e^-x, clamped above as well: far out silu is x or 0 anyway.
+    let nx = _mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), x), _mm512_set1_ps(88.0));
+    let e = exp(nx);
     _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e))
 }
 
