@@ -13,7 +13,12 @@ fn main() {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     let cli = cli::Cli::parse();
-    let _log = baton::logging::init_file_logging(&baton::logging::default_log_dir()).ok();
+    // A log file that cannot be written (a shared cache's logs/ owned by someone else)
+    // is said once and never stops the command.
+    let log = baton::logging::init_logging_or_warn(&baton::logging::default_log_dir());
+    if let Some(warning) = &log.warning {
+        eprintln!("warning: {warning}");
+    }
     if let Err(e) = cli::run(cli) {
         let line = cli::error_line(&e);
         tracing::error!("{line}");

@@ -22,9 +22,17 @@ fn repaired_by_turn(s: &Session) -> BTreeMap<u32, usize> {
         .collect()
 }
 
+/// The minor version of the session format that added `repaired` to `turn_started`.
+/// A file of an earlier minor says nothing about repairs, which is not the same as
+/// saying none was underway.
+const REPAIRED_SINCE_MINOR: u32 = 5;
+
 /// A line for every turn whose answer started over a cache repaired to another point in
-/// the replay than in the recording.
+/// the replay than in the recording. Nothing when either file predates the field.
 pub(super) fn compare(recorded: &Session, replayed: &Session) -> Vec<String> {
+    if recorded.header.minor.min(replayed.header.minor) < REPAIRED_SINCE_MINOR {
+        return Vec::new();
+    }
     let (a, b) = (repaired_by_turn(recorded), repaired_by_turn(replayed));
     let turns: std::collections::BTreeSet<u32> = a.keys().chain(b.keys()).copied().collect();
     let said = |r: Option<&usize>| match r {
@@ -87,6 +95,19 @@ mod tests {
         );
         let c = with_repaired(s, turn, None);
         assert!(compare(&a, &c)[0].contains("no repair underway"));
+    }
+
+    #[test]
+    fn a_recording_from_before_the_field_existed_reports_no_repair_difference() {
+        let s = fixtures::session();
+        let turn = repaired_turn(&s);
+        let mut old = with_repaired(s.clone(), turn, None);
+        old.header.minor = REPAIRED_SINCE_MINOR - 1;
+        let replayed = with_repaired(s, turn, Some(256));
+        assert!(compare(&old, &replayed).is_empty());
+        // The same pair read as the current minor is a real difference.
+        old.header.minor = REPAIRED_SINCE_MINOR;
+        assert_eq!(compare(&old, &replayed).len(), 1);
     }
 
     /// A turn of the fixture answered on the mapped path.
