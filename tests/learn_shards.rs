@@ -346,3 +346,40 @@ fn statistics_an_earlier_version_kept_are_a_base_the_shards_add_to_and_stay_as_t
     assert!(store::reset(&at).unwrap());
     assert!(store::read_meta(&at).unwrap().is_none());
 }
+
+/// `path`'s modification time set `secs` seconds back.
+fn age(path: &Path, secs: u64) {
+    let f = std::fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(secs))
+        .unwrap();
+}
+
+#[test]
+fn a_learner_starting_clears_what_killed_writers_left_and_keeps_a_live_ones() {
+    let (dir, _tiny, a, b) = calibrated();
+    let (at, meta, sr, tr) = learned(dir.path(), &a, &b);
+    let kept = store::append(&at, &meta, &update(&sr, &tr, 16, 1), &step("one", 16)).unwrap();
+    let shards = at.join(shard::SHARDS);
+    // A write killed mid-way: its folder, unlocked, with the writer's half file.
+    let dead = shards.join(".00000000000000000001-4242-0.partial");
+    std::fs::create_dir(&dead).unwrap();
+    std::fs::write(dead.join(".tmpAbC123"), vec![0u8; 1 << 20]).unwrap();
+    std::fs::write(dead.join("writer.lock"), b"").unwrap();
+    age(&dead.join("writer.lock"), 3600);
+    // An earlier version's loose temporary file, long past any write.
+    let loose = shards.join(".tmpXyZ789");
+    std::fs::write(&loose, vec![0u8; 1 << 20]).unwrap();
+    age(&loose, 2 * 86_400);
+    // A write in progress in another process: its folder's lock is held.
+    let live = shards.join(".00000000000000000002-4343-0.partial");
+    std::fs::create_dir(&live).unwrap();
+    let lock = std::fs::File::create(live.join("writer.lock")).unwrap();
+    lock.lock().unwrap();
+    age(&live.join("writer.lock"), 3600);
+
+    let opened = open(&a, &b, dir.path(), true);
+    assert_eq!(opened.meta.tokens, 16);
+    assert!(!dead.exists() && !loose.exists());
+    assert!(live.is_dir() && kept.is_file());
+    drop(lock);
+}

@@ -332,3 +332,139 @@ fn a_variant_without_the_switch_gives_the_source_alone_and_the_gap_recovered() {
         "{text}"
     );
 }
+
+#[test]
+fn a_second_run_of_a_shard_is_refused_naming_the_first_and_a_dead_runs_leftovers_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    study_in(d);
+    ok(&baton(&["study", "plan", "study.toml", "--out", "out"], d));
+    let out = d.join("out");
+    let manifest = baton::study::read_manifest(&out).unwrap().unwrap();
+    std::fs::create_dir_all(out.join("items")).unwrap();
+    let leftover = out
+        .join("items")
+        .join(format!("{}.jsonl.4242.partial", manifest.items[0].id));
+    std::fs::write(&leftover, "{\"cut").unwrap();
+
+    // The first run holds the shard: the second records nothing and touches nothing.
+    let first = baton::study::lock::acquire(&out, baton::study::Shard::WHOLE).unwrap();
+    let o = baton(&["study", "run", "study.toml", "--out", "out"], d);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", std::process::id()))
+            && err.contains("shard 0/1")
+            && err.contains("another --out"),
+        "{err}"
+    );
+    assert!(!err.contains("[1/4]"), "no item ran: {err}");
+    assert_eq!(
+        sessions(&out),
+        vec![leftover.file_name().unwrap().to_string_lossy().into_owned()]
+    );
+
+    // It ends (its lock file stays behind, naming it): the next run goes ahead and
+    // clears what the dead run left half-recorded.
+    drop(first);
+    let err = ok(&baton(&["study", "run", "study.toml", "--out", "out"], d));
+    assert!(err.contains("4 recorded"), "{err}");
+    assert!(!leftover.exists());
+    assert!(
+        sessions(&out).iter().all(|n| n.ends_with(".jsonl")),
+        "{:?}",
+        sessions(&out)
+    );
+
+    // One item's file replaced by another file: the report says so and goes on.
+    let foreign = out
+        .join("items")
+        .join(format!("{}.jsonl", manifest.items[1].id));
+    std::fs::write(&foreign, "some other file\n").unwrap();
+    let o = baton(&["study", "report", "out"], d);
+    let text = ok_stdout(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("warning: item {} skipped", manifest.items[1].id)),
+        "{err}"
+    );
+    assert!(
+        text.contains("3 of 4 items recorded") && text.contains("SKIPPED: 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_output_directory_that_cannot_be_written_is_refused_before_any_model_loads() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    study_in(d);
+    ok(&baton(&["study", "plan", "study.toml", "--out", "out"], d));
+    let chmod = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    for sub in ["out/items", "fresh", "writable", "writable/items", "logs"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    // Root writes whatever the mode says: where the test is root's, the run is another
+    // user's, who may read the study and the models and write the logs only.
+    let root = std::fs::metadata(d).unwrap().uid() == 0;
+    chmod(d, 0o755);
+    chmod(&d.join("logs"), 0o777);
+    std::fs::copy(
+        d.join("out/manifest.json"),
+        d.join("writable/manifest.json"),
+    )
+    .unwrap();
+    chmod(&d.join("writable"), 0o777);
+    let unwritable = ["out", "out/items", "fresh", "writable/items"];
+    for p in unwritable {
+        chmod(&d.join(p), 0o555);
+    }
+    // The other user may not reach the build's binary: it runs a link to it (or a copy,
+    // across file systems) in the study's directory.
+    let bin = if root {
+        let at = d.join("baton");
+        let built = Path::new(env!("CARGO_BIN_EXE_baton"));
+        if std::fs::hard_link(built, &at).is_err() {
+            std::fs::copy(built, &at).unwrap();
+        }
+        at
+    } else {
+        env!("CARGO_BIN_EXE_baton").into()
+    };
+    let run = |out: &str| {
+        let mut c = Command::new(&bin);
+        c.args(["study", "run", "study.toml", "--out", out])
+            .current_dir(d)
+            .env("BATON_CACHE_DIR", d.join("cache"))
+            .env("BATON_LOG_DIR", d.join("logs"));
+        if root {
+            c.uid(65534).gid(65534);
+        }
+        c.output().unwrap()
+    };
+    // The lock, the items folder, and (with no manifest yet) the manifest each refuse.
+    for (out, names) in [
+        ("out", ".shard-0-of-1.lock"),
+        ("writable", "items"),
+        ("fresh", ".manifest.json"),
+    ] {
+        let o = run(out);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(!o.status.success(), "{out}: {err}");
+        assert!(
+            err.contains("cannot write")
+                && err.contains(&format!("{out}/{names}"))
+                && err.contains("--out")
+                && !err.contains("cannot read"),
+            "{out}: {err}"
+        );
+        assert!(!err.contains("[1/4]"), "{out}: an item ran: {err}");
+    }
+    for p in unwritable {
+        chmod(&d.join(p), 0o755);
+    }
+}

@@ -134,6 +134,9 @@ fn report(a: ReportArgs) -> Result<()> {
         );
     };
     let r = study::report::report(&manifest, &a.out, a.against.as_deref())?;
+    for u in &r.unreadable {
+        eprintln!("warning: item {} skipped: {}", u.id, u.reason);
+    }
     if let Some(path) = &a.plot {
         baton::plot::study::write_study_plot(&r, path)?;
         eprintln!("drift curves drawn to {}", path.display());

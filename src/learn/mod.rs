@@ -33,6 +33,7 @@ mod learner;
 pub mod open;
 mod refit;
 pub mod shard;
+pub mod staging;
 mod step;
 pub mod store;
 

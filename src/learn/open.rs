@@ -113,6 +113,8 @@ pub fn open(
         tgt.config().head_dim,
     )?;
     let dir = store::learned_dir_in(mapper_dir, &sr, &tr);
+    // A start of learning is where what a killed writer left is cleared away.
+    super::staging::remove_leftovers(&dir.join(super::shard::SHARDS));
     let mut stats = calibration;
     let meta = match use_learned {
         true => store::load_into(&dir, &mut stats, &sr, &tr)?,

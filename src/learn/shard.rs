@@ -3,17 +3,19 @@
 //! positions, RoPE stripped, f32, `[positions, layers·width]`), and its header metadata
 //! says which models they are of and the step that took them ([`LearnedStep`]).
 //!
-//! A shard is written under a temporary name in the same directory, flushed to disk and
-//! renamed into place under a name no other writer uses (time, process, counter), so
-//! writers never touch each other's files: two runs learning at once each add their own
-//! shards, and a reader sees a shard whole or not at all. The step rides in the shard's
-//! own header, so a step and its features are one file and one rename.
+//! A shard is written under a temporary name in a folder of its own beside the shards
+//! ([`super::staging`]), flushed to disk and renamed into place under a name no other
+//! writer uses (time, process, counter), so writers never touch each other's files: two
+//! runs learning at once each add their own shards, and a reader sees a shard whole or
+//! not at all. The step rides in the shard's own header, so a step and its features are
+//! one file and one rename.
 //!
 //! Features, not statistics: a shard grows with the positions it learned (about 80 kB a
 //! position between Qwen2.5-Coder 0.5B and 1.5B), where the statistics of the same
 //! update would weigh what the calibration's do (0.5 to 1.2 GB) however little it held.
 
 use super::learner::Update;
+use super::staging::Staging;
 use super::step::LearnedStep;
 use super::LearnError;
 use crate::calibrate::WindowFeatures;
@@ -92,7 +94,6 @@ pub fn write(dir: &Path, header: &ShardHeader, update: &Update) -> Result<PathBu
     let folder = dir.join(SHARDS);
     std::fs::create_dir_all(&folder).map_err(|e| bad(&folder, e.to_string()))?;
     let name = unique_name();
-    let partial = folder.join(format!(".{name}.partial"));
     let path = folder.join(format!("{name}{EXT}"));
     let json = |e: serde_json::Error| bad(&path, e.to_string());
     let meta = HashMap::from([
@@ -128,14 +129,17 @@ pub fn write(dir: &Path, header: &ShardHeader, update: &Update) -> Result<PathBu
             },
         )
     });
+    // Written in a locked folder of its own, so that what a killed write leaves is known
+    // for a dead writer's and removed at the next start (see `staging`).
     let written = (|| -> std::io::Result<()> {
+        let staging = Staging::new(&folder, &name)?;
+        let partial = staging.join("shard");
         safetensors::serialize_to_file(tensors, Some(meta), &partial)
             .map_err(std::io::Error::other)?;
         std::fs::File::open(&partial)?.sync_all()?;
         std::fs::rename(&partial, &path)
     })();
     if let Err(e) = written {
-        let _ = std::fs::remove_file(&partial);
         return Err(bad(&path, e.to_string()));
     }
     // The rename is only durable once the folder is; a failure here leaves the shard in

@@ -5,6 +5,8 @@
 pub mod file;
 mod gap;
 mod items;
+mod leftovers;
+pub mod lock;
 pub mod plan;
 pub mod recall_scripts;
 pub mod report;
@@ -23,6 +25,30 @@ pub enum StudyError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "cannot write {path}: {source}; make that directory writable, or give another --out \
+         directory"
+    )]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "shard {shard} of {dir} is being run by another `baton study run` ({holder}): wait \
+         for it to end, or give another --out directory (the lock, {lock}, is released when \
+         that process ends)"
+    )]
+    Running {
+        dir: PathBuf,
+        shard: String,
+        holder: String,
+        lock: PathBuf,
+    },
+    #[error(
+        "work item id {id:?} {reason}: an id names its session file under items/, so it must \
+         be a plain file name"
+    )]
+    BadItemId { id: String, reason: String },
     #[error("study file {path}: {reason}")]
     File { path: PathBuf, reason: String },
     #[error("a script of the study does not parse: {0}")]
@@ -40,10 +66,11 @@ pub enum StudyError {
 /// Saves `manifest` in `dir` (created if missing), or finds it there already: a
 /// directory holding another study's manifest is refused and left untouched.
 pub fn save_manifest(dir: &Path, manifest: &Manifest) -> Result<PathBuf, StudyError> {
-    let io = |path: &Path, e: std::io::Error| StudyError::Io {
+    let io = |path: &Path, e: std::io::Error| StudyError::Write {
         path: path.to_path_buf(),
         source: e,
     };
+    manifest.check_ids()?;
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let path = dir.join(MANIFEST_FILE);
     if let Some(there) = read_manifest(dir)? {
@@ -73,10 +100,10 @@ pub fn save_manifest(dir: &Path, manifest: &Manifest) -> Result<PathBuf, StudyEr
     placed?;
     match read_manifest(dir)? {
         Some(there) => same_study(dir, &there, manifest).map(|()| path),
-        None => Err(io(
-            &path,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "gone right after saving"),
-        )),
+        None => Err(StudyError::Io {
+            path,
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "gone right after saving"),
+        }),
     }
 }
 
@@ -130,6 +157,12 @@ pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>, StudyError> {
             ),
         });
     }
+    // An id is joined to the items folder: one edited to `../x` would be read, and
+    // written, outside the output directory.
+    m.check_ids().map_err(|e| StudyError::BadManifest {
+        path,
+        reason: e.to_string(),
+    })?;
     Ok(Some(m))
 }
 

@@ -42,6 +42,37 @@ pub struct Manifest {
     pub items: Vec<WorkItem>,
 }
 
+impl Manifest {
+    /// Refuses an item id that is not a plain file name: the session path joins it to
+    /// the items folder, so a separator or `..` would lead outside it.
+    pub fn check_ids(&self) -> Result<(), StudyError> {
+        for item in &self.items {
+            if let Some(reason) = not_plain(&item.id) {
+                return Err(StudyError::BadItemId {
+                    id: item.id.clone(),
+                    reason: reason.into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why `name` is not a plain file name, if it is not.
+fn not_plain(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("is empty")
+    } else if name == "." || name == ".." {
+        Some("names a directory")
+    } else if name.contains(['/', '\\']) {
+        Some("holds a path separator")
+    } else if name.contains('\0') {
+        Some("holds a NUL character")
+    } else {
+        None
+    }
+}
+
 fn file_safe(s: &str) -> String {
     s.chars()
         .map(|c| {

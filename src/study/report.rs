@@ -32,11 +32,22 @@ pub struct StudyReport {
     pub items: usize,
     /// Items of the manifest with no session (not run, failed, or still running).
     pub missing: Vec<String>,
+    /// Items whose file is there but does not read as a session (another file put in
+    /// its place, or a damaged one): left out of every figure, with why.
+    #[serde(default)]
+    pub unreadable: Vec<Unreadable>,
     pub groups: Vec<Group>,
     /// Each other variant against `--against`, on the conversations both ran.
     pub comparisons: Vec<Comparison>,
     /// Items whose mapped answers differ between repeats of the same conversation.
     pub differing_repeats: Vec<String>,
+}
+
+/// An item's file that is not a session this report can read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unreadable {
+    pub id: String,
+    pub reason: String,
 }
 
 /// One variant in one direction.
@@ -129,14 +140,27 @@ pub fn report(
             )));
         }
     }
+    manifest.check_ids()?;
     let mut missing = Vec::new();
+    let mut unreadable = Vec::new();
     let mut read: Vec<ReadItem<'_>> = Vec::new();
     for item in &manifest.items {
         let path = session_path(out, item);
-        if path.is_file() {
-            read.push((item, item_turns(item, &path)?));
-        } else {
+        if !path.is_file() {
             missing.push(item.id.clone());
+            continue;
+        }
+        // One file that is not a session says nothing about the others: the report
+        // goes on without it and names it.
+        match item_turns(item, &path) {
+            Ok(turns) => read.push((item, turns)),
+            Err(e) => {
+                tracing::warn!("study report: skipped {}: {e}", path.display());
+                unreadable.push(Unreadable {
+                    id: item.id.clone(),
+                    reason: e.to_string(),
+                });
+            }
         }
     }
     let mut groups = Vec::new();
@@ -176,6 +200,7 @@ pub fn report(
         study: manifest.study.clone(),
         items: manifest.items.len(),
         missing,
+        unreadable,
         groups,
         comparisons,
         differing_repeats: differing_repeats(&read),
@@ -349,8 +374,23 @@ fn est(e: &Option<Estimate>) -> String {
 pub fn render(r: &StudyReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    let done = r.items - r.missing.len();
+    let done = r.items - r.missing.len() - r.unreadable.len();
     let _ = writeln!(s, "study {}: {done} of {} items recorded", r.study, r.items);
+    if !r.unreadable.is_empty() {
+        let n = r.unreadable.len();
+        let _ = writeln!(
+            s,
+            "SKIPPED: {n} {} not a session this report reads (left out of every figure):",
+            if n == 1 {
+                "item's file is"
+            } else {
+                "items' files are"
+            }
+        );
+        for u in &r.unreadable {
+            let _ = writeln!(s, "  {}: {}", u.id, u.reason);
+        }
+    }
     if !r.missing.is_empty() {
         let n = r.missing.len();
         let _ = writeln!(

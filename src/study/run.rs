@@ -4,6 +4,8 @@
 //! Several items run at once with `jobs`, each on an engine of its own.
 
 use super::file::{Study, Variant};
+use super::leftovers;
+use super::lock::{self, ShardLock};
 use super::plan::{Manifest, Shard, WorkItem};
 use super::StudyError;
 use crate::engine::{EngineConfig, RereadOverride, SettingsOverrides};
@@ -87,8 +89,39 @@ pub fn item_config(
     Ok((cfg, steps))
 }
 
+/// Makes `out` ready for `shard`'s run, before any model loads: its items folder there
+/// and writable, the shard's lock taken (refused while another run holds it), and what
+/// a killed run of the shard left half-recorded removed.
+pub fn prepare(out: &Path, manifest: &Manifest, shard: Shard) -> Result<ShardLock, StudyError> {
+    manifest.check_ids()?;
+    let dir = out.join(ITEMS_DIR);
+    std::fs::create_dir_all(&dir).map_err(|e| StudyError::Write {
+        path: dir.clone(),
+        source: e,
+    })?;
+    let lock = lock::acquire(out, shard)?;
+    // A folder that exists can still refuse new files, which would otherwise show only
+    // as every item failing once its models are loaded.
+    let probe = dir.join(format!(".write-check.{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(|e| StudyError::Write {
+        path: probe.clone(),
+        source: e,
+    })?;
+    let _ = std::fs::remove_file(&probe);
+    let removed = leftovers::remove_partials(out, manifest, shard, &lock)?;
+    if removed > 0 {
+        tracing::info!(
+            "removed {removed} half-recorded sessions of shard {}/{} from a run that ended",
+            shard.index,
+            shard.count
+        );
+    }
+    Ok(lock)
+}
+
 /// Runs the items of `shard` not finished yet under `out`, `jobs` at a time; `told` hears
-/// of each as it ends. The study's manifest must be saved in `out` already.
+/// of each as it ends. The study's manifest must be saved in `out` already; the shard is
+/// locked for the run (see [`prepare`]).
 pub fn run_items(
     study: &Study,
     manifest: &Manifest,
@@ -98,11 +131,7 @@ pub fn run_items(
     device: &Device,
     told: &(dyn Fn(&WorkItem, &Outcome) + Sync),
 ) -> Result<Vec<(String, Outcome)>, StudyError> {
-    let dir = out.join(ITEMS_DIR);
-    std::fs::create_dir_all(&dir).map_err(|e| StudyError::Io {
-        path: dir.clone(),
-        source: e,
-    })?;
+    let _lock = prepare(out, manifest, shard)?;
     let items = shard.items(manifest);
     let next = AtomicUsize::new(0);
     let results = Mutex::new(Vec::with_capacity(items.len()));

@@ -254,3 +254,133 @@ fn shards_saving_the_manifest_at_once_all_find_it() {
         .collect();
     assert_eq!(left, vec![std::ffi::OsString::from(MANIFEST_FILE)]);
 }
+
+#[test]
+fn an_item_id_that_is_not_a_plain_name_is_refused_when_saved_and_when_read() {
+    let (d, path) = study_dir(STUDY);
+    let good = plan(&Study::load(&path).unwrap());
+    for (bad, why) in [
+        ("../../escaped", "path separator"),
+        ("..", "names a directory"),
+        ("", "is empty"),
+        ("a\0b", "NUL"),
+        ("a\\b", "path separator"),
+    ] {
+        let mut m = good.clone();
+        m.items[3].id = bad.into();
+        let out = d.path().join("made");
+        let e = save_manifest(&out, &m).unwrap_err().to_string();
+        assert!(e.contains(&format!("{bad:?}")) && e.contains(why), "{e}");
+        assert!(!out.join(MANIFEST_FILE).exists(), "nothing saved");
+
+        // A saved manifest edited to hold it.
+        let out = d.path().join("edited");
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join(MANIFEST_FILE), serde_json::to_string(&m).unwrap()).unwrap();
+        let e = read_manifest(&out).unwrap_err();
+        assert!(matches!(e, StudyError::BadManifest { .. }), "{e}");
+        let e = e.to_string();
+        assert!(
+            e.contains(&format!("{bad:?}")) && e.contains("plain file name"),
+            "{e}"
+        );
+        assert!(report::report(&m, &out, None).is_err());
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_session_is_skipped_by_the_report_with_its_reason() {
+    let (d, path) = study_dir(STUDY);
+    let m = plan(&Study::load(&path).unwrap());
+    let out = d.path().join("out");
+    save_manifest(&out, &m).unwrap();
+    let items = out.join(run::ITEMS_DIR);
+    std::fs::create_dir_all(&items).unwrap();
+    std::fs::write(run::session_path(&out, &m.items[2]), "not a session\n").unwrap();
+    let r = report::report(&m, &out, Some("map")).unwrap();
+    assert_eq!(r.unreadable.len(), 1);
+    assert_eq!(r.unreadable[0].id, m.items[2].id);
+    assert!(
+        r.unreadable[0].reason.contains("session"),
+        "{:?}",
+        r.unreadable
+    );
+    assert_eq!(r.missing.len(), m.items.len() - 1);
+    let text = report::render(&r);
+    assert!(
+        text.contains("0 of 16 items recorded") && text.contains("SKIPPED: 1 item's file"),
+        "{text}"
+    );
+}
+
+/// `out` with a half-recorded session of every item, as killed runs leave them.
+fn partials_of_every_item(out: &std::path::Path, m: &Manifest) -> Vec<std::path::PathBuf> {
+    let items = out.join(run::ITEMS_DIR);
+    std::fs::create_dir_all(&items).unwrap();
+    m.items
+        .iter()
+        .map(|i| {
+            let p = items.join(format!("{}.jsonl.4242.partial", i.id));
+            std::fs::write(&p, "{\"cut").unwrap();
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_removes_its_shards_half_recorded_sessions_only_while_it_holds_the_lock() {
+    let (d, path) = study_dir(STUDY);
+    let m = plan(&Study::load(&path).unwrap());
+    let out = d.path().join("out");
+    save_manifest(&out, &m).unwrap();
+    let partials = partials_of_every_item(&out, &m);
+    let kept = [".failed", ""].map(|ext| {
+        let p = run::session_path(&out, &m.items[0]).with_extension(format!("jsonl{ext}"));
+        std::fs::write(&p, "kept").unwrap();
+        p
+    });
+    let half = Shard::new(0, 2).unwrap();
+
+    // Another run holds the shard: nothing of its items is touched.
+    let other = lock::acquire(&out, half).unwrap();
+    let e = run::prepare(&out, &m, half).unwrap_err().to_string();
+    assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+    assert!(partials.iter().all(|p| p.exists()));
+    drop(other);
+
+    let _held = run::prepare(&out, &m, half).unwrap();
+    for (k, p) in partials.iter().enumerate() {
+        assert_eq!(p.exists(), k % 2 == 1, "{}", p.display());
+    }
+    assert!(
+        kept.iter().all(|p| p.is_file()),
+        "sessions and failed runs stay"
+    );
+}
+
+#[test]
+fn an_output_directory_that_cannot_take_files_is_refused_as_a_write() {
+    let (d, path) = study_dir(STUDY);
+    let m = plan(&Study::load(&path).unwrap());
+    // A file where the items folder belongs.
+    let out = d.path().join("out");
+    save_manifest(&out, &m).unwrap();
+    std::fs::write(out.join(run::ITEMS_DIR), "in the way").unwrap();
+    let e = run::prepare(&out, &m, Shard::WHOLE)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("cannot write") && e.contains("items") && e.contains("--out"),
+        "{e}"
+    );
+    // A file where the output directory belongs.
+    let blocked = d.path().join("blocked");
+    std::fs::write(&blocked, "in the way").unwrap();
+    let e = save_manifest(&blocked.join("out"), &m)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("cannot write") && e.contains("blocked"),
+        "{e}"
+    );
+}
