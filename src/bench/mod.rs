@@ -9,7 +9,7 @@ pub mod run;
 pub mod switch;
 
 pub use bench_json::{BenchReport, DirectionBench};
-pub use run::{sweep, BenchError, SweepPlan};
+pub use run::{check_plan, sweep, BenchError, SweepPlan, MIN_LENGTH};
 pub use switch::{
     bench_point, linear_fit, mapper_cost, BenchOptions, BenchPoint, MapperCost, Spread,
 };

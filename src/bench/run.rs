@@ -13,9 +13,15 @@ use std::path::Path;
 pub enum BenchError {
     #[error("--lengths: {tokens} tokens is outside 2..{max} (the models' context)")]
     Length { tokens: usize, max: usize },
+    #[error("--lengths: a context of {tokens} tokens is too short to hand over a suffix: the smallest length is {MIN_LENGTH} (one token before a one-token suffix)")]
+    TooShort { tokens: usize },
+    #[error("--lengths is empty: give one or more context lengths, e.g. --lengths 128,1024")]
+    NoLengths,
     #[error("--repeats 0 times nothing: use --repeats 1 or more")]
     NoRepeats,
-    #[error("--suffix {suffix} must be at least 1 and shorter than every length (here {tokens}): the suffix is the new part of a longer context")]
+    #[error("--suffix 0 hands over nothing: use --suffix 1 or more")]
+    NoSuffix,
+    #[error("--suffix {suffix} is not shorter than the length {tokens} in --lengths: the suffix is the new part of a longer context; give a smaller --suffix or longer --lengths")]
     Suffix { suffix: usize, tokens: usize },
     #[error(transparent)]
     Artifact(#[from] ArtifactError),
@@ -46,8 +52,8 @@ pub fn sweep(
         .map(|(s, t)| s.config().context_length.min(t.config().context_length))
         .min()
         .unwrap_or(0);
-    check_lengths(plan.lengths, max)?;
-    check_options(plan.lengths, &plan.options)?;
+    let lengths = check_plan(plan.lengths, &plan.options)?;
+    check_lengths(&lengths, max)?;
     let opts = plan.options;
     let mut results = Vec::new();
     for &(s, t) in directions {
@@ -58,7 +64,7 @@ pub fn sweep(
         on_line(&bench_json::cost_line(&direction, art.meta.k, &cost));
         on_line(&bench_json::table_header());
         let mut points = Vec::new();
-        for &n in plan.lengths {
+        for &n in &lengths {
             let p = bench_point(s, t, &mapper, n, &opts)?;
             on_line(&bench_json::table_row(&p));
             points.push(p);
@@ -79,27 +85,46 @@ pub fn sweep(
     })
 }
 
-/// Every length must leave room for a suffix and fit both models' context.
-fn check_lengths(lengths: &[usize], max: usize) -> Result<(), BenchError> {
-    match lengths.iter().find(|&&l| l >= max || l < 2) {
-        Some(&tokens) => Err(BenchError::Length { tokens, max }),
-        None => Ok(()),
-    }
-}
+/// The shortest context a suffix can be handed over in: one token before a one-token
+/// suffix.
+pub const MIN_LENGTH: usize = 2;
 
-/// What the options ask for must be what is timed: nothing is quietly changed.
-fn check_options(lengths: &[usize], opts: &BenchOptions) -> Result<(), BenchError> {
+/// The lengths to time, each once in the order given, once they and the options are
+/// known to ask for what can be timed: nothing is quietly changed. Needs no model, so a
+/// command checks its flags with it before loading any.
+pub fn check_plan(lengths: &[usize], opts: &BenchOptions) -> Result<Vec<usize>, BenchError> {
+    if lengths.is_empty() {
+        return Err(BenchError::NoLengths);
+    }
+    if let Some(&tokens) = lengths.iter().find(|&&l| l < MIN_LENGTH) {
+        return Err(BenchError::TooShort { tokens });
+    }
     if opts.repeats == 0 {
         return Err(BenchError::NoRepeats);
     }
-    match lengths
-        .iter()
-        .find(|&&l| opts.suffix == 0 || opts.suffix >= l)
-    {
-        Some(&tokens) => Err(BenchError::Suffix {
+    if opts.suffix == 0 {
+        return Err(BenchError::NoSuffix);
+    }
+    if let Some(&tokens) = lengths.iter().find(|&&l| opts.suffix >= l) {
+        return Err(BenchError::Suffix {
             suffix: opts.suffix,
             tokens,
-        }),
+        });
+    }
+    // A length given twice would be timed twice and drawn as two points.
+    let mut distinct = Vec::with_capacity(lengths.len());
+    for &l in lengths {
+        if !distinct.contains(&l) {
+            distinct.push(l);
+        }
+    }
+    Ok(distinct)
+}
+
+/// Every length must fit both models' context.
+fn check_lengths(lengths: &[usize], max: usize) -> Result<(), BenchError> {
+    match lengths.iter().find(|&&l| l >= max) {
+        Some(&tokens) => Err(BenchError::Length { tokens, max }),
         None => Ok(()),
     }
 }
@@ -108,31 +133,69 @@ fn check_options(lengths: &[usize], opts: &BenchOptions) -> Result<(), BenchErro
 mod tests {
     use super::*;
 
-    #[test]
-    fn zero_repeats_and_a_suffix_outside_every_length_are_refused_not_clamped() {
-        let o = |repeats, suffix| BenchOptions {
+    fn o(repeats: usize, suffix: usize) -> BenchOptions {
+        BenchOptions {
             repeats,
             suffix,
             reread: None,
-        };
-        assert!(check_options(&[128, 1024], &o(3, 64)).is_ok());
-        assert!(matches!(
-            check_options(&[128], &o(0, 64)),
-            Err(BenchError::NoRepeats)
-        ));
-        let e = check_options(&[1024, 128], &o(3, 128))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("--suffix 128") && e.contains("here 128"), "{e}");
-        assert!(check_options(&[128], &o(3, 0)).is_err());
+        }
     }
 
     #[test]
-    fn a_length_past_the_context_or_below_two_is_refused_by_value() {
+    fn zero_repeats_and_a_suffix_outside_every_length_are_refused_not_clamped() {
+        assert_eq!(check_plan(&[128, 1024], &o(3, 64)).unwrap(), [128, 1024]);
+        assert!(matches!(
+            check_plan(&[128], &o(0, 64)),
+            Err(BenchError::NoRepeats)
+        ));
+        let e = check_plan(&[1024, 128], &o(3, 128))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--suffix 128")
+                && e.contains("length 128")
+                && e.contains("smaller --suffix"),
+            "{e}"
+        );
+        assert!(matches!(
+            check_plan(&[128], &o(3, 0)),
+            Err(BenchError::NoSuffix)
+        ));
+    }
+
+    #[test]
+    fn a_length_too_short_for_any_suffix_is_refused_for_itself() {
+        for short in [0, 1] {
+            let e = check_plan(&[128, short], &o(3, 1)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{short} tokens is too short"))
+                    && e.contains("smallest length is 2"),
+                "{e}"
+            );
+            assert!(!e.contains("--suffix"), "{e}");
+        }
+        // The length is named even when the suffix is too long for it as well.
+        let e = check_plan(&[1], &o(3, 64)).unwrap_err().to_string();
+        assert!(e.contains("1 tokens is too short"), "{e}");
+        assert_eq!(check_plan(&[2], &o(3, 1)).unwrap(), [2]);
+        assert!(matches!(
+            check_plan(&[], &o(3, 1)),
+            Err(BenchError::NoLengths)
+        ));
+    }
+
+    #[test]
+    fn a_length_given_twice_is_timed_once_in_the_order_given() {
+        assert_eq!(
+            check_plan(&[512, 128, 512, 256, 128], &o(3, 64)).unwrap(),
+            [512, 128, 256]
+        );
+    }
+
+    #[test]
+    fn a_length_past_the_context_is_refused_by_value() {
         assert!(check_lengths(&[2, 512, 2047], 2048).is_ok());
         let e = check_lengths(&[512, 2048], 2048).unwrap_err().to_string();
         assert!(e.contains("2048 tokens is outside 2..2048"), "{e}");
-        let e = check_lengths(&[1], 2048).unwrap_err().to_string();
-        assert!(e.contains("1 tokens"), "{e}");
     }
 }

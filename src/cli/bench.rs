@@ -1,8 +1,8 @@
 //! `baton bench`: mapping against re-prefill across context lengths.
 
 use super::common::{at_least_one, human, print_json, DirectionArgs, PairArgs, PrecisionArgs};
-use anyhow::{bail, Result};
-use baton::bench::{sweep, BenchOptions, SweepPlan};
+use anyhow::Result;
+use baton::bench::{check_plan, sweep, BenchOptions, SweepPlan};
 use candle_core::Device;
 use clap::Args;
 
@@ -40,28 +40,27 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// What the flags cannot ask for together, checked before any model loads.
-    pub fn validate(&self) -> Result<()> {
-        if let Some(&l) = self.lengths.iter().find(|&&l| l <= self.suffix) {
-            bail!(
-                "--suffix {} is not shorter than the length {l} in --lengths: the suffix is the new part of a longer context; give a smaller --suffix or longer --lengths",
-                self.suffix
-            );
+    fn options(&self) -> BenchOptions {
+        BenchOptions {
+            repeats: self.repeats,
+            suffix: self.suffix,
+            reread: self.reread.and_then(|r| r.0),
         }
-        Ok(())
+    }
+
+    /// What the flags cannot ask for together, checked before any model loads; the
+    /// lengths to time, each once.
+    pub fn validate(&self) -> Result<Vec<usize>> {
+        Ok(check_plan(&self.lengths, &self.options())?)
     }
 }
 
 pub fn bench(a: BenchArgs, dev: &Device) -> Result<()> {
-    a.validate()?;
+    let lengths = a.validate()?;
     let (first, second) = a.pair.open(dev)?;
     let plan = SweepPlan {
-        lengths: &a.lengths,
-        options: BenchOptions {
-            repeats: a.repeats,
-            suffix: a.suffix,
-            reread: a.reread.and_then(|r| r.0),
-        },
+        lengths: &lengths,
+        options: a.options(),
         mapper_dir: a.pair.mapper_dir(),
         precision: a.precision.precision.into(),
         device: format!("{:?}", dev.location()).to_lowercase(),
@@ -84,4 +83,42 @@ pub fn bench(a: BenchArgs, dev: &Device) -> Result<()> {
         print_json(&doc)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn validate(args: &[&str]) -> Result<Vec<usize>> {
+        Cmd::try_parse_from([&["bench"], args].concat())
+            .unwrap()
+            .bench
+            .validate()
+    }
+
+    #[test]
+    fn a_length_below_two_is_named_and_repeated_lengths_run_once() {
+        for l in ["0", "1"] {
+            let e = validate(&["--lengths", l, "--suffix", "1"])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("{l} tokens is too short"))
+                    && e.contains("smallest length is 2"),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            validate(&["--lengths", "256,128,256", "--suffix", "8"]).unwrap(),
+            [256, 128]
+        );
+        assert_eq!(validate(&[]).unwrap().len(), 7);
+    }
 }

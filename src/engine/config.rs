@@ -1,5 +1,6 @@
 //! What the engine is started with.
 
+use super::setting_checks;
 use crate::calibrate::CalibrateOptions;
 use crate::data::corpus::Document;
 use crate::handoff::reread::RereadSetting;
@@ -128,11 +129,13 @@ impl Settings {
 #[serde(deny_unknown_fields)]
 pub struct SettingsOverrides {
     /// Longest answer, in tokens (default 256).
-    #[arg(long, value_parser = at_least_one)]
+    #[arg(long, value_parser = setting_checks::max_tokens_flag)]
+    #[serde(default, deserialize_with = "setting_checks::max_tokens_key")]
     pub max_tokens: Option<usize>,
     /// Re-prefill instead of mapping when the switch's fidelity estimate (mean
-    /// attention cosine) is below this.
-    #[arg(long, value_name = "COSINE")]
+    /// attention cosine, -1 to 1) is below this.
+    #[arg(long, value_name = "COSINE", value_parser = setting_checks::gate_flag)]
+    #[serde(default, deserialize_with = "setting_checks::gate_key")]
     pub gate: Option<f64>,
     /// Map the inactive model's cache after every turn, so a switch finds it ready.
     #[arg(long, num_args = 0, default_missing_value = "true")]
@@ -188,18 +191,11 @@ impl Serialize for RereadOverride {
 
 impl<'de> Deserialize<'de> for RereadOverride {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // A script may write the share as a number (`reread = 0.2`).
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Given {
-            Number(f64),
-            Text(String),
-        }
-        let text = match Given::deserialize(d)? {
-            Given::Number(x) => x.to_string(),
-            Given::Text(t) => t,
-        };
-        text.parse().map_err(serde::de::Error::custom)
+        // A script may write the share as a number (`reread = 0.2`); whatever it wrote
+        // goes through the flag's parser.
+        setting_checks::reread_text(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 

@@ -14,6 +14,7 @@ mod outbox;
 mod repair;
 mod reread;
 mod schedule;
+pub mod setting_checks;
 mod slot;
 pub mod switch;
 mod timing;

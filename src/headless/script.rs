@@ -397,6 +397,35 @@ mod tests {
     }
 
     #[test]
+    fn a_script_is_checked_as_the_flags_are() {
+        use crate::engine::setting_checks::{check_gate, check_max_tokens};
+        let parse = |settings: &str| {
+            Script::parse(&format!("{settings}\n[[step]]\nuser = \"a\"\n"), "t.toml")
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = parse("max_tokens = 0");
+        assert!(e.contains(&check_max_tokens(0).unwrap_err()), "{e}");
+        let e = parse("gate = 7.5");
+        assert!(e.contains(&check_gate(7.5).unwrap_err()), "{e}");
+        let e = parse("gate = nan");
+        assert!(e.contains("not NaN"), "{e}");
+        let e = parse("reread = true");
+        assert!(
+            e.contains("re-read budget \"true\"") && e.contains("150ms"),
+            "{e}"
+        );
+        let ok = Script::parse(
+            "max_tokens = 1\ngate = 1.0\nreread = \"off\"\n[[step]]\nuser = \"a\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(ok.settings.max_tokens, Some(1));
+        assert_eq!(ok.settings.gate, Some(1.0));
+    }
+
+    #[test]
     fn a_recorded_session_gives_back_its_commands() {
         let events = vec![
             Event::UserMessage {

@@ -8,8 +8,9 @@ use crate::text::ChatMessage;
 use std::sync::atomic::AtomicBool;
 
 /// Answers `prompt` (as a user turn of the chat template with `chat`, else as raw
-/// text), handing each decoded piece of text to `on_text` as soon as it forms whole
-/// characters. End-of-sequence tokens are not shown.
+/// text; either way a special token's text in it stays text), handing each decoded
+/// piece of text to `on_text` as soon as it forms whole characters. End-of-sequence
+/// tokens are not shown.
 pub fn complete(
     m: &Model,
     prompt: &str,
@@ -25,7 +26,7 @@ pub fn complete(
             true,
         )?
     } else {
-        m.tokenizer.encode(prompt)?
+        m.tokenizer.encode_text(prompt)?
     };
     let mut cache = m.decoder.new_cache();
     let mut stream = m.tokenizer.stream();

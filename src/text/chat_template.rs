@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::TokenizerError;
 use super::gguf_meta::{meta, meta_str, meta_u32};
+use super::literal::{self, Segment};
 use super::tokenizer::{config_token, TextTokenizer};
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -286,15 +287,29 @@ impl ChatTemplate {
     }
 
     /// Render and tokenize (no BOS/EOS insertion beyond what the template writes, as in
-    /// Hugging Face's `apply_chat_template`).
+    /// Hugging Face's `apply_chat_template`). Only the template's own markers become
+    /// special ids: a special token's text inside a message is encoded as text (see
+    /// [`super::literal`]).
     pub fn render_ids(
         &self,
         tok: &TextTokenizer,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, ChatTemplateError> {
-        let text = self.render(messages, add_generation_prompt)?;
-        Ok(tok.encode_raw(&text)?)
+        let segments = self.render_segments(tok, messages, add_generation_prompt)?;
+        Ok(literal::encode(tok, &segments)?)
+    }
+
+    /// The rendering cut at the template's own markers.
+    fn render_segments(
+        &self,
+        tok: &TextTokenizer,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<Segment>, ChatTemplateError> {
+        let hidden = literal::stand_in_messages(tok, messages)?;
+        let rendered = self.render(&hidden, add_generation_prompt)?;
+        Ok(literal::split_rendered(tok, &rendered)?)
     }
 
     /// Whether every turn of `conversation` extends the ids cached after the previous one
@@ -388,9 +403,10 @@ impl ChatTemplate {
         conversation: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, ChatTemplateError> {
-        let text = self.render(conversation, add_generation_prompt)?;
+        let segments = self.render_segments(tok, conversation, add_generation_prompt)?;
+        let text: String = segments.iter().map(|s| s.text.as_str()).collect();
         let Some(&last_cached) = cached_ids.last() else {
-            return Ok(tok.encode_raw(&text)?);
+            return Ok(literal::encode(tok, &segments)?);
         };
         let cached_text = tok.decode(cached_ids)?;
         let Some(delta) = text.strip_prefix(cached_text.as_str()) else {
@@ -401,15 +417,19 @@ impl ChatTemplate {
                 ),
             });
         };
-        let delta_ids = tok.encode_raw(delta)?;
-        let clean_cut = tok.is_hard_boundary(last_cached)
-            || delta_ids
-                .first()
-                .is_some_and(|&id| tok.is_hard_boundary(id));
-        if clean_cut || delta_ids.is_empty() {
-            return Ok(delta_ids);
+        // A cache that ends inside a marker's text (whitespace an lstrip token takes
+        // along) has no delta of its own: only the whole conversation can say.
+        if let Some(rest) = literal::from_offset(&segments, cached_text.len()) {
+            let delta_ids = literal::encode(tok, &rest)?;
+            let clean_cut = tok.is_hard_boundary(last_cached)
+                || delta_ids
+                    .first()
+                    .is_some_and(|&id| tok.is_hard_boundary(id));
+            if clean_cut || delta_ids.is_empty() {
+                return Ok(delta_ids);
+            }
         }
-        let full = tok.encode_raw(&text)?;
+        let full = literal::encode(tok, &segments)?;
         if full.starts_with(cached_ids) {
             return Ok(full[cached_ids.len()..].to_vec());
         }

@@ -6,6 +6,7 @@ mod error;
 mod fingerprint;
 mod gguf_meta;
 mod gguf_tokenizer;
+mod literal;
 mod pre_tokenizer;
 mod special_tokens;
 pub mod stream;

@@ -58,6 +58,19 @@ pub(super) fn hard_boundaries(tokenizer: &Tokenizer) -> HashSet<u32> {
         .collect()
 }
 
+/// The added tokens marked special, as (text, id), longest text first so that a scan
+/// that tries them in order finds the longest match at a position, as the tokenizer does.
+pub(super) fn special_added_tokens(tokenizer: &Tokenizer) -> Vec<(String, u32)> {
+    let mut specials: Vec<(String, u32)> = tokenizer
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special && !t.content.is_empty())
+        .map(|(id, t)| (t.content, id))
+        .collect();
+    specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+    specials
+}
+
 /// The `bos_token` and `eos_token` strings of a `tokenizer_config.json`.
 pub(super) fn read_config_special_tokens(
     path: &Path,

@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use super::error::TokenizerError;
 use super::fingerprint::compute_fingerprint;
-use super::special_tokens::{collect_eos_ids, hard_boundaries, read_config_special_tokens};
+use super::special_tokens::{
+    collect_eos_ids, hard_boundaries, read_config_special_tokens, special_added_tokens,
+};
 use tokenizers::Tokenizer;
 
 pub use super::pre_tokenizer::{
@@ -24,6 +26,11 @@ pub(crate) use super::special_tokens::config_token;
 
 struct Inner {
     tokenizer: Tokenizer,
+    /// The same tokenizer with special-token matching off: what a person typed is encoded
+    /// with it, so that `<|im_start|>` in a message stays the characters it is.
+    literal: Tokenizer,
+    /// The special added tokens (text, id), longest text first.
+    specials: Vec<(String, u32)>,
     fingerprint: String,
     vocab_size: usize,
     bos_id: Option<u32>,
@@ -112,9 +119,14 @@ impl TextTokenizer {
         let eos_ids = collect_eos_ids(&tokenizer, eos_id, extra_eos);
         let hard_boundaries = hard_boundaries(&tokenizer);
         let fingerprint = compute_fingerprint(&tokenizer)?;
+        let specials = special_added_tokens(&tokenizer);
+        let mut literal = tokenizer.clone();
+        literal.set_encode_special_tokens(true);
         Ok(Self {
             inner: Arc::new(Inner {
                 tokenizer,
+                literal,
+                specials,
                 fingerprint,
                 vocab_size,
                 bos_id,
@@ -129,8 +141,44 @@ impl TextTokenizer {
     /// Encode text. Special/added tokens written in the text (e.g. `<|im_start|>`) become
     /// their ids. BOS/EOS are added only where the model's metadata asks for it
     /// (`add_bos_token` in GGUF, the post-processor of a `tokenizer.json`).
+    ///
+    /// This is for text whose markers are meant (a corpus with `<|endoftext|>` between
+    /// documents); text a person typed goes through [`Self::encode_text`].
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         self.encode_impl(text, true)
+    }
+
+    /// Encode text a person typed: a special token's text in it (`<|im_start|>`,
+    /// `<|eot_id|>`) is encoded as the characters it is, never as the special id, so a
+    /// message cannot open a turn of its own. BOS/EOS as in [`Self::encode`]. Text without
+    /// special tokens encodes as with [`Self::encode`].
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_literal(text, true)
+    }
+
+    /// [`Self::encode_text`] without any BOS/EOS insertion.
+    pub fn encode_text_raw(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_literal(text, false)
+    }
+
+    fn encode_literal(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .inner
+            .literal
+            .encode_fast(text, add_special)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The special added tokens as (text, id), longest text first.
+    pub fn special_tokens(&self) -> &[(String, u32)] {
+        &self.inner.specials
+    }
+
+    /// Whether `id` is a special added token (one [`Self::encode_text`] never produces
+    /// from text).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner.specials.iter().any(|&(_, s)| s == id)
     }
 
     /// Encode text without any BOS/EOS insertion (special tokens in the text are still
