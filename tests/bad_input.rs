@@ -386,3 +386,97 @@ fn a_vocabulary_larger_than_the_embedding_is_refused_at_load() {
     tiny.write_gguf(&p, 1);
     load_decoder(&p, &Device::Cpu, LoadOptions::for_device(&Device::Cpu)).unwrap();
 }
+
+/// `baton <args> --source no-such-model`'s stderr, or `None` when it ran past `limit`
+/// (and was killed).
+fn stderr_within(args: &[&std::ffi::OsStr], limit: std::time::Duration) -> Option<String> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(args)
+        .args(["--source", "no-such-model"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "{args:?}");
+    Some(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn text_inputs_that_hold_no_text_are_refused_by_path_before_any_model_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty-dir");
+    std::fs::create_dir(&empty).unwrap();
+    let binary = dir.path().join("blob.txt");
+    std::fs::write(&binary, [0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0]).unwrap();
+    let zeros = dir.path().join("zeros.txt");
+    std::fs::write(&zeros, [0u8; 64]).unwrap();
+    let latin1 = dir.path().join("latin1.txt");
+    std::fs::write(&latin1, b"caf\xe9 au lait").unwrap();
+    let missing = dir.path().join("missing.txt");
+    let mappers = dir.path().join("mappers");
+    for (path, says) in [
+        (&empty, "holds no file baton reads as text"),
+        (&binary, "binary file"),
+        (&zeros, "binary file"),
+        (&latin1, "not UTF-8"),
+        (&missing, "does not exist"),
+    ] {
+        for flag in [&["eval", "--texts"][..], &["calibrate", "--corpus"]] {
+            let mut args: Vec<&std::ffi::OsStr> = flag.iter().map(|s| s.as_ref()).collect();
+            args.extend([
+                path.as_os_str(),
+                "--mapper-dir".as_ref(),
+                mappers.as_os_str(),
+            ]);
+            let err = stderr_within(&args, std::time::Duration::from_secs(60))
+                .unwrap_or_else(|| panic!("{flag:?} {} did not end", path.display()));
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert!(err.contains(name) && err.contains(says), "{flag:?}: {err}");
+            // Had the models been loaded first, the error would name the missing model.
+            assert!(
+                !err.contains("no-such-model"),
+                "{flag:?} loaded first: {err}"
+            );
+            assert!(!err.contains("panicked"), "{flag:?}: {err}");
+        }
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn texts_with_a_link_back_to_their_own_directory_are_read_and_the_command_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = dir.path().join("texts");
+    std::fs::create_dir_all(texts.join("sub")).unwrap();
+    std::fs::write(texts.join("sub/story.txt"), "once upon a time\n".repeat(50)).unwrap();
+    std::os::unix::fs::symlink(&texts, texts.join("sub/loop")).unwrap();
+    let mappers = dir.path().join("mappers");
+    for flag in ["--texts", "--corpus"] {
+        let cmd = if flag == "--texts" {
+            "eval"
+        } else {
+            "calibrate"
+        };
+        let args: Vec<&std::ffi::OsStr> = vec![
+            cmd.as_ref(),
+            flag.as_ref(),
+            texts.as_os_str(),
+            "--mapper-dir".as_ref(),
+            mappers.as_os_str(),
+        ];
+        let err = stderr_within(&args, std::time::Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("{cmd} with a link loop in {flag} did not end"));
+        // The text was read, and the next thing the command does is open the models.
+        assert!(err.contains("no-such-model"), "{cmd}: {err}");
+    }
+}

@@ -27,6 +27,14 @@ pub enum CalibrateError {
         path: std::path::PathBuf,
         reason: String,
     },
+    #[error("cannot write {}: {reason}", path.display())]
+    Write {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    /// Writing a calibration's output failed; what was in the mappers directory stays.
+    #[error("{0}; the mappers and statistics already in the mappers directory were left as they were: free some space or name another directory with --mapper-dir, and calibrate again")]
+    NotKept(Box<CalibrateError>),
     #[error("calibration cancelled; nothing was written")]
     Cancelled,
     #[error("{0}")]

@@ -24,6 +24,7 @@
 
 mod capture;
 pub mod choice;
+pub mod commit;
 mod error;
 mod fit;
 mod gains;
@@ -37,6 +38,7 @@ mod token_choice;
 pub mod train;
 
 pub use crate::mapper::calibration_report::{CalibrationReport, RankPoint, SkippedK, SweepPoint};
+pub use commit::{save_calibration, Keep, Kept};
 pub use error::CalibrateError;
 pub use heldout::continuation_start;
 pub use options::{

@@ -163,10 +163,17 @@ pub fn write_dir(
         std::fs::remove_dir_all(&fresh).map_err(|e| io(&fresh, e))?;
     }
     std::fs::create_dir(&fresh).map_err(|e| io(&fresh, e))?;
-    stats.keys.save(&fresh.join("keys.safetensors"))?;
-    stats.values.save(&fresh.join("values.safetensors"))?;
-    let meta_path = fresh.join(meta_name);
-    std::fs::write(&meta_path, meta_json).map_err(|e| io(&meta_path, e))?;
+    let written = (|| {
+        stats.keys.save(&fresh.join("keys.safetensors"))?;
+        stats.values.save(&fresh.join("values.safetensors"))?;
+        let meta_path = fresh.join(meta_name);
+        std::fs::write(&meta_path, meta_json).map_err(|e| io(&meta_path, e))
+    })();
+    if let Err(e) = written {
+        // A write cut short (a full disk) leaves no half-written directory behind.
+        let _ = std::fs::remove_dir_all(&fresh);
+        return Err(e);
+    }
     // A directory cannot be renamed over a full one: the old one steps aside first and
     // goes only once the new one is in place.
     let old = beside(dir, "old");

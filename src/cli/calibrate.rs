@@ -282,6 +282,15 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     opts.validate_with_prior(a.merge_stats.is_some())?;
     let dir = baton::engine::load::mapper_dir(&a.pair.mappers.mapper_dir);
     check_writable(&dir)?;
+    for from in a.merge_stats.iter().flatten() {
+        if !from.is_dir() {
+            anyhow::bail!(
+                "--merge-stats {}: no such mappers directory; name one an earlier calibration \
+                 wrote (its statistics are in stats/ under it)",
+                from.display()
+            );
+        }
+    }
     let files = corpus::files_or_default(&a.corpus)?;
     let bars = baton::console::PhaseBars::new(a.json);
     let corpus::Corpus {
@@ -315,17 +324,23 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
         .fitted
         .iter()
         .partition(|f| !a.accept_poor && f.report.worse_than_no_context().is_some());
-    let saved = cal::save_fitted(good, [&src, &tgt], &corpus, &dir)?;
-    for s in &saved {
-        eprintln!("{} -> {}", s.meta.summary_line(), s.path.display());
-    }
-    let apart = dir.join("poor");
-    for (f, s) in poor.iter().zip(cal::save_fitted(
-        poor.iter().copied(),
+    let stats: &[SavedStats] = if a.no_save_stats { &[] } else { &done.stats };
+    // All of it is written aside first and put in place whole: a failure on the way
+    // leaves the mappers in use, and their statistics, as they were.
+    let kept = cal::save_calibration(
+        &dir,
         [&src, &tgt],
         &corpus,
-        &apart,
-    )?) {
+        cal::Keep {
+            kept: good,
+            apart: poor.clone(),
+            stats,
+        },
+    )?;
+    for s in &kept.kept {
+        eprintln!("{} -> {}", s.meta.summary_line(), s.path.display());
+    }
+    for (f, s) in poor.iter().zip(&kept.apart) {
         let (mapped, none) = f.report.worse_than_no_context().unwrap_or_default();
         eprintln!(
             "warning: the {} -> {} map is worse than no context on its own held-out windows \
@@ -337,29 +352,19 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
             s.path.display()
         );
     }
-    if !a.no_save_stats {
-        for st in &done.stats {
-            // A poor map's statistics go beside it, so that the mapper in use keeps the
-            // statistics it was fitted from (learning adds to those).
-            let is_poor = poor.iter().any(|f| {
-                f.source.sha256 == st.meta.source.sha256 && f.target.sha256 == st.meta.target.sha256
-            });
-            let home = if is_poor { &apart } else { &dir };
-            let at = saved_stats::stats_dir_in(home, &st.meta.source, &st.meta.target);
-            saved_stats::save(st, &at)?;
-            eprintln!(
-                "statistics of {} -> {}: {} windows, {} observations -> {}",
-                st.meta.source.name,
-                st.meta.target.name,
-                st.meta.windows(),
-                st.meta.observations,
-                at.display()
-            );
-        }
+    for (st, at) in stats.iter().zip(&kept.stats) {
+        eprintln!(
+            "statistics of {} -> {}: {} windows, {} observations -> {}",
+            st.meta.source.name,
+            st.meta.target.name,
+            st.meta.windows(),
+            st.meta.observations,
+            at.display()
+        );
     }
     eprintln!("calibration took {:.1} s", started.elapsed().as_secs_f64());
     if a.json {
-        let metas: Vec<_> = saved.iter().map(|s| &s.meta).collect();
+        let metas: Vec<_> = kept.kept.iter().map(|s| &s.meta).collect();
         print_json(&metas)?;
     }
     Ok(())

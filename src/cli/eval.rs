@@ -212,13 +212,20 @@ pub fn eval(a: EvalArgs, dev: &Device) -> Result<()> {
     }
     let task_items = tasks::load_all(&task_list, &BarProgress::new())?;
     let conversations = a.load_conversations()?;
+    // Read before the models: a path that holds no text is refused in a moment, not
+    // after seconds of loading.
+    let text = if a.no_text {
+        None
+    } else {
+        Some(baton::data::held_out::eval_text(&a.texts)?)
+    };
     let (first, second) = a.pair.open(dev)?;
     let len = a.prefix + a.continuation;
-    let windows = if a.no_text {
-        Vec::new()
-    } else {
-        baton::data::held_out::eval_windows(&a.texts, &first.tokenizer, len, a.limit)?
+    let windows = match &text {
+        Some(t) => t.windows(&first.tokenizer, len, a.limit)?,
+        None => Vec::new(),
     };
+    drop(text);
     if !a.no_text && windows.len() < a.limit {
         eprintln!(
             "the text holds {} windows of {len} tokens, fewer than --limit {}: evaluating those",

@@ -1,21 +1,21 @@
 //! The windows `baton eval` scores text on: the evaluation split of the default corpus,
 //! or all of the files and package texts the user names (held out by them).
 
-use super::corpus::{files_or_default, read_documents, windows, CorpusError, Split};
+use super::corpus::{files_or_default, read_documents, windows, CorpusError, Document, Split};
 use super::package_texts::split_inputs;
 use crate::text::TextTokenizer;
 use std::path::PathBuf;
 
-/// Windows to evaluate on: the evaluation split of the default corpus, or, for named
-/// files and package texts (`eval:coqa`), all of each document, windows taken from each
-/// in turn. Text for fewer than `count` windows gives the windows there are (the caller
-/// says so); text for none is an error.
-pub fn eval_windows(
-    named: &[PathBuf],
-    tok: &TextTokenizer,
-    len: usize,
-    count: usize,
-) -> Result<Vec<Vec<u32>>, CorpusError> {
+/// The text `baton eval` scores: documents, and the split of them it reads.
+pub struct EvalText {
+    pub docs: Vec<Document>,
+    pub split: Split,
+}
+
+/// The text to evaluate on: the evaluation split of the default corpus, or, for named
+/// files and package texts (`eval:coqa`), all of each document. Read in full here, so
+/// that a path that holds no text is refused before any model loads.
+pub fn eval_text(named: &[PathBuf]) -> Result<EvalText, CorpusError> {
     let split = if named.is_empty() {
         Split::Eval
     } else {
@@ -29,10 +29,26 @@ pub fn eval_windows(
     if !paths.is_empty() || docs.is_empty() {
         docs.extend(read_documents(&files_or_default(&paths)?)?);
     }
-    match windows(&docs, tok, split, len, count) {
-        Err(CorpusError::TooSmall { got: 0, len, .. }) => Err(CorpusError::NoWindow { len }),
-        Err(CorpusError::TooSmall { got, .. }) => windows(&docs, tok, split, len, got),
-        other => other,
+    Ok(EvalText { docs, split })
+}
+
+impl EvalText {
+    /// Windows of `len` tokens taken from each document in turn. Text for fewer than
+    /// `count` windows gives the windows there are (the caller says so); text for none
+    /// is an error.
+    pub fn windows(
+        &self,
+        tok: &TextTokenizer,
+        len: usize,
+        count: usize,
+    ) -> Result<Vec<Vec<u32>>, CorpusError> {
+        match windows(&self.docs, tok, self.split, len, count) {
+            Err(CorpusError::TooSmall { got: 0, len, .. }) => Err(CorpusError::NoWindow { len }),
+            Err(CorpusError::TooSmall { got, .. }) => {
+                windows(&self.docs, tok, self.split, len, got)
+            }
+            other => other,
+        }
     }
 }
 
@@ -55,9 +71,15 @@ mod tests {
             .encode_raw(&std::fs::read_to_string(&p).unwrap())
             .unwrap()
             .len();
-        let w = eval_windows(std::slice::from_ref(&p), &tok, n / 3, 100).unwrap();
+        let w = eval_text(std::slice::from_ref(&p))
+            .unwrap()
+            .windows(&tok, n / 3, 100)
+            .unwrap();
         assert_eq!(w.len(), 3);
-        let e = eval_windows(&[p], &tok, n + 1, 4).unwrap_err();
+        let e = eval_text(&[p])
+            .unwrap()
+            .windows(&tok, n + 1, 4)
+            .unwrap_err();
         assert!(matches!(e, CorpusError::NoWindow { .. }), "{e}");
         assert!(e.to_string().contains("--texts"), "{e}");
     }

@@ -2,7 +2,7 @@
 //! when asked and missing), progress reported as `Loading` events.
 
 use super::EngineError;
-use crate::calibrate::{self, saved_stats, CalibrateOptions, CalibrationProgress, Direction};
+use crate::calibrate::{self, CalibrateOptions, CalibrationProgress, Direction};
 use crate::data::corpus;
 use crate::fetch::{self, FetchProgress};
 use crate::gate::{self, fit::FitMapper};
@@ -157,12 +157,18 @@ pub fn calibrate_missing(
             );
         }
     }
-    calibrate::save_fitted(&done.fitted, [&models[0], &models[1]], &corpus, dir)?;
-    // Kept as `baton calibrate` keeps them: learning from conversations adds to them.
-    for st in &done.stats {
-        let at = saved_stats::stats_dir_in(dir, &st.meta.source, &st.meta.target);
-        saved_stats::save(st, &at)?;
-    }
+    // The statistics are kept as `baton calibrate` keeps them (learning from
+    // conversations adds to them), and all of it is put in place whole or not at all.
+    calibrate::save_calibration(
+        dir,
+        [&models[0], &models[1]],
+        &corpus,
+        calibrate::Keep {
+            kept: done.fitted.iter().collect(),
+            apart: Vec::new(),
+            stats: &done.stats,
+        },
+    )?;
     Ok(())
 }
 

@@ -10,11 +10,14 @@ use super::ridge::Factors;
 use super::ridge::{FitInfo, LayerMap};
 use super::SourceScales;
 use crate::model::{ModelConfig, ModelIdentity};
-use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+
+mod layout;
+mod write;
+
+pub use write::{save, Maps};
 
 pub const FORMAT: &str = "baton.mapper";
 /// Version 2 added trained heads and the mapper's kind; version 1 files (ridge maps
@@ -301,100 +304,11 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError + '_ {
     move |source| ArtifactError::Io {
         path: path.to_path_buf(),
         source,
     }
-}
-
-/// The maps an artifact stores, borrowed from whoever fitted them.
-#[derive(Clone, Copy)]
-pub struct Maps<'a> {
-    pub keys: &'a [LayerMap],
-    pub values: &'a [LayerMap],
-    pub source_scales: &'a SourceScales,
-    pub heads: Option<&'a Heads>,
-}
-
-/// Write `maps` atomically to `path` (and `path` with `.json` for people).
-pub fn save(maps: Maps<'_>, meta: &MapperMeta, path: &Path) -> Result<(), ArtifactError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let json = serde_json::to_string_pretty(meta).map_err(|e| ArtifactError::Bad {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    let mut buffers: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
-    for (kind, layer_maps) in [("keys", maps.keys), ("values", maps.values)] {
-        for (j, m) in layer_maps.iter().enumerate() {
-            let rows = m.weight.len() / m.bias.len().max(1);
-            buffers.push((
-                format!("{kind}.{j}.weight"),
-                f32_bytes(&m.weight),
-                vec![rows, m.bias.len()],
-            ));
-            buffers.push((
-                format!("{kind}.{j}.bias"),
-                f32_bytes(&m.bias),
-                vec![m.bias.len()],
-            ));
-            if let Some(f) = &m.factors {
-                buffers.push((
-                    format!("{kind}.{j}.left"),
-                    f32_bytes(&f.left),
-                    vec![rows, f.rank],
-                ));
-                buffers.push((
-                    format!("{kind}.{j}.right"),
-                    f32_bytes(&f.right),
-                    vec![f.rank, m.bias.len()],
-                ));
-            }
-        }
-    }
-    let sc = maps.source_scales;
-    for (name, v) in [
-        ("source.key_mean", &sc.key_mean),
-        ("source.key_std", &sc.key_std),
-        ("source.value_mean", &sc.value_mean),
-        ("source.value_std", &sc.value_std),
-    ] {
-        buffers.push((name.to_string(), f32_bytes(v), vec![v.len()]));
-    }
-    if let Some(h) = maps.heads {
-        for (name, v, shape) in stored::buffers(h) {
-            buffers.push((name, f32_bytes(&v), shape));
-        }
-    }
-    let views: Vec<(String, TensorView<'_>)> = buffers
-        .iter()
-        .map(|(n, b, s)| {
-            TensorView::new(Dtype::F32, s.clone(), b)
-                .map(|v| (n.clone(), v))
-                .map_err(|e| ArtifactError::Bad {
-                    path: path.to_path_buf(),
-                    reason: e.to_string(),
-                })
-        })
-        .collect::<Result<_, _>>()?;
-    let mut header = HashMap::new();
-    header.insert("baton".to_string(), json.clone());
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    safetensors::serialize_to_file(views, Some(header), &tmp).map_err(|e| ArtifactError::Bad {
-        path: tmp.clone(),
-        reason: e.to_string(),
-    })?;
-    std::fs::rename(&tmp, path).map_err(io(path))?;
-    let json_path = path.with_extension("json");
-    let tmp_json = json_path.with_extension(format!("json.tmp.{}", std::process::id()));
-    std::fs::write(&tmp_json, json).map_err(io(&tmp_json))?;
-    std::fs::rename(&tmp_json, &json_path).map_err(io(&json_path))?;
-    Ok(())
 }
 
 fn read_meta(path: &Path, bytes: &[u8]) -> Result<MapperMeta, ArtifactError> {
@@ -443,6 +357,9 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
             "the file is corrupt or cut short ({e}); delete it and run `baton calibrate` again"
         ))
     })?;
+    // Every tensor present and shaped as the metadata says before any is read: the
+    // reads below take shapes from element counts.
+    layout::check(&meta, &st).map_err(bad)?;
     let read = |name: &str| -> Result<Vec<f32>, ArtifactError> {
         let t = st.tensor(name).map_err(|e| bad(format!("{name}: {e}")))?;
         if t.dtype() != Dtype::F32 {
@@ -509,9 +426,6 @@ pub fn load(path: &Path) -> Result<MapperArtifact, ArtifactError> {
     } else {
         None
     };
-    if keys.len() != meta.target.layers || values.len() != meta.target.layers {
-        return Err(bad("layer count does not match the target model".into()));
-    }
     let widths = |is_keys: bool, j: usize| {
         let m = if is_keys { &keys[j] } else { &values[j] };
         (m.weight.len() / m.bias.len().max(1), m.bias.len())

@@ -47,6 +47,16 @@ fn not_utf8(path: &Path, at: u64) -> CorpusError {
     )
 }
 
+fn binary(path: &Path, at: u64) -> CorpusError {
+    io(
+        path,
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a NUL byte at byte {at}: a binary file, not text; leave it out"),
+        ),
+    )
+}
+
 fn is_char_start(b: u8) -> bool {
     b & 0xC0 != 0x80
 }
@@ -67,6 +77,11 @@ impl FileText {
                 break;
             }
             each(&buf[..n]);
+            // Zeros are valid UTF-8, and a file of them (or a binary that happens to be
+            // UTF-8) would pass for text.
+            if let Some(i) = buf[..n].iter().position(|&b| b == 0) {
+                return Err(binary(path, base + pending.len() as u64 + i as u64));
+            }
             pending.extend_from_slice(&buf[..n]);
             let valid = match std::str::from_utf8(&pending) {
                 Ok(_) => pending.len(),
@@ -276,6 +291,10 @@ mod tests {
         std::fs::write(&p, &bytes).unwrap();
         let e = FileText::scan(&p, |_| {}).unwrap_err().to_string();
         assert!(e.contains("not UTF-8") && e.contains("byte 100"), "{e}");
+        // Zeros are UTF-8, but no text.
+        std::fs::write(&p, b"text\0\0\0").unwrap();
+        let e = FileText::scan(&p, |_| {}).unwrap_err().to_string();
+        assert!(e.contains("binary file") && e.contains("byte 4"), "{e}");
         // A character cut by the end of the file is no text either.
         std::fs::write(&p, &"é".as_bytes()[..1]).unwrap();
         assert!(FileText::scan(&p, |_| {}).is_err());

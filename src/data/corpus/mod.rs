@@ -12,9 +12,11 @@ mod file_text;
 mod html;
 mod jsonl;
 mod units;
+mod walk;
 
 pub use file_text::FileText;
 pub use html::html_to_text;
+pub use walk::expand_inputs;
 
 use crate::fetch;
 use crate::text::TextTokenizer;
@@ -40,8 +42,10 @@ pub enum CorpusError {
     TooSmall { got: usize, want: usize, len: usize },
     #[error("the text holds no window of {len} tokens to evaluate: give longer --texts, or a shorter --prefix and --continuation")]
     NoWindow { len: usize },
-    #[error("the files and directories named hold no readable text files: give .txt/.md/.py/.rs/.html/.jsonl files or directories holding them")]
-    NoTextFiles,
+    #[error("{0} holds no file baton reads as text: give .txt/.md/.py/.rs/.html/.jsonl files or directories holding them")]
+    NoTextFiles(String),
+    #[error("{path} {reason}: name a text file or a directory of them")]
+    NotText { path: PathBuf, reason: String },
     #[error(
         "no text of the evaluation package is named {0:?}: give one of {1}, or a file or directory"
     )]
@@ -149,37 +153,6 @@ fn supported(path: &std::path::Path) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| PLAIN.contains(&e) || matches!(e, "jsonl" | "html" | "htm"))
-}
-
-/// Files as given, and directories walked recursively for supported files, each
-/// directory's files in sorted order (so a corpus and its fingerprint are reproducible).
-pub fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, CorpusError> {
-    let mut out = Vec::new();
-    for p in paths {
-        if p.is_dir() {
-            let mut stack = vec![p.clone()];
-            let mut found = Vec::new();
-            while let Some(dir) = stack.pop() {
-                let rd = std::fs::read_dir(&dir).map_err(|e| CorpusError::Io {
-                    path: dir.clone(),
-                    source: e,
-                })?;
-                for e in rd.flatten() {
-                    let path = e.path();
-                    if path.is_dir() {
-                        stack.push(path);
-                    } else if supported(&path) {
-                        found.push(path);
-                    }
-                }
-            }
-            found.sort();
-            out.extend(found);
-        } else {
-            out.push(p.clone());
-        }
-    }
-    Ok(out)
 }
 
 /// Reads `files` once, in order: plain text and source files are checked to be UTF-8
@@ -328,7 +301,8 @@ pub fn files_or_default(named: &[PathBuf]) -> Result<Vec<PathBuf>, CorpusError> 
     }
     let files = expand_inputs(named)?;
     if files.is_empty() {
-        return Err(CorpusError::NoTextFiles);
+        let named: Vec<String> = named.iter().map(|p| p.display().to_string()).collect();
+        return Err(CorpusError::NoTextFiles(named.join(", ")));
     }
     Ok(files)
 }
@@ -442,7 +416,11 @@ mod tests {
     fn named_inputs_without_text_files_are_refused_not_replaced_by_the_default() {
         let dir = tempfile::tempdir().unwrap();
         let e = files_or_default(&[dir.path().to_path_buf()]).unwrap_err();
-        assert!(matches!(e, CorpusError::NoTextFiles), "{e}");
+        assert!(matches!(e, CorpusError::NoTextFiles(_)), "{e}");
+        assert!(
+            e.to_string().contains(&dir.path().display().to_string()),
+            "{e}"
+        );
         std::fs::write(dir.path().join("a.txt"), "text").unwrap();
         let files = files_or_default(&[dir.path().to_path_buf()]).unwrap();
         assert_eq!(files, vec![dir.path().join("a.txt")]);

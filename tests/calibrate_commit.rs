@@ -1,0 +1,185 @@
+//! A calibration's output is put in place whole or not at all: on a disk that fills up
+//! part way through writing it, the mappers and statistics already there stay byte for
+//! byte as they were, and nothing of the attempt is left behind.
+
+mod common;
+
+use baton::calibrate::{
+    calibrate_with, corpus_info, save_calibration, CalibrateOptions, Calibrated, CorpusName,
+    Direction, Keep, NoProgress, Run, TokenFeatures,
+};
+use baton::data::corpus::{self, Document};
+use baton::mapper::artifact;
+use baton::model::Model;
+use common::synthetic::{model_pair, Tiny};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+
+fn opts(sequences: usize) -> CalibrateOptions {
+    CalibrateOptions {
+        sequences,
+        seq_len: 48,
+        stride: 1,
+        select_sequences: 2,
+        probes: 8,
+        k_sweep: vec![2],
+        lambdas: vec![0.01],
+        max_k: usize::MAX,
+        token_features: TokenFeatures::Off,
+        ..CalibrateOptions::default()
+    }
+}
+
+fn calibrated(a: &Model, b: &Model, tiny: &Tiny, o: &CalibrateOptions) -> Calibrated {
+    let docs: Vec<Document> = (0..3)
+        .map(|i| Document::new(format!("d{i}"), tiny.text(3000, 7 + i)))
+        .collect();
+    let name = CorpusName {
+        files: "synthetic".into(),
+        fingerprint: corpus::fingerprint(&docs),
+    };
+    let run = Run {
+        docs: &docs,
+        corpus: &name,
+        directions: &[Direction::Forward, Direction::Backward],
+        opts: o,
+    };
+    calibrate_with(a, b, &run, Vec::new(), &NoProgress, &AtomicBool::new(false)).unwrap()
+}
+
+/// Writes `c` as one calibration into `dir`, statistics kept.
+fn save(
+    dir: &Path,
+    [a, b]: [&Model; 2],
+    c: &Calibrated,
+    o: &CalibrateOptions,
+) -> Result<(), String> {
+    save_calibration(
+        dir,
+        [a, b],
+        &corpus_info(&[], "synthetic", o),
+        Keep {
+            kept: c.fitted.iter().collect(),
+            apart: Vec::new(),
+            stats: &c.stats,
+        },
+    )
+    .map(|_| ())
+    .map_err(|e| e.to_string())
+}
+
+/// Every file and directory under `dir`, with the files' bytes.
+fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(dir).unwrap().to_path_buf();
+            if p.is_dir() {
+                out.push((rel, Vec::new()));
+                stack.push(p);
+            } else {
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A small tmpfs, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Result<Self, String> {
+        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t tmpfs failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Self(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Fills the filesystem of `at` with a file there, then frees `free` bytes of it.
+fn fill_leaving(at: &Path, free: u64) {
+    let mut f = std::fs::File::create(at).unwrap();
+    let block = vec![0u8; 4096];
+    let mut len = 0u64;
+    while f.write_all(&block).is_ok() {
+        len += block.len() as u64;
+    }
+    let _ = f.flush();
+    f.set_len(len.saturating_sub(free)).unwrap();
+}
+
+#[test]
+fn a_calibration_that_fills_the_disk_leaves_the_previous_mappers_as_they_were() {
+    const NAME: &str = "a_calibration_that_fills_the_disk_leaves_the_previous_mappers_as_they_were";
+    let tiny = Tiny::new("qwen2");
+    let (models, a, b) = model_pair(&tiny, &tiny.weights(1), &tiny.weights(2));
+    let mnt = models.path().join("disk");
+    let _disk = match Tmpfs::mount(&mnt, "2m") {
+        Ok(d) => d,
+        Err(why) => return common::skipped(NAME, &why),
+    };
+    let dir = mnt.join("mappers");
+    let (old_opts, new_opts) = (opts(4), opts(6));
+    save(
+        &dir,
+        [&a, &b],
+        &calibrated(&a, &b, &tiny, &old_opts),
+        &old_opts,
+    )
+    .unwrap();
+    let before = tree(&dir);
+    // Both directions' artifacts, readable copies and statistics.
+    assert_eq!(before.iter().filter(|(_, b)| !b.is_empty()).count(), 10);
+    let new = calibrated(&a, &b, &tiny, &new_opts);
+    let filler = mnt.join("filler");
+    let mut failures = Vec::new();
+    // Ever more room, a page at a time: every write the calibration makes fails in turn,
+    // until all of it fits.
+    for pages in 0..256u64 {
+        fill_leaving(&filler, pages * 4096);
+        let result = save(&dir, [&a, &b], &new, &new_opts);
+        std::fs::remove_file(&filler).unwrap();
+        match result {
+            Err(e) => {
+                assert!(e.contains("No space left"), "{e}");
+                assert!(
+                    tree(&dir) == before,
+                    "with {pages} pages free a failed write changed the mapper directory \
+                     ({e}): {:?}",
+                    tree(&dir).iter().map(|(p, _)| p).collect::<Vec<_>>()
+                );
+                failures.push(pages);
+            }
+            Ok(()) => break,
+        }
+    }
+    // It failed at the first write and at later ones (artifacts already staged).
+    assert!(failures.len() > 4, "{failures:?}");
+    let after = tree(&dir);
+    let names = |t: &[(PathBuf, Vec<u8>)]| t.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&after), names(&before), "no staging left behind");
+    assert_ne!(after, before, "the successful write replaced the mappers");
+    let (art, _) = artifact::open_for(Some(&dir), &a, &b).unwrap();
+    assert_eq!(art.meta.corpus.sequences, 6);
+}
