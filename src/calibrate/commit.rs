@@ -134,6 +134,7 @@ impl Staging {
             COUNT.fetch_add(1, Ordering::Relaxed)
         ));
         let new = root.join("new");
+        remove_stale_stagings(dir, STALE_STAGING);
         std::fs::create_dir(&root).map_err(|e| err(&root, e))?;
         let staging = Self {
             dir: dir.to_path_buf(),
@@ -207,6 +208,42 @@ impl Staging {
         std::fs::rename(&from, &at).map_err(|e| err(&at, e))?;
         steps.push(Step::Placed { from, at });
         Ok(())
+    }
+}
+
+/// How old a staging directory must be to count as a killed writer's: a live one exists
+/// only while its calibration writes and commits, seconds to a minute or two.
+const STALE_STAGING: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes the staging directories that writers killed before they finished left in
+/// `dir`, judged by age so that a live writer's (this host's or another's on a shared
+/// filesystem) is never touched. Failing to remove one is only logged.
+fn remove_stale_stagings(dir: &Path, older_than: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(STAGING_PREFIX) {
+            continue;
+        }
+        let stale = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= older_than);
+        let path = entry.path();
+        if stale && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {
+                    tracing::info!(dir = %path.display(), "removed a killed calibration's staging")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %path.display(), "could not remove a killed calibration's staging: {e}")
+                }
+            }
+        }
     }
 }
 
@@ -333,6 +370,22 @@ mod tests {
         std::fs::remove_file(new.join("m.safetensors")).unwrap();
         assert!(s.commit().is_err());
         assert_eq!(tree(dir.path()), before);
+    }
+
+    #[test]
+    fn a_killed_writers_staging_goes_once_old_and_a_young_one_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join(format!("{STAGING_PREFIX}1-999999-0"));
+        std::fs::create_dir_all(old.join("new")).unwrap();
+        write(&old.join("new/keys.safetensors"), "half");
+        let keep = dir.path().join("mapper.safetensors");
+        write(&keep, "in use");
+        // Young: a writer may still be at work in it.
+        remove_stale_stagings(dir.path(), std::time::Duration::from_secs(3600));
+        assert!(old.exists());
+        remove_stale_stagings(dir.path(), std::time::Duration::ZERO);
+        assert!(!old.exists());
+        assert!(keep.exists(), "only staging directories are removed");
     }
 
     #[test]
