@@ -84,6 +84,15 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
         previous(info);
     }));
 
+    // NO_COLOR is honoured by crossterm itself; a dumb terminal takes the same path, and
+    // the screen is drawn without colours so that bold and the like survive.
+    let colour = tui::colour_allowed(
+        std::env::var_os("NO_COLOR").as_deref(),
+        std::env::var_os("TERM").as_deref(),
+    );
+    if !colour {
+        crossterm::style::force_color_output(false);
+    }
     enable_raw_mode()?;
     let _guard = TerminalGuard;
     let mut stdout = std::io::stdout();
@@ -137,7 +146,16 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
         &mut app,
         &mut inputs,
         |c| handle.send(c),
-        |app| terminal.draw(|f| tui::render(f, app)).map(|_| ()),
+        |app| {
+            terminal
+                .draw(|f| {
+                    tui::render(f, app);
+                    if !colour {
+                        tui::strip_colours(f.buffer_mut());
+                    }
+                })
+                .map(|_| ())
+        },
     )?;
     // The engine stops at its next token or command, records what was on screen (a
     // turn cut short is recorded as cancelled) and the end of the session; leaving

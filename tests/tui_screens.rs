@@ -826,3 +826,76 @@ fn a_reread_shows_in_the_latency_panel_and_ctrl_k_marks_its_words_in_the_convers
     let status = status_line(&app);
     assert!(status.contains("re-read 40%"), "{status}");
 }
+
+/// Row `y` of a drawn screen, as text.
+fn row(terminal: &Terminal<TestBackend>, y: u16) -> String {
+    let buffer = terminal.backend().buffer();
+    (0..buffer.area.width)
+        .map(|x| buffer[(x, y)].symbol())
+        .collect()
+}
+
+#[test]
+fn at_80x24_the_status_line_ends_on_a_whole_item() {
+    let record = "sessions/workbench-2025-06-01-a-long-session-name.jsonl";
+    let mut app = App::new(AppInfo {
+        record_path: Some(record.into()),
+        tail: 32,
+        repair: true,
+        reread: Some("20%:source-attention:word".into()),
+        ..AppInfo::default()
+    });
+    app.update(Msg::Resize(80, 24));
+    for e in run() {
+        app.update(Msg::Engine(e));
+    }
+    app.update(Msg::Engine(Event::RepairProgress {
+        model: SMALL.into(),
+        repaired: 512,
+        total: 900,
+    }));
+    let status = row(&screen(&app, 80, 24), 22);
+    let whole = [
+        "▶ 1.5B  7B",
+        "cuda:0",
+        "149 tokens",
+        "reference on",
+        "repaired 512 / 900",
+        "tail 32",
+        "re-read 20%",
+        "● rec workbench-2025-06-01-a-long-session-name.jsonl",
+        "● rec",
+        "mappers 1a1a1a-7b7b7b 7b7b7b-1a1a1a",
+    ];
+    let items: Vec<&str> = status.split(" │ ").map(str::trim).collect();
+    for item in &items {
+        assert!(whole.contains(item), "{item:?} is cut: {status:?}");
+    }
+    // The active model and the context length are the last to be left out.
+    assert_eq!(items.first(), Some(&"▶ 1.5B  7B"), "{status:?}");
+    assert!(items.contains(&"149 tokens"), "{status:?}");
+}
+
+#[test]
+fn a_pasted_block_shows_its_lines_and_a_message_queued_behind_a_switch_says_so() {
+    let mut app = App::new(AppInfo::default());
+    app.update(Msg::Resize(80, 24));
+    for e in run() {
+        app.update(Msg::Engine(e));
+    }
+    let fx = app.update(Msg::Key(Key::plain(KeyCode::Tab)));
+    assert_eq!(fx, vec![Effect::Send(Command::Switch)]);
+    app.update(Msg::Paste("line one\r\nline two\r\nline three".into()));
+    let shown = screen(&app, 80, 24);
+    let (title, body) = (row(&shown, 19), row(&shown, 20));
+    assert!(title.contains("· 3 lines"), "{title}");
+    assert!(body.contains("line one↵line two↵line three"), "{body}");
+    assert_eq!(app.update(Msg::Key(Key::plain(KeyCode::Enter))), vec![]);
+    let shown = screen(&app, 80, 24);
+    let (activity, body) = (row(&shown, 18), row(&shown, 20));
+    assert!(activity.contains("then your message"), "{activity}");
+    assert!(
+        body.contains("message queued: sent when the handoff is done · Esc takes it back"),
+        "{body}"
+    );
+}

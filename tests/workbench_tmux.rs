@@ -272,6 +272,15 @@ const ACCENTED: &[&str] = &["café", "ñ"];
 /// The workbench on two tiny chat models written under `dir`, with their mappers, in a
 /// tmux session of its own; returns once the engine is ready. Answers are a few tokens.
 fn tiny_workbench(dir: &Path, name: &str) -> (String, std::path::PathBuf, KillOnDrop) {
+    tiny_workbench_with(dir, name, "")
+}
+
+/// [`tiny_workbench`] with `env` (`NAME=value `, or empty) before the command.
+fn tiny_workbench_with(
+    dir: &Path,
+    name: &str,
+    env: &str,
+) -> (String, std::path::PathBuf, KillOnDrop) {
     let t = tiny();
     // Room for two pasted blocks of about 630 tokens each.
     let t = Tiny {
@@ -284,7 +293,7 @@ fn tiny_workbench(dir: &Path, name: &str) -> (String, std::path::PathBuf, KillOn
     let record = dir.join("s.jsonl");
     let session = format!("baton-{name}-{}", std::process::id());
     let cmd = format!(
-        "{} workbench --source {} --target {} --mapper-dir {} --record {} --max-tokens 4 --no-learn",
+        "{env}{} workbench --source {} --target {} --mapper-dir {} --record {} --max-tokens 4 --no-learn",
         env!("CARGO_BIN_EXE_baton"),
         dir.join("a").display(),
         dir.join("b").display(),
@@ -336,29 +345,17 @@ fn pasted_block() -> String {
     text
 }
 
-#[test]
-fn a_long_paste_then_enter_sends_the_whole_message() {
-    let test = "a_long_paste_then_enter_sends_the_whole_message";
-    if no_tmux(test) {
-        return;
+/// Paste `block` into a fresh workbench under `dir`, bracketed or as a burst of keys,
+/// press Enter, and give back the messages the session file holds once it is answered.
+fn paste_and_send(dir: &Path, name: &str, block: &str, bracketed: bool) -> Vec<String> {
+    std::fs::create_dir_all(dir).unwrap();
+    let (session, record, _kill) = tiny_workbench(dir, name);
+    tmux(&["set-buffer", "-b", "baton-paste", block]);
+    let mut paste = vec!["paste-buffer", "-d", "-b", "baton-paste", "-t", &session];
+    if bracketed {
+        paste.push("-p");
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (session, record, _kill) = tiny_workbench(dir.path(), "paste");
-    let block = pasted_block();
-    // Each line break arrives as a space: the input box holds one line.
-    let want = block.replace('\n', " ");
-    // As a terminal pastes into an application that asked for bracketed paste: the
-    // block between the markers, in one write.
-    tmux(&["set-buffer", "-b", "baton-paste", &block]);
-    tmux(&[
-        "paste-buffer",
-        "-p",
-        "-d",
-        "-b",
-        "baton-paste",
-        "-t",
-        &session,
-    ]);
+    tmux(&paste);
     std::thread::sleep(Duration::from_millis(500));
     tmux(&["send-keys", "-t", &session, "Enter"]);
     wait_for(
@@ -367,23 +364,30 @@ fn a_long_paste_then_enter_sends_the_whole_message() {
         Duration::from_secs(60),
         &|| count_in(&record, "\"type\":\"done\"") == 1,
     );
-    assert_eq!(user_messages(&record), vec![want.clone()]);
+    user_messages(&record)
+}
+
+// Each way of pasting gets a workbench of its own: the tiny models' word-level
+// tokenizer reads a line break as a space, so their cache cannot be extended past a
+// message that holds one (the models a user runs read line breaks as they are).
+#[test]
+fn a_long_paste_then_enter_sends_the_whole_message() {
+    let test = "a_long_paste_then_enter_sends_the_whole_message";
+    if no_tmux(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let block = pasted_block();
+    // The message keeps its line breaks (tmux pastes them as `\r`, as terminals do).
+    let want = vec![block.clone()];
+    // As a terminal pastes into an application that asked for bracketed paste: the
+    // block between the markers, in one write.
+    let sent = paste_and_send(&dir.path().join("bracketed"), "paste", &block, true);
+    assert_eq!(sent, want);
     // The same block where no bracketed paste frames it (a terminal without it, or
     // keys sent one by one): a burst of keys whose line breaks are Enter keys.
-    tmux(&["set-buffer", "-b", "baton-paste", &block]);
-    tmux(&["paste-buffer", "-d", "-b", "baton-paste", "-t", &session]);
-    std::thread::sleep(Duration::from_millis(500));
-    tmux(&["send-keys", "-t", &session, "Enter"]);
-    wait_for(
-        &session,
-        "the second message's answer",
-        Duration::from_secs(60),
-        &|| count_in(&record, "\"type\":\"done\"") == 2,
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let s = screen(&session);
-    eprintln!("{s}");
-    assert_eq!(user_messages(&record), vec![want.clone(), want], "{s}");
+    let sent = paste_and_send(&dir.path().join("keys"), "paste-keys", &block, false);
+    assert_eq!(sent, want);
 }
 
 #[test]
@@ -434,4 +438,114 @@ fn a_decomposed_accent_typed_in_the_workbench_is_answered_and_so_is_the_next_mes
         })
         .count();
     assert_eq!(answers, 2, "{s}");
+}
+
+#[test]
+fn a_paste_then_tab_then_enter_sends_the_whole_message_after_the_switch() {
+    let test = "a_paste_then_tab_then_enter_sends_the_whole_message_after_the_switch";
+    if no_tmux(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (session, record, _kill) = tiny_workbench(dir.path(), "queue");
+    tmux(&["send-keys", "-t", &session, "-l", "w3 w4"]);
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    wait_for(
+        &session,
+        "the first answer",
+        Duration::from_secs(60),
+        &|| count_in(&record, "\"type\":\"done\"") == 1,
+    );
+    let block = pasted_block();
+    tmux(&["set-buffer", "-b", "baton-paste", &block]);
+    tmux(&[
+        "paste-buffer",
+        "-p",
+        "-d",
+        "-b",
+        "baton-paste",
+        "-t",
+        &session,
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    // Tab and Enter in one go: Enter arrives while the switch runs.
+    tmux(&["send-keys", "-t", &session, "Tab", "Enter"]);
+    wait_for(
+        &session,
+        "the queued message's answer",
+        Duration::from_secs(60),
+        &|| count_in(&record, "\"type\":\"done\"") == 2,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let s = screen(&session);
+    assert_eq!(
+        user_messages(&record),
+        vec!["w3 w4".to_string(), block],
+        "{s}"
+    );
+    // The session file has the switch before the message that waited for it.
+    let events: Vec<_> = baton::session::read_session(&record)
+        .unwrap()
+        .events()
+        .cloned()
+        .collect();
+    let switch = events
+        .iter()
+        .position(|e| matches!(e, baton::protocol::Event::Switch { .. }));
+    let second = events
+        .iter()
+        .position(|e| matches!(e, baton::protocol::Event::UserMessage { turn: 2, .. }));
+    assert!(
+        switch.is_some() && switch < second,
+        "the switch comes first: {switch:?} {second:?}\n{s}"
+    );
+}
+
+/// The SGR parameters of every `ESC [ … m` in `text` that set a colour (not the
+/// default-colour 39 and 49), with the extended forms `38;5;n` and `38;2;r;g;b`.
+fn colour_sequences(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for part in text.split("\u{1b}[").skip(1) {
+        let Some(end) = part.find(|c: char| !(c.is_ascii_digit() || c == ';')) else {
+            continue;
+        };
+        if !part[end..].starts_with('m') {
+            continue;
+        }
+        let params = &part[..end];
+        let colour = params.split(';').any(|p| {
+            matches!(p.parse::<u32>(), Ok(n) if (30..=38).contains(&n) || (40..=48).contains(&n) || (90..=107).contains(&n))
+        });
+        if colour {
+            found.push(params.to_string());
+        }
+    }
+    found
+}
+
+#[test]
+fn a_dumb_terminal_is_sent_no_colour() {
+    let test = "a_dumb_terminal_is_sent_no_colour";
+    if no_tmux(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (session, record, _kill) = tiny_workbench_with(dir.path(), "dumb", "TERM=dumb ");
+    // A turn and a switch put the coloured parts on screen: the active model's badge,
+    // the mapped cache's label, the latency bars.
+    tmux(&["send-keys", "-t", &session, "-l", "w3 w4"]);
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    wait_for(&session, "the answer", Duration::from_secs(60), &|| {
+        count_in(&record, "\"type\":\"done\"") == 1
+    });
+    tmux(&["send-keys", "-t", &session, "Tab"]);
+    wait_for(&session, "the switch", Duration::from_secs(60), &|| {
+        count_in(&record, "\"type\":\"switch\"") == 1
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let with_styles = tmux(&["capture-pane", "-e", "-p", "-t", &session]);
+    // The capture does carry styles: bold is still sent.
+    assert!(with_styles.contains("\u{1b}[1m"), "{with_styles:?}");
+    let colours = colour_sequences(&with_styles);
+    assert!(colours.is_empty(), "colours sent: {colours:?}");
 }

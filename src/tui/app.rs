@@ -10,6 +10,7 @@ mod actions;
 mod demo;
 mod events;
 mod keymap;
+mod queue;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -26,6 +27,7 @@ use super::phase::Phase;
 use super::records::{Entry, SwitchRecord, TurnPair};
 use crate::protocol::{Command, Event, MapperInfo, ModelInfo};
 use demo::Demo;
+use queue::Queued;
 use ratatui::layout::Rect;
 
 /// What the workbench knows before the engine says anything.
@@ -125,6 +127,8 @@ pub struct App {
     turn_announced: bool,
     recording_stopped: bool,
     demo: Option<Demo>,
+    /// A message sent while a switch runs, waiting for it to finish.
+    queued: Option<Queued>,
     dirty: bool,
     // The panels that keep view state of their own.
     input: InputBox,
@@ -158,6 +162,7 @@ impl App {
             turn_announced: false,
             recording_stopped: false,
             demo: None,
+            queued: None,
             dirty: true,
             input: InputBox::default(),
             transcript_panel: Transcript::default(),

@@ -1,6 +1,11 @@
-//! A one-line text buffer with a cursor, for the message and the bookmark note.
+//! A text buffer with a cursor, for the message and the bookmark note. It keeps the line
+//! breaks and tabs of a pasted block (a message is often code), and shows them in one
+//! row: a line break as [`LINE_BREAK`], a tab as a space.
 
-use unicode_width::UnicodeWidthStr;
+use unicode_width::UnicodeWidthChar;
+
+/// How a line break shows in the one-row window.
+pub const LINE_BREAK: char = '↵';
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LineInput {
@@ -34,18 +39,38 @@ impl LineInput {
         self.text.chars().count()
     }
 
+    /// Line breaks and tabs are kept; any other control character (a stray escape in a
+    /// paste) becomes a space, as it would show as nothing and shift the cursor.
     pub fn insert(&mut self, c: char) {
-        // A pasted line break would otherwise leave the one-line field in pieces.
-        let c = if c.is_control() { ' ' } else { c };
+        let c = if c.is_control() && c != '\n' && c != '\t' {
+            ' '
+        } else {
+            c
+        };
         let at = self.byte_at(self.cursor);
         self.text.insert(at, c);
         self.cursor += 1;
     }
 
+    /// Inserts pasted text. Terminals paste line breaks as `\r` (some as `\r\n`); each
+    /// becomes one `\n`, so the message reads as it was written.
     pub fn insert_str(&mut self, s: &str) {
-        for c in s.chars() {
-            self.insert(c);
+        let mut chars = s.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c == '\r' {
+                if chars.peek() == Some(&'\n') {
+                    chars.next();
+                }
+                self.insert('\n');
+            } else {
+                self.insert(c);
+            }
         }
+    }
+
+    /// How many lines the text has (1 when it has no line break).
+    pub fn lines(&self) -> usize {
+        self.text.matches('\n').count() + 1
     }
 
     pub fn backspace(&mut self) {
@@ -86,27 +111,37 @@ impl LineInput {
     }
 
     /// The part to show in `width` columns so that the cursor stays in view, and the
-    /// cursor's column within it.
+    /// cursor's column within it. Line breaks show as [`LINE_BREAK`] and tabs as spaces,
+    /// one column each, so the whole text fits one row.
     pub fn window(&self, width: usize) -> (String, usize) {
         let width = width.max(1);
-        let chars: Vec<char> = self.text.chars().collect();
-        let w = |cs: &[char]| cs.iter().collect::<String>().width();
+        let chars: Vec<char> = self.text.chars().map(shown_as).collect();
+        let widths: Vec<usize> = chars.iter().map(|c| c.width().unwrap_or(0)).collect();
+        let w = |from: usize, to: usize| widths[from..to].iter().sum::<usize>();
         let mut start = 0;
         // Leave a column for the cursor itself at the end of the text.
-        while start < self.cursor && w(&chars[start..self.cursor]) >= width {
+        while start < self.cursor && w(start, self.cursor) >= width {
             start += 1;
         }
         let mut shown = String::new();
         let mut used = 0;
-        for c in &chars[start..] {
-            let cw = c.to_string().width();
+        for (c, cw) in chars[start..].iter().zip(&widths[start..]) {
             if used + cw > width {
                 break;
             }
             shown.push(*c);
             used += cw;
         }
-        (shown, w(&chars[start..self.cursor]))
+        (shown, w(start, self.cursor))
+    }
+}
+
+/// How `c` shows in the one-row window.
+fn shown_as(c: char) -> char {
+    match c {
+        '\n' => LINE_BREAK,
+        '\t' => ' ',
+        c => c,
     }
 }
 
@@ -147,8 +182,21 @@ mod tests {
     }
 
     #[test]
-    fn line_breaks_become_spaces() {
-        assert_eq!(typed("a\nb\tc").text(), "a b c");
+    fn pasted_line_breaks_and_tabs_are_kept_and_other_controls_become_spaces() {
+        let i = typed("a\r\nb\rc\nd\te\u{1b}f");
+        assert_eq!(i.text(), "a\nb\nc\nd\te f");
+        assert_eq!(i.lines(), 4);
+        assert_eq!(typed("one line").lines(), 1);
+    }
+
+    #[test]
+    fn a_line_break_shows_as_a_mark_in_one_row() {
+        let i = typed("fn x() {\n\tok\n}");
+        let (shown, at) = i.window(40);
+        assert_eq!(shown, "fn x() {↵ ok↵}");
+        assert_eq!(at, 14);
+        let (shown, at) = i.window(6);
+        assert_eq!((shown.as_str(), at), (" ok↵}", 5));
     }
 
     #[test]

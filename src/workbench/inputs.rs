@@ -469,10 +469,11 @@ mod tests {
         {
             sent.extend(app.update(msg));
         }
+        // Its line breaks reach the engine as line breaks.
         assert_eq!(
             sent,
             vec![Effect::Send(Command::Submit {
-                text: lines.join(" ")
+                text: lines.join("\n")
             })]
         );
     }

@@ -29,8 +29,7 @@ impl App {
             return vec![];
         }
         if self.phase.switches_pending() > 0 {
-            self.say(Level::Warn, "a switch is running: wait for it to finish");
-            return vec![];
+            return self.queue_message();
         }
         let text = self.input.take_message();
         self.start_turn(text)
@@ -52,6 +51,9 @@ impl App {
         if self.demo.is_some() {
             self.say(Level::Warn, "the demo is running: it switches by itself");
             return vec![];
+        }
+        if self.has_queued_message() {
+            return self.queue_switch_after_message();
         }
         self.send_switch()
     }
@@ -125,6 +127,12 @@ impl App {
             }
             self.say(Level::Info, "cancelling: what was generated so far is kept");
             return vec![Effect::Send(Command::Cancel)];
+        }
+        if self.has_queued_message() {
+            return self.withdraw_queued(
+                Level::Info,
+                "your queued message is back in the box; the switch runs on (it cannot be cancelled)".into(),
+            );
         }
         if self.phase.switches_pending() > 0 {
             self.say(Level::Info, "a switch cannot be cancelled; it ends shortly");

@@ -20,8 +20,27 @@ impl App {
     }
 
     pub(super) fn on_event(&mut self, e: Event) -> Vec<Effect> {
+        // A message waits only behind switches, so an error that ends a command then
+        // ended a switch: the message was meant for after it and goes back to the box.
+        let switch_failed = match &e {
+            Event::Error {
+                message,
+                fatal: false,
+            } if self.has_queued_message() && !message.starts_with("recording stopped") => {
+                Some(message.clone())
+            }
+            _ => None,
+        };
         self.apply_event(&e);
-        self.demo_after(&e)
+        let mut fx = match switch_failed {
+            Some(message) => self.withdraw_queued(
+                Level::Error,
+                format!("{message} · your queued message is back in the box"),
+            ),
+            None => self.send_queued(),
+        };
+        fx.extend(self.demo_after(&e));
+        fx
     }
 
     fn apply_event(&mut self, e: &Event) {

@@ -3,6 +3,7 @@
 mod demo;
 mod events;
 mod measuring;
+mod queue;
 
 use super::*;
 use crate::protocol::{
@@ -164,14 +165,14 @@ fn typing_edits_at_the_cursor() {
     typed(&mut app, "p!");
     assert_eq!(app.input_text(), "ellp!");
     app.update(Msg::Paste("a\nb".into()));
-    assert_eq!(app.input_text(), "ellp!a b");
+    assert_eq!(app.input_text(), "ellp!a\nb");
 }
 
 #[test]
 fn a_pasted_block_is_text_and_the_enter_after_it_sends_it_whole() {
     let mut app = ready_app();
     // About 2.6 KB, starting with the keys that ask something of an empty input, with
-    // line breaks and tabs, ending on a line break, as a terminal pastes it.
+    // line breaks (`\r\n`) and tabs, ending on a line break, as a terminal pastes it.
     let lines: Vec<String> = (0..82)
         .map(|i| format!("q? line {i:02}\tof the pasted block\r"))
         .collect();
@@ -179,10 +180,9 @@ fn a_pasted_block_is_text_and_the_enter_after_it_sends_it_whole() {
     assert!((2500..2800).contains(&block.len()), "{}", block.len());
     assert_eq!(app.update(Msg::Paste(block.clone())), vec![]);
     assert_eq!(app.overlay, Overlay::None);
-    let text: String = block
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    // Its line breaks and tabs are kept; each `\r\n` is one line break.
+    let text = block.replace("\r\n", "\n").replace('\r', "\n");
+    assert_eq!(text.lines().count(), 82);
     assert_eq!(app.input_text(), text);
     assert_eq!(
         code(&mut app, KeyCode::Enter),
@@ -240,12 +240,16 @@ fn tab_during_a_turn_sends_the_switch_and_says_it_is_queued() {
     );
     assert_eq!(app.status_text(), Some(notice));
     event(&mut app, Event::Done { turn: 1 });
-    // The engine runs the queued switch before anything typed now.
+    // The engine runs the queued switch before anything typed now: the message waits
+    // for it and goes to the model that then has the conversation.
     typed(&mut app, "x");
     assert_eq!(code(&mut app, KeyCode::Enter), vec![]);
-    event(&mut app, switch_event(10));
-    assert!(!app.busy());
+    assert_eq!(
+        event(&mut app, switch_event(10)),
+        vec![send(Command::Submit { text: "x".into() })]
+    );
     assert_eq!(app.active, 1);
+    assert!(app.phase.answering());
 }
 
 #[test]
@@ -300,6 +304,15 @@ fn a_bookmark_note_leaves_the_message_alone() {
         })]
     );
     assert_eq!(app.input_text(), "half a thought");
+    // A note pasted in lines is one line; the message keeps its line breaks.
+    key(&mut app, Key::ctrl('b'));
+    app.update(Msg::Paste("two\r\nlines\tand a tab".into()));
+    assert_eq!(
+        code(&mut app, KeyCode::Enter),
+        vec![send(Command::Bookmark {
+            note: "two lines and a tab".into()
+        })]
+    );
     key(&mut app, Key::ctrl('b'));
     typed(&mut app, "dropped");
     assert_eq!(code(&mut app, KeyCode::Esc), vec![]);

@@ -5,7 +5,8 @@ use super::{App, Overlay};
 use crate::tui::layout::{self, Areas, MIN_HEIGHT, MIN_WIDTH};
 use crate::tui::panels::input_box::InputContext;
 use crate::tui::panels::loading::{self, Loading};
-use crate::tui::panels::status::{self, Activity, DemoBadge, Session};
+use crate::tui::panels::session_line::{self, DemoBadge, Session};
+use crate::tui::panels::status::{self, Activity};
 use crate::tui::panels::{banners, help, latency, side_by_side, Names};
 use ratatui::layout::Rect;
 use ratatui::text::Line;
@@ -67,7 +68,7 @@ pub fn render_panel(frame: &mut Frame, area: Rect, app: &App, panel: Panel) {
         Panel::Layers => app.layers.draw(frame, area, app.switches.last()),
         Panel::Input => app.input.draw(frame, area, app.input_context()),
         Panel::Message => app.message_line.draw(frame, area, app.activity()),
-        Panel::Status => status::render_status(frame, area, &app.session()),
+        Panel::Status => session_line::render_status(frame, area, &app.session()),
         Panel::Hints => status::render_hints(frame, area),
         Panel::Help => help::render(frame, area),
     }
@@ -116,11 +117,12 @@ impl App {
             to: self.active_model().map(|m| m.name.as_str()),
             busy: self.busy(),
             cursor: self.overlay == Overlay::None,
+            queued: self.queued.is_some(),
         }
     }
 
     /// What the engine is busy with, if anything.
-    fn activity(&self) -> Option<Activity<'_>> {
+    pub(super) fn activity(&self) -> Option<Activity<'_>> {
         if self.phase.stopped() {
             return None;
         }
@@ -138,7 +140,9 @@ impl App {
             });
         }
         if self.phase.switches_pending() > 0 {
-            return Some(Activity::HandingOver);
+            return Some(Activity::HandingOver {
+                queued: self.queued.is_some(),
+            });
         }
         self.measuring().map(|s| Activity::Measuring(s.index))
     }

@@ -8,14 +8,17 @@ use ratatui::widgets::{Clear, Paragraph, Wrap};
 use ratatui::Frame;
 
 const KEYS: [(&str, &str); 14] = [
-    ("Enter", "send the message (not while a turn runs)"),
+    (
+        "Enter",
+        "send the message (queued during a switch; not while a turn runs)",
+    ),
     (
         "Tab",
         "hand the conversation to the other model (queued during a turn)",
     ),
     (
         "Esc",
-        "cancel the answer or a switch's measurement · close help or the note",
+        "cancel the answer or a switch's measurement · take back a queued message",
     ),
     (
         "Ctrl-R",

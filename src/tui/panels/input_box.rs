@@ -2,7 +2,7 @@
 //! both buffers; the message is kept while a note is written.
 
 use super::{panel, DIM};
-use crate::tui::input::LineInput;
+use crate::tui::input::{LineInput, LINE_BREAK};
 use crate::tui::keys::{Key, KeyCode};
 use crate::tui::layout::inner;
 use ratatui::layout::{Position, Rect};
@@ -27,6 +27,8 @@ pub(crate) struct InputContext<'a> {
     pub busy: bool,
     /// Nothing covers the box, so the terminal's cursor goes in it.
     pub cursor: bool,
+    /// A message waits for a switch to finish; the box says so while it is empty.
+    pub queued: bool,
 }
 
 impl InputBox {
@@ -46,6 +48,17 @@ impl InputBox {
     /// Types `c` into the message even while a note is open.
     pub fn type_into_message(&mut self, c: char) {
         self.message.insert(c);
+    }
+
+    /// Puts `text` back in front of whatever the message holds now, a line break
+    /// between them, so that neither is lost.
+    pub fn restore_message(&mut self, text: &str) {
+        let typed = self.message.take();
+        self.message.insert_str(text);
+        if !typed.is_empty() {
+            self.message.insert('\n');
+            self.message.insert_str(&typed);
+        }
     }
 
     pub fn note_open(&self) -> bool {
@@ -69,9 +82,17 @@ impl InputBox {
         self.note.as_mut().unwrap_or(&mut self.message)
     }
 
-    /// Pasted text goes where the cursor is: into the note if one is open.
+    /// Pasted text goes where the cursor is: into the note if one is open. A note is one
+    /// line in the transcript and the status line, so its line breaks and tabs become
+    /// spaces; the message keeps them.
     pub fn paste(&mut self, text: &str) {
-        self.focused().insert_str(text);
+        match self.note.as_mut() {
+            Some(note) => {
+                let flat = text.replace("\r\n", " ").replace(['\r', '\n', '\t'], " ");
+                note.insert_str(&flat);
+            }
+            None => self.message.insert_str(text),
+        }
     }
 
     /// The editing keys, shared by the message and the note.
@@ -100,8 +121,13 @@ impl InputBox {
                 let to = ctx
                     .to
                     .map_or_else(String::new, |name| format!(" to {name}"));
+                // The box shows one row; the count says a pasted block is all there.
+                let lines = match self.message.lines() {
+                    1 => String::new(),
+                    n => format!(" · {n} lines"),
+                };
                 (
-                    Line::from(format!(" message{to} ")),
+                    Line::from(format!(" message{to}{lines} ")),
                     &self.message,
                     Style::default(),
                 )
@@ -110,10 +136,16 @@ impl InputBox {
         let block = panel(title).border_style(style.fg(style.fg.unwrap_or(Color::Gray)));
         let body = inner(area);
         let (shown, cursor) = input.window(body.width as usize);
-        let content = if shown.is_empty() && self.note.is_none() && !ctx.busy {
+        let empty_message = shown.is_empty() && self.note.is_none();
+        let content = if empty_message && ctx.queued {
+            Line::from(Span::styled(
+                "message queued: sent when the handoff is done · Esc takes it back",
+                DIM,
+            ))
+        } else if empty_message && !ctx.busy {
             Line::from(Span::styled("type here, Enter sends", DIM))
         } else {
-            Line::from(Span::styled(shown, style))
+            with_marked_breaks(&shown, style)
         };
         frame.render_widget(Paragraph::new(content).block(block), area);
         if ctx.cursor && !body.is_empty() {
@@ -121,4 +153,18 @@ impl InputBox {
             frame.set_cursor_position(Position::new(x, body.y));
         }
     }
+}
+
+/// `shown` with its line-break marks dimmed, so they read as marks and not as text.
+fn with_marked_breaks(shown: &str, style: Style) -> Line<'static> {
+    let mut spans = Vec::new();
+    for (i, part) in shown.split(LINE_BREAK).enumerate() {
+        if i > 0 {
+            spans.push(Span::styled(LINE_BREAK.to_string(), DIM));
+        }
+        if !part.is_empty() {
+            spans.push(Span::styled(part.to_string(), style));
+        }
+    }
+    Line::from(spans)
 }

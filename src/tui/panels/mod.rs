@@ -12,6 +12,7 @@ pub(crate) mod input_box;
 pub(crate) mod latency;
 pub(crate) mod layers;
 pub(crate) mod loading;
+pub(crate) mod session_line;
 pub(crate) mod side_by_side;
 pub(crate) mod status;
 pub(crate) mod transcript;

@@ -1,9 +1,9 @@
-//! The lines at the bottom: what just happened, the session's state, and the keys.
+//! The lines at the bottom but the session's (see `session_line`): what just happened,
+//! and the keys.
 
-use super::{short_mapper_id, Names, BAD, BOLD, DIM, MAP, WARN};
-use crate::protocol::{MapperInfo, ModelInfo};
+use super::{BAD, BOLD, DIM, WARN};
 use ratatui::layout::Rect;
-use ratatui::style::{Color, Modifier, Style};
+use ratatui::style::{Color, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 use ratatui::Frame;
@@ -32,7 +32,8 @@ pub(crate) enum Activity<'a> {
         reference: bool,
         cancelling: bool,
     },
-    HandingOver,
+    /// A switch runs; `queued` when a message waits for it.
+    HandingOver { queued: bool },
     /// The measurement of the switch with this index runs.
     Measuring(u32),
 }
@@ -104,166 +105,10 @@ fn describe(activity: Activity) -> String {
                 format!("{model} is answering · Esc cancels")
             }
         }
-        Activity::HandingOver => "handing over…".into(),
+        Activity::HandingOver { queued: false } => "handing over…".into(),
+        Activity::HandingOver { queued: true } => "handing over… · then your message".into(),
         Activity::Measuring(index) => format!("measuring switch #{} · Esc cancels", index + 1),
     }
-}
-
-/// The demo's place on the status line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DemoBadge {
-    /// The demo runs step `.0` of `.1`.
-    Step(usize, usize),
-    Over,
-}
-
-/// What the status line shows about the session.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Session<'a> {
-    pub models: &'a [ModelInfo],
-    pub active: usize,
-    pub demo: Option<DemoBadge>,
-    pub device: &'a str,
-    pub context_tokens: usize,
-    pub reference: bool,
-    pub repair: bool,
-    /// The active model's cache repaired so far, of its length, since the last switch.
-    pub repaired: Option<(usize, usize)>,
-    /// Newest tokens the target reads itself at a switch (0: all mapped).
-    pub tail: usize,
-    /// The re-read setting (`20%:source-attention:word`), if any.
-    pub reread: Option<&'a str>,
-    pub record_path: Option<&'a str>,
-    pub recording_stopped: bool,
-    pub mappers: &'a [MapperInfo],
-}
-
-/// How much the status bar leaves out to fit its line, least important first.
-#[derive(Clone, Copy, PartialEq, PartialOrd)]
-enum Fit {
-    Everything,
-    ShortNames,
-    RecordingFileName,
-    NoMappers,
-    NoDevice,
-}
-
-/// Both models (the active one marked), device, context, mappers, recording, reference.
-pub(crate) fn render_status(frame: &mut Frame, area: Rect, session: &Session) {
-    let fits = [
-        Fit::Everything,
-        Fit::ShortNames,
-        Fit::RecordingFileName,
-        Fit::NoMappers,
-        Fit::NoDevice,
-    ];
-    let line = fits
-        .iter()
-        .map(|f| status_line(session, *f))
-        .find(|l| l.width() <= area.width as usize)
-        .unwrap_or_else(|| status_line(session, Fit::NoDevice));
-    frame.render_widget(Paragraph::new(line), area);
-}
-
-fn status_line(s: &Session, fit: Fit) -> Line<'static> {
-    let sep = || Span::styled(" │ ", DIM);
-    let mut spans = Vec::new();
-    for (i, m) in s.models.iter().enumerate() {
-        let name = if fit >= Fit::ShortNames {
-            Names(s.models).short(m.name.as_str())
-        } else {
-            m.name.to_string()
-        };
-        if i == s.active {
-            spans.push(Span::styled(
-                format!(" ▶ {name} "),
-                Style::new()
-                    .fg(Color::Black)
-                    .bg(MAP)
-                    .add_modifier(Modifier::BOLD),
-            ));
-        } else {
-            spans.push(Span::styled(format!(" {name} "), DIM));
-        }
-    }
-    match s.demo {
-        Some(DemoBadge::Step(step, total)) => {
-            spans.push(sep());
-            spans.push(Span::styled(
-                format!("demo step {step}/{total}"),
-                BOLD.fg(Color::Cyan),
-            ));
-        }
-        Some(DemoBadge::Over) => {
-            spans.push(sep());
-            spans.push(Span::styled("demo over", Style::new().fg(Color::Cyan)));
-        }
-        None => {}
-    }
-    if fit < Fit::NoDevice {
-        spans.push(sep());
-        spans.push(Span::raw(s.device.to_string()));
-    }
-    spans.push(sep());
-    spans.push(Span::styled(format!("{} tokens", s.context_tokens), BOLD));
-    spans.push(sep());
-    let (reference, style) = if s.reference {
-        ("reference on", Style::new().fg(MAP))
-    } else {
-        ("reference off", Style::new().fg(WARN))
-    };
-    spans.push(Span::styled(reference, style));
-    match (s.repair, s.repaired) {
-        (true, Some((done, total))) if done < total => {
-            spans.push(sep());
-            spans.push(Span::styled(
-                format!("repaired {done} / {total}"),
-                Style::new().fg(WARN),
-            ));
-        }
-        (true, Some((_, total))) => {
-            spans.push(sep());
-            spans.push(Span::styled(
-                format!("repaired {total} / {total}"),
-                Style::new().fg(MAP),
-            ));
-        }
-        (true, None) => {
-            spans.push(sep());
-            spans.push(Span::styled("repair on", DIM));
-        }
-        (false, _) => {}
-    }
-    if s.tail > 0 {
-        // The handoff time includes the target reading these itself.
-        spans.push(sep());
-        spans.push(Span::raw(format!("tail {}", s.tail)));
-    }
-    if let Some(r) = s.reread {
-        // Only the budget: the selector and spans are in the help and the session.
-        spans.push(sep());
-        let budget = r.split(':').next().unwrap_or(r);
-        spans.push(Span::raw(format!("re-read {budget}")));
-    }
-    spans.push(sep());
-    spans.push(match (s.record_path, s.recording_stopped) {
-        (_, true) => Span::styled("recording stopped", BOLD.fg(BAD)),
-        (Some(p), false) => {
-            let shown = if fit >= Fit::RecordingFileName {
-                p.rsplit(['/', '\\']).next().unwrap_or(p)
-            } else {
-                p
-            };
-            Span::styled(format!("● rec {shown}"), Style::new().fg(Color::Red))
-        }
-        (None, false) => Span::styled("not recording", DIM),
-    });
-    if !s.mappers.is_empty() && fit < Fit::NoMappers {
-        spans.push(sep());
-        let ids: Vec<String> = s.mappers.iter().map(|m| short_mapper_id(&m.id)).collect();
-        spans.push(Span::styled(format!("mappers {}", ids.join(" ")), DIM));
-    }
-    Line::from(spans)
 }
 
 /// The keys worth knowing, shortened when the line is narrow.
