@@ -89,6 +89,70 @@ pub enum FetchError {
     #[error("hub download failed: {0} (set BATON_OFFLINE_HUB=1 to skip the hub)")]
     Hub(String),
 
+    /// The hub answered that the file (or revision) is not there.
+    #[error(
+        "the hub has no file `{file}` in repo `{repo}` at revision `{revision}` (HTTP 404 \
+         from {url}): check the spelling of the repo and of the file's path in it, as \
+         hf:OWNER/REPO/FILE"
+    )]
+    HubNotFound {
+        repo: String,
+        file: String,
+        revision: String,
+        url: String,
+    },
+
+    /// The hub refused the repo: it does not exist, or it needs a token.
+    #[error(
+        "the hub refused repo `{repo}` (HTTP {status} from {url}): it does not exist, or it \
+         is private or gated; check its name, and for a gated or private repo accept its \
+         terms on the hub and set HF_TOKEN to an access token"
+    )]
+    HubDenied {
+        repo: String,
+        status: u16,
+        url: String,
+    },
+
+    /// The hub went silent: no answer, or a transfer that stopped moving.
+    #[error(
+        "the hub at {url} {stage} for {secs}s: it is down or unreachable from here; retry \
+         later, set BATON_HUB_TIMEOUT=SECONDS to wait longer, or BATON_OFFLINE_HUB=1 to \
+         skip the hub"
+    )]
+    HubTimeout {
+        url: String,
+        stage: String,
+        secs: f64,
+    },
+
+    /// The connection closed before the whole file came.
+    #[error(
+        "the transfer of {url} was cut at {done} of {total} bytes ({reason}); the part \
+         downloaded is kept: run again to resume from it"
+    )]
+    HubCut {
+        url: String,
+        done: u64,
+        total: u64,
+        reason: String,
+    },
+
+    /// The bytes that came are not the file the hub announced.
+    #[error(
+        "the file from {url} is corrupt: {problem} (the download was removed; run again to \
+         fetch it anew)"
+    )]
+    HubCorrupt { url: String, problem: String },
+
+    /// A setting in the environment that does not parse.
+    #[error("{var}=`{value}` is not valid: {expected}")]
+    BadSetting {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+
     /// Every source of an entry failed.
     #[error("could not fetch `{name}`: every source failed:\n{}\n{hint}", format_failures(.failures))]
     AllSourcesFailed {

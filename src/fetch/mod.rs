@@ -12,6 +12,7 @@
 pub mod checksum;
 mod error;
 mod file;
+mod hf_spec;
 pub mod hub;
 mod manifest;
 pub mod models;
@@ -27,8 +28,10 @@ use std::path::{Path, PathBuf};
 
 pub use checksum::{sha256_file, Sidecar};
 pub use error::FetchError;
+pub use hf_spec::{parse_hf_spec, resolve_hub_in, HfSpec};
+pub use hub::HubOptions;
 pub use manifest::{Entry, Kind, Manifest, Source};
-pub use models::{local_sha256, open_model, resolve_model, OpenError};
+pub use models::{local_sha256, open_model, resolve_model, resolve_model_in, OpenError};
 pub use progress::{BarProgress, FetchProgress, SilentProgress};
 pub use verify::Verified;
 
@@ -115,10 +118,20 @@ pub fn ensure_in(
     entry: &Entry,
     progress: &dyn FetchProgress,
 ) -> Result<Fetched, FetchError> {
+    ensure_in_with(root, entry, None, progress)
+}
+
+/// [`ensure_in`] reaching the hub as `hub` says (as the environment says when `None`).
+pub fn ensure_in_with(
+    root: &Path,
+    entry: &Entry,
+    hub: Option<&HubOptions>,
+    progress: &dyn FetchProgress,
+) -> Result<Fetched, FetchError> {
     if entry.is_tree() {
         ensure_tree(root, entry, progress)
     } else {
-        ensure_file(root, entry, progress)
+        ensure_file(root, entry, hub, progress)
     }
 }
 

@@ -3,7 +3,7 @@
 //! the runtime is handed a local path and a verified identity and never touches the
 //! network itself.
 
-use super::{checksum, FetchError, FetchProgress, Kind, Manifest, SilentProgress};
+use super::{checksum, FetchError, FetchProgress, HubOptions, Kind, Manifest, SilentProgress};
 use crate::model::{DigestCheck, LoadOptions, Model, ModelError, ResolvedModel};
 use candle_core::Device;
 use std::path::Path;
@@ -38,6 +38,21 @@ pub fn resolve_model(
     spec: &str,
     progress: &dyn FetchProgress,
 ) -> Result<ResolvedModel, FetchError> {
+    resolve_model_in(
+        &super::cache_root(),
+        spec,
+        &HubOptions::from_env()?,
+        progress,
+    )
+}
+
+/// [`resolve_model`] with the cache under `root` and the hub reached as `hub` says.
+pub fn resolve_model_in(
+    root: &Path,
+    spec: &str,
+    hub: &HubOptions,
+    progress: &dyn FetchProgress,
+) -> Result<ResolvedModel, FetchError> {
     let as_path = Path::new(spec);
     let manifest = Manifest::builtin()?;
     let known = manifest
@@ -65,12 +80,12 @@ pub fn resolve_model(
             sha256_check,
         });
     }
-    if let Some(rest) = spec.strip_prefix("hf:") {
-        return resolve_hub(spec, rest, progress);
+    if spec.starts_with("hf:") {
+        return super::resolve_hub_in(root, spec, hub, progress);
     }
     match manifest.entry(spec) {
         Some(entry) if entry.kind == Kind::Model => {
-            let fetched = super::ensure(entry, progress)?;
+            let fetched = super::ensure_in_with(root, entry, Some(hub), progress)?;
             Ok(ResolvedModel {
                 name: entry.name.clone(),
                 path: fetched.path,
@@ -99,44 +114,6 @@ pub fn resolve_model(
 /// Whether `spec` was written as a path rather than a bare name.
 fn looks_like_a_path(spec: &str) -> bool {
     spec.contains('/') || spec.contains(std::path::MAIN_SEPARATOR) || spec.starts_with('.')
-}
-
-fn resolve_hub(
-    spec: &str,
-    rest: &str,
-    progress: &dyn FetchProgress,
-) -> Result<ResolvedModel, FetchError> {
-    let mut parts = rest.splitn(3, '/');
-    let (Some(owner), Some(repo), Some(file)) = (parts.next(), parts.next(), parts.next()) else {
-        return Err(FetchError::BadHubReference(spec.to_string()));
-    };
-    let repo_id = format!("{owner}/{repo}");
-    let root = super::cache_root();
-    let dest = root
-        .join("models")
-        .join("hf")
-        .join(owner)
-        .join(repo)
-        .join(file);
-    if !dest.is_file() {
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| FetchError::Io {
-                action: "create",
-                path: parent.to_path_buf(),
-                source: e,
-            })?;
-        }
-        super::hub::fetch_file(&repo_id, file, None, &root.join("hub"), &dest, progress)?;
-    }
-    // No pinned digest: the one reported is computed from the downloaded bytes.
-    let (sha256, sha256_check) = local_sha256_checked(&dest)?;
-    Ok(ResolvedModel {
-        name: spec.to_string(),
-        sha256,
-        path: dest,
-        source: Some(format!("hub {repo_id}")),
-        sha256_check,
-    })
 }
 
 /// The checksum that binds artifacts and sessions to a local model: of the file for a

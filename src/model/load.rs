@@ -142,7 +142,8 @@ pub fn load_decoder(path: &Path, device: &Device, opts: LoadOptions) -> Result<L
                 source: e,
             })?;
             let cfg = ModelConfig::from_hf_json(&text)?;
-            let w = weights::load_safetensors(path, &cfg, dtype, device)?;
+            let tied = tied_embeddings(&text)?;
+            let w = weights::load_safetensors(path, &cfg, tied, dtype, device)?;
             tracing::info!(path = %path.display(), arch = cfg.arch.name(), layers = cfg.n_layer, "loaded safetensors model");
             Ok(LoadedDecoder {
                 decoder: Decoder::new(cfg, w, dtype, device)?,
@@ -152,4 +153,18 @@ pub fn load_decoder(path: &Path, device: &Device, opts: LoadOptions) -> Result<L
             })
         }
     }
+}
+
+/// Whether config.json ties the output projection to the embedding: transformers' default
+/// (true) when it does not say.
+fn tied_embeddings(config_json: &str) -> Result<bool> {
+    #[derive(serde::Deserialize)]
+    struct Tie {
+        tie_word_embeddings: Option<bool>,
+    }
+    let tie: Tie = serde_json::from_str(config_json).map_err(|e| ModelError::BadMetadata {
+        key: "config.json: tie_word_embeddings".into(),
+        reason: e.to_string(),
+    })?;
+    Ok(tie.tie_word_embeddings.unwrap_or(true))
 }

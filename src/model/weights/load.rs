@@ -237,9 +237,12 @@ pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// `tied`: whether config.json ties the output projection to the embedding; when it does
+/// not, `lm_head.weight` must be there.
 pub(crate) fn load_safetensors(
     dir: &Path,
     cfg: &ModelConfig,
+    tied: bool,
     dtype: DType,
     device: &Device,
 ) -> Result<Weights> {
@@ -298,8 +301,19 @@ pub(crate) fn load_safetensors(
     check_vocabulary(cfg, embed.dims())?;
     let output = if vb.contains_tensor("lm_head.weight") {
         linear("lm_head", false)?
-    } else {
+    } else if tied {
         Linear::new(QMatMul::Tensor(embed.clone()), None)
+    } else {
+        // Falling back to the embedding here would run, and answer nonsense.
+        return Err(ModelError::MissingTensor {
+            name: "lm_head.weight".into(),
+            reason: format!(
+                "config.json sets tie_word_embeddings to false, so the output projection \
+                 must be among the weights, and no file in {} holds it: the directory is \
+                 incomplete (a shard missing?); fetch the model's files again",
+                dir.display()
+            ),
+        });
     };
     Ok(Weights {
         embedding: Embedding::Dense(embed),
