@@ -6,7 +6,7 @@ mod common;
 
 use baton::calibrate::{
     calibrate_with, corpus_info, save_calibration, CalibrateOptions, Calibrated, CorpusName,
-    Direction, Keep, NoProgress, Run, TokenFeatures,
+    Direction, Keep, NoProgress, Run,
 };
 use baton::data::corpus::{self, Document};
 use baton::mapper::artifact;
@@ -20,15 +20,7 @@ use std::sync::atomic::AtomicBool;
 fn opts(sequences: usize) -> CalibrateOptions {
     CalibrateOptions {
         sequences,
-        seq_len: 48,
-        stride: 1,
-        select_sequences: 2,
-        probes: 8,
-        k_sweep: vec![2],
-        lambdas: vec![0.01],
-        max_k: usize::MAX,
-        token_features: TokenFeatures::Off,
-        ..CalibrateOptions::default()
+        ..common::engine_rig::opts()
     }
 }
 
