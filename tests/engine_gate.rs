@@ -60,7 +60,7 @@ fn switch_once(dir: &Path, gate: Option<f64>) -> Event {
     });
     r.handle(Command::Switch)
         .into_iter()
-        .find(|e| matches!(e, Event::Switch { .. }))
+        .find(|e| matches!(e, Event::Switch(_)))
         .expect("a switch")
 }
 
@@ -76,11 +76,11 @@ fn every_switch_is_estimated_and_without_a_gate_off_the_handoff() {
     assert!(
         handoff.iter().any(|e| matches!(
             e,
-            Event::Switch {
+            Event::Switch(baton::protocol::SwitchEvent {
                 estimate: None,
                 gate: None,
                 ..
-            }
+            })
         )),
         "the handoff does not wait for it: {handoff:?}"
     );
@@ -108,11 +108,11 @@ fn with_a_kept_line_the_gate_decides_on_the_predicted_cosine_when_the_reference_
     write_pair(dir.path(), false);
     // cosine = 1.5 - 0.5 × distance: with the distance near 1, about 1.0.
     keep_line(dir.path(), "feature_distance", 1.5, -0.5);
-    let Event::Switch {
+    let Event::Switch(baton::protocol::SwitchEvent {
         estimate: Some(e),
         gate: Some(g),
         ..
-    } = switch_once(dir.path(), Some(0.2))
+    }) = switch_once(dir.path(), Some(0.2))
     else {
         panic!("a gated switch");
     };
@@ -123,16 +123,18 @@ fn with_a_kept_line_the_gate_decides_on_the_predicted_cosine_when_the_reference_
     assert_eq!(g.estimate, p);
     assert_eq!(g.used, CacheOrigin::Mapped, "{p} clears 0.2");
     // A threshold above the prediction re-prefills instead.
-    let Event::Switch { gate: Some(g), .. } = switch_once(dir.path(), Some(p + 0.01)) else {
+    let Event::Switch(baton::protocol::SwitchEvent { gate: Some(g), .. }) =
+        switch_once(dir.path(), Some(p + 0.01))
+    else {
         panic!()
     };
     assert_eq!(g.used, CacheOrigin::Reprefilled);
 
     // A line on the round trip reads the round trip.
     keep_line(dir.path(), "round_trip", 0.1, 0.5);
-    let Event::Switch {
+    let Event::Switch(baton::protocol::SwitchEvent {
         estimate: Some(e), ..
-    } = switch_once(dir.path(), Some(0.0))
+    }) = switch_once(dir.path(), Some(0.0))
     else {
         panic!()
     };
@@ -201,9 +203,9 @@ fn a_round_trip_line_is_set_aside_once_the_mapper_back_is_another_and_kept_while
             .collect()
     };
     let predicts = || {
-        let Event::Switch {
+        let Event::Switch(baton::protocol::SwitchEvent {
             estimate: Some(e), ..
-        } = switch_once(dir.path(), Some(0.0))
+        }) = switch_once(dir.path(), Some(0.0))
         else {
             panic!("an estimated switch")
         };

@@ -216,7 +216,9 @@ fn context_of(events: &[Event]) -> usize {
     events
         .iter()
         .find_map(|e| match e {
-            Event::Switch { context_tokens, .. } => Some(*context_tokens),
+            Event::Switch(baton::protocol::SwitchEvent { context_tokens, .. }) => {
+                Some(*context_tokens)
+            }
             _ => None,
         })
         .expect("a switch")
@@ -288,8 +290,8 @@ fn a_switch_never_waits_for_learning_and_says_which_mapper_it_used() {
     // The first switch's measurement hands both directions' steps to the learning
     // thread; the switch back is asked for at once, while they run.
     let first = r.talk_and_switch_unsettled(3);
-    let Some(Event::Switch { mapper, .. }) =
-        first.iter().find(|e| matches!(e, Event::Switch { .. }))
+    let Some(Event::Switch(baton::protocol::SwitchEvent { mapper, .. })) =
+        first.iter().find(|e| matches!(e, Event::Switch(_)))
     else {
         panic!("no switch: {first:?}");
     };
@@ -306,8 +308,8 @@ fn a_switch_never_waits_for_learning_and_says_which_mapper_it_used() {
             .any(|e| matches!(e, Event::Notice { message } if message.contains("wait"))),
         "{back:?}"
     );
-    let Some(Event::Switch { mapper, from, .. }) =
-        back.iter().find(|e| matches!(e, Event::Switch { .. }))
+    let Some(Event::Switch(baton::protocol::SwitchEvent { mapper, from, .. })) =
+        back.iter().find(|e| matches!(e, Event::Switch(_)))
     else {
         panic!("no switch back: {back:?}");
     };
@@ -328,11 +330,11 @@ fn a_switch_never_waits_for_learning_and_says_which_mapper_it_used() {
     r.settle();
     let _ = r.handle(baton::protocol::Command::Switch);
     let again = r.handle(baton::protocol::Command::Switch);
-    let Some(Event::Switch {
+    let Some(Event::Switch(baton::protocol::SwitchEvent {
         mapper: Some(now),
         from,
         ..
-    }) = again.iter().find(|e| matches!(e, Event::Switch { .. }))
+    })) = again.iter().find(|e| matches!(e, Event::Switch(_)))
     else {
         panic!("no switch: {again:?}");
     };

@@ -222,7 +222,7 @@ fn cancel_and_switch_during_generation_have_defined_effects() {
         match next(&handle) {
             Event::Notice { message } if message.contains("switch queued") => saw_notice = true,
             Event::Done { .. } => saw_done = true,
-            Event::Switch { from, to, .. } => {
+            Event::Switch(baton::protocol::SwitchEvent { from, to, .. }) => {
                 assert!(saw_done, "the queued switch runs after the turn");
                 assert_ne!(from, to);
                 break;
@@ -297,12 +297,12 @@ fn the_gate_reprefills_below_its_threshold_and_premapping_reports_its_cost() {
     handle.send(Command::Switch);
     let gate = loop {
         match next(&handle) {
-            Event::Switch {
+            Event::Switch(baton::protocol::SwitchEvent {
                 gate,
                 timings,
                 suffix_tokens,
                 ..
-            } => {
+            }) => {
                 // The pre-map already moved the conversation: nothing is left to map.
                 assert_eq!(suffix_tokens, 0, "{timings:?}");
                 break gate.expect("a gate decision");

@@ -24,11 +24,11 @@ fn the_first_message_after_a_switch_rereads_within_its_budget_and_later_ones_do_
         c.settings.reread = RereadSetting::parse("0.3:source-attention:word").unwrap();
     });
     let events = rig.talk_and_switch(1);
-    let Some(Event::Switch {
+    let Some(Event::Switch(baton::protocol::SwitchEvent {
         reread,
         context_tokens,
         ..
-    }) = events.iter().find(|e| matches!(e, Event::Switch { .. }))
+    })) = events.iter().find(|e| matches!(e, Event::Switch(_)))
     else {
         panic!("no switch in {events:?}");
     };
@@ -104,9 +104,10 @@ fn rereading_everything_gives_the_reprefilled_answer_and_off_rereads_nothing() {
         .iter()
         .any(|e| matches!(e, Event::Notice { message } if message.starts_with("re-read off"))));
     let events = rig.handle(Command::Switch);
-    assert!(events
-        .iter()
-        .any(|e| matches!(e, Event::Switch { reread: None, .. })));
+    assert!(events.iter().any(|e| matches!(
+        e,
+        Event::Switch(baton::protocol::SwitchEvent { reread: None, .. })
+    )));
     let events = rig.handle(Command::Submit {
         text: tiny().chat_text(10, 6),
     });

@@ -206,14 +206,14 @@ fn a_switch_reports_its_handoff_first_and_its_measurement_after() {
     say(&mut r, 12, 1);
     assert_eq!(r.engine.active(), 0);
     let events = r.handle(Command::Switch);
-    let [Event::Switch {
+    let [Event::Switch(baton::protocol::SwitchEvent {
         index: 0,
         timings,
         metrics: None,
         measurement_follows: true,
         context_tokens,
         ..
-    }] = events.as_slice()
+    })] = events.as_slice()
     else {
         panic!("the handoff alone: {events:?}");
     };
@@ -418,12 +418,12 @@ fn a_switch_sent_during_a_turn_runs_after_it() {
         |e| matches!(e, Event::Notice { message } if message.contains("switch queued")),
     );
     assert!(notice.is_some(), "{events:?}");
-    assert!(!events.iter().any(|e| matches!(e, Event::Switch { .. })));
+    assert!(!events.iter().any(|e| matches!(e, Event::Switch(_))));
     assert_eq!(r.engine.active(), 0);
     let (handle, _dir, _) = r.start();
     let events = until(&handle, |e| matches!(e, Event::SwitchMeasured { .. }));
     assert!(
-        matches!(&events[0], Event::Switch { from, to, .. } if from == "a" && to == "b"),
+        matches!(&events[0], Event::Switch(baton::protocol::SwitchEvent { from, to, .. }) if from == "a" && to == "b"),
         "{events:?}"
     );
     handle.shutdown();
@@ -436,11 +436,11 @@ fn the_gate_decides_at_the_handoff_from_what_it_knows_then() {
     let calibration = r.calibration;
     say(&mut r, 12, 1);
     let events = r.handle(Command::Switch);
-    let Some(Event::Switch {
+    let Some(Event::Switch(baton::protocol::SwitchEvent {
         gate: Some(g),
         timings,
         ..
-    }) = events.first()
+    })) = events.first()
     else {
         panic!("{events:?}");
     };
@@ -461,7 +461,8 @@ fn the_gate_decides_at_the_handoff_from_what_it_knows_then() {
     )));
     // Back the other way: that direction has no measurement yet.
     let events = r.handle(Command::Switch);
-    let Some(Event::Switch { gate: Some(g), .. }) = events.first() else {
+    let Some(Event::Switch(baton::protocol::SwitchEvent { gate: Some(g), .. })) = events.first()
+    else {
         panic!("{events:?}");
     };
     assert_eq!(g.estimate, calibration[1]);
@@ -470,7 +471,8 @@ fn the_gate_decides_at_the_handoff_from_what_it_knows_then() {
     say(&mut r, 6, 3);
     // The first way again: the cosine measured there is the estimate now.
     let events = r.handle(Command::Switch);
-    let Some(Event::Switch { gate: Some(g), .. }) = events.first() else {
+    let Some(Event::Switch(baton::protocol::SwitchEvent { gate: Some(g), .. })) = events.first()
+    else {
         panic!("{events:?}");
     };
     assert_eq!(g.estimate, cosine);
@@ -480,11 +482,11 @@ fn the_gate_decides_at_the_handoff_from_what_it_knows_then() {
     let mut r = rig(|s| s.gate = Some(-2.0));
     say(&mut r, 12, 1);
     let events = r.handle(Command::Switch);
-    let Some(Event::Switch {
+    let Some(Event::Switch(baton::protocol::SwitchEvent {
         gate: Some(g),
         timings,
         ..
-    }) = events.first()
+    })) = events.first()
     else {
         panic!("{events:?}");
     };
@@ -506,11 +508,11 @@ fn pre_mapping_leaves_the_switch_nothing_to_map() {
         other => panic!("{other:?}"),
     };
     let events = r.handle(Command::Switch);
-    let Some(Event::Switch {
+    let Some(Event::Switch(baton::protocol::SwitchEvent {
         context_tokens,
         suffix_tokens,
         ..
-    }) = events.first()
+    })) = events.first()
     else {
         panic!("{events:?}");
     };
@@ -614,7 +616,9 @@ fn with_a_tail_the_target_reads_the_newest_tokens_itself() {
         });
         say(&mut r, 12, 1);
         let events = r.handle(Command::Switch);
-        let Some(Event::Switch { context_tokens, .. }) = events.first() else {
+        let Some(Event::Switch(baton::protocol::SwitchEvent { context_tokens, .. })) =
+            events.first()
+        else {
             panic!("{events:?}");
         };
         let n = *context_tokens;
@@ -663,8 +667,10 @@ fn a_switch_does_not_wait_for_the_last_ones_measurement_which_measures_the_cache
     assert!(quick.engine.measurement_pending());
     let back = quick.handle(Command::Switch);
     assert!(
-        back.iter()
-            .any(|e| matches!(e, Event::Switch { index: 1, .. })),
+        back.iter().any(|e| matches!(
+            e,
+            Event::Switch(baton::protocol::SwitchEvent { index: 1, .. })
+        )),
         "{back:?}"
     );
     assert!(

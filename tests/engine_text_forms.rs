@@ -58,7 +58,7 @@ fn every_turn_after_a_decomposed_accent_is_answered() {
         if i == 2 {
             let events = r.handle(Command::Switch);
             assert!(
-                events.iter().any(|e| matches!(e, Event::Switch { .. })),
+                events.iter().any(|e| matches!(e, Event::Switch(_))),
                 "{events:?}"
             );
         }

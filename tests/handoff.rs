@@ -365,6 +365,7 @@ fn every_selector_chooses_within_its_budget_inside_the_map_and_the_reread_change
                 budget: baton::handoff::reread::RereadBudget::Share(0.25),
                 selector,
                 spans,
+                kind: baton::handoff::reread::PlanKind::Map,
             };
             let choice = choose(&setting, &select, plan.mapped(), None).unwrap();
             let what = format!("{} {}", selector.name(), spans.name());

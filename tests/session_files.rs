@@ -91,7 +91,7 @@ fn emitted() -> Vec<Event> {
         token(1, Mapped, 12),
         generation(1, Mapped, "a", &[11, 12]),
         Event::Done { turn: 1 },
-        Event::Switch {
+        Event::Switch(baton::protocol::SwitchEvent {
             index: 0,
             turn: 2,
             from: "a".into(),
@@ -110,7 +110,7 @@ fn emitted() -> Vec<Event> {
             estimate: None,
             mapper: Some(baton::protocol::MapperState::default()),
             reread: None,
-        },
+        }),
         Event::UserMessage {
             turn: 2,
             text: "now in place".into(),

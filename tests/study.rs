@@ -53,7 +53,7 @@ fn a_study_runs_its_items_as_sessions_and_a_rerun_skips_what_is_finished() {
         let s = baton::session::read_session(d.join("out/items").join(n)).unwrap();
         assert!(
             s.events()
-                .any(|e| matches!(e, baton::protocol::Event::Switch { .. })),
+                .any(|e| matches!(e, baton::protocol::Event::Switch(_))),
             "{n} holds its switch"
         );
     }
@@ -306,7 +306,7 @@ fn a_variant_without_the_switch_gives_the_source_alone_and_the_gap_recovered() {
         let s = baton::session::read_session(d.join("out/items").join(&n)).unwrap();
         let switched = s
             .events()
-            .any(|e| matches!(e, baton::protocol::Event::Switch { .. }));
+            .any(|e| matches!(e, baton::protocol::Event::Switch(_)));
         assert_eq!(switched, !n.contains(".alone."), "{n}");
     }
     let o = baton(&["study", "report", "out", "--json"], d);

@@ -154,7 +154,7 @@ fn switch(
         ..timings
     };
     (
-        Event::Switch {
+        Event::Switch(baton::protocol::SwitchEvent {
             index,
             turn,
             from: from.into(),
@@ -168,7 +168,7 @@ fn switch(
             estimate: None,
             mapper: None,
             reread: None,
-        },
+        }),
         Event::SwitchMeasured {
             index,
             turn,
@@ -781,7 +781,7 @@ fn app_with_a_reread() -> App {
         },
         &COSINE_1,
     );
-    if let Event::Switch { reread, .. } = &mut switched {
+    if let Event::Switch(baton::protocol::SwitchEvent { reread, .. }) = &mut switched {
         *reread = Some("20%:source-attention:word".into());
     }
     app.update(Msg::Engine(switched));
@@ -798,6 +798,8 @@ fn app_with_a_reread() -> App {
         ],
         select_ms: 5.0,
         reread_ms: 40.0,
+        dropped: Vec::new(),
+        reprefilled: false,
     }));
     app
 }

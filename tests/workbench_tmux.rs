@@ -170,7 +170,7 @@ fn a_switch_in_the_workbench_shows_measured_numbers_and_is_recorded() {
     );
     assert!(session_file
         .events()
-        .any(|e| matches!(e, baton::protocol::Event::Switch { .. })));
+        .any(|e| matches!(e, baton::protocol::Event::Switch(_))));
     let switch = session_file
         .events()
         .find_map(|e| match e {
@@ -491,7 +491,7 @@ fn a_paste_then_tab_then_enter_sends_the_whole_message_after_the_switch() {
         .collect();
     let switch = events
         .iter()
-        .position(|e| matches!(e, baton::protocol::Event::Switch { .. }));
+        .position(|e| matches!(e, baton::protocol::Event::Switch(_)));
     let second = events
         .iter()
         .position(|e| matches!(e, baton::protocol::Event::UserMessage { turn: 2, .. }));

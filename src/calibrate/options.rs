@@ -74,7 +74,7 @@ pub struct CalibrateOptions {
 }
 
 /// Which maps read the token block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TokenFeatures {
     /// None: the source's features only.

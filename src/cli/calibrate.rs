@@ -1,11 +1,11 @@
 //! `baton calibrate`: fit the KV-cache mappers between two models, and keep the fit's
 //! statistics beside them.
 
+use super::args::TokenFeaturesArg;
 use super::common::{count_or_all, print_json, rank, DirectionArgs, Gain, PairArgs};
 use anyhow::Result;
 use baton::calibrate::saved_stats::{self, SavedStats};
 use baton::calibrate::train::TrainOptions;
-use baton::calibrate::TokenFeatures;
 use baton::calibrate::{self as cal, CalibrateOptions, Direction, RankChoice, SelectBy};
 use baton::data::corpus;
 use baton::mapper::artifact::ModelRef;
@@ -82,7 +82,7 @@ pub struct CalibrateArgs {
     /// `all` (the default): every map; `cosine` / `r2`: per layer and half, where the
     /// held-out attention cosine / R² rises; `off`: none.
     #[arg(long, value_enum, num_args = 0..=1, default_value = "all", default_missing_value = "all")]
-    pub token_features: TokenFeatures,
+    pub token_features: TokenFeaturesArg,
     /// Stretch the chosen key maps' predictions away from their mean by this factor
     /// (1: as fitted), folded into the saved weights: ridge predictions are shrunk toward
     /// the mean, which flattens the target's attention. `matched` (the default): per head, the gain that
@@ -208,7 +208,7 @@ impl CalibrateArgs {
             },
             standardize: !self.no_standardize,
             chat_share: self.chat_share,
-            token_features: self.token_features,
+            token_features: self.token_features.into(),
             key_gain: self.key_gain.factor(),
             value_gain: self.value_gain.factor(),
             key_gain_matched: self.key_gain.is_matched(),

@@ -2,6 +2,7 @@
 //! mapper directory, the device, the map's arithmetic, and the typed values their flags
 //! take (parsed once, by clap).
 
+use super::args::SettingsArgs;
 use anyhow::{Context, Result};
 use baton::calibrate::RankChoice;
 use baton::engine::{EngineConfig, SettingsOverrides};
@@ -289,7 +290,7 @@ pub struct ConversationArgs {
     #[arg(long)]
     pub no_keep_learned: bool,
     #[command(flatten)]
-    pub settings: SettingsOverrides,
+    pub settings: SettingsArgs,
 }
 
 impl ConversationArgs {
@@ -302,7 +303,7 @@ impl ConversationArgs {
         if let Some(s) = script {
             cfg.settings.apply(s);
         }
-        cfg.settings.apply(&self.settings);
+        cfg.settings.apply(&SettingsOverrides::from(&self.settings));
         cfg.learning.keep = !self.no_keep_learned;
         cfg
     }

@@ -1,6 +1,7 @@
 //! Command-line surface: a file per command, each with its flags and the function that
 //! calls the library and prints; what several commands share is in [`common`].
 
+mod args;
 mod bench;
 mod bench_model;
 mod calibrate;

@@ -175,21 +175,24 @@ fn the_settings_flags_are_the_same_for_the_workbench_and_run() {
         .unwrap()
         .command
     {
-        Some(Command::Workbench(a)) => a.conversation.settings,
+        Some(Command::Workbench(a)) => SettingsOverrides::from(a.conversation.settings),
         other => panic!("not workbench: {other:?}"),
     };
     let run = match parse(&[&["run", "--script", "s.toml"], &flags[..]].concat())
         .unwrap()
         .command
     {
-        Some(Command::Run(a)) => a.conversation.settings,
+        Some(Command::Run(a)) => SettingsOverrides::from(a.conversation.settings),
         other => panic!("not run: {other:?}"),
     };
     assert_eq!(workbench, want);
     assert_eq!(run, want);
     // Nothing given: nothing overridden, and the defaults are the settings' own.
     let none = workbench::WorkbenchArgs::defaults().conversation;
-    assert_eq!(none.settings, SettingsOverrides::default());
+    assert_eq!(
+        SettingsOverrides::from(&none.settings),
+        SettingsOverrides::default()
+    );
     let cfg = none.engine_config(&candle_core::Device::Cpu, None);
     assert_eq!(cfg.settings, Settings::default());
     assert!(cfg.settings.learn && cfg.learning.keep);

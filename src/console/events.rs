@@ -67,7 +67,7 @@ impl EventPrinter {
                 timings,
                 ..
             } => out(generation_line(*turn, *path, model.as_str(), text, timings)),
-            Event::Switch { .. }
+            Event::Switch(_)
             | Event::SwitchMeasured { .. }
             | Event::SwitchFollowUp { .. }
             | Event::CacheRepaired { .. }
@@ -136,7 +136,7 @@ fn switch_event_line(e: &Event) -> Option<(Stream, String)> {
     let out = |s: String| Some((Stream::Out, s));
     let err = |s: String| Some((Stream::Err, s));
     match e {
-        Event::Switch {
+        Event::Switch(crate::protocol::SwitchEvent {
             index,
             from,
             to,
@@ -146,7 +146,7 @@ fn switch_event_line(e: &Event) -> Option<(Stream, String)> {
             gate,
             measurement_follows,
             ..
-        } => {
+        }) => {
             let gate = gate_note(gate.as_ref());
             if *measurement_follows {
                 out(format!(

@@ -125,46 +125,37 @@ impl Settings {
 /// of `baton workbench`, `baton demo` and `baton run`, and the top-level keys of a script
 /// (see [`crate::headless::script`]). What is left out keeps its value in
 /// [`Settings::default`]; [`Settings::apply`] puts the rest over it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SettingsOverrides {
     /// Longest answer, in tokens (default 256).
-    #[arg(long, value_parser = setting_checks::max_tokens_flag)]
     #[serde(default, deserialize_with = "setting_checks::max_tokens_key")]
     pub max_tokens: Option<usize>,
     /// Re-prefill instead of mapping when the switch's fidelity estimate (mean
     /// attention cosine, -1 to 1) is below this.
-    #[arg(long, value_name = "COSINE", value_parser = setting_checks::gate_flag)]
     #[serde(default, deserialize_with = "setting_checks::gate_key")]
     pub gate: Option<f64>,
     /// Map the inactive model's cache after every turn, so a switch finds it ready.
-    #[arg(long, num_args = 0, default_missing_value = "true")]
     pub premap: Option<bool>,
     /// Start with the re-prefilled reference path off (Ctrl-R toggles it); a script's
     /// `reference = false`.
-    #[arg(long = "no-reference", num_args = 0, default_missing_value = "false")]
     pub reference: Option<bool>,
     /// At a switch, the target reads the newest N tokens of the conversation itself
     /// instead of receiving them mapped: a longer handoff for the facts said last
     /// (default 0).
-    #[arg(long, value_name = "N")]
     pub tail: Option<usize>,
     /// Do not learn from the conversation: the mappers stay as calibrated (what they
     /// learned in earlier sessions is not used either); a script's `learn = false`.
-    #[arg(long = "no-learn", num_args = 0, default_missing_value = "false")]
     pub learn: Option<bool>,
     /// Repair in the background: while idle after a switch, the active model re-prefills
     /// the conversation into its own cache, replacing mapped positions (Ctrl-P toggles).
-    #[arg(long, num_args = 0, default_missing_value = "true")]
     pub repair: Option<bool>,
     /// At the first message after a switch the target re-reads this much of the mapped
     /// history before answering: a share (0.2 or 20%) or a time (150ms), optionally with
     /// the selector and span growth (0.2:source-attention:word); 0 or off for none. A
     /// script's `reread = 0.2` or `reread = "150ms"`.
-    #[arg(long, value_name = "BUDGET[:SELECTOR[:SPANS]]")]
     pub reread: Option<RereadOverride>,
     /// The system prompt the conversation starts with.
-    #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
 }
 

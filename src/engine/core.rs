@@ -335,7 +335,7 @@ impl Engine {
         };
         self.switches += 1;
         self.follow_up = Some(FollowUp { index: h.index });
-        self.out.emit(Event::Switch {
+        self.out.emit(Event::Switch(crate::protocol::SwitchEvent {
             index: h.index,
             turn: h.turn,
             from: h.names.0.clone(),
@@ -353,7 +353,7 @@ impl Engine {
                 .reread
                 .filter(|_| h.mapped.is_some())
                 .map(|r| r.to_string()),
-        });
+        }));
         self.slots[h.target].pending_reread = h.mapped.clone().map(|mapped| PendingReread {
             index: h.index,
             source: h.source,

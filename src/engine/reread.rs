@@ -5,7 +5,8 @@
 
 use super::core::Engine;
 use super::EngineError;
-use crate::handoff::reread::{choose, SelectInputs};
+use crate::handoff::reread::cost::predict;
+use crate::handoff::reread::{choose, RereadChoice, SelectInputs};
 use crate::protocol::Event;
 use std::time::Instant;
 
@@ -52,7 +53,18 @@ impl Engine {
             tokens,
             history,
         };
-        let choice = match choose(&setting, &inputs, mapped, target.read_speed) {
+        let cost = predict(&setting, &inputs, mapped.clone(), target.read_speed);
+        let reprefill = matches!(&cost, Ok(c) if c.reaches_reprefill());
+        let choice = if reprefill {
+            // No plan may cost what it replaces: the target reads the mapped part itself.
+            Ok(RereadChoice {
+                runs: vec![mapped.clone()],
+                ..Default::default()
+            })
+        } else {
+            cost.and_then(|_| choose(&setting, &inputs, mapped, target.read_speed))
+        };
+        let choice = match choice {
             Ok(c) => c,
             Err(e) => {
                 // The answer still comes, from the map as handed over.
@@ -65,6 +77,9 @@ impl Engine {
         let select_ms = started.elapsed().as_secs_f64() * 1e3;
         let slot = &mut self.slots[a];
         let t = Instant::now();
+        for r in &choice.dropped {
+            slot.primary.drop_positions(r.clone())?;
+        }
         slot.model.decoder.reread(
             &self.conv.history[..history],
             &choice.runs,
@@ -81,16 +96,20 @@ impl Engine {
                     .unwrap_or_default()
             })
             .collect();
+        let spans =
+            |runs: &[std::ops::Range<usize>]| runs.iter().map(|r| [r.start, r.end]).collect();
         self.out.emit(Event::SwitchReread {
             index: pending.index,
             turn,
             setting: setting.to_string(),
             positions: choice.count(),
             context_tokens: history,
-            spans: choice.runs.iter().map(|r| [r.start, r.end]).collect(),
+            spans: spans(&choice.runs),
             texts,
             select_ms,
             reread_ms,
+            dropped: spans(&choice.dropped),
+            reprefilled: reprefill,
         });
         Ok(())
     }

@@ -1,6 +1,6 @@
-//! One check per conversation setting, shared by the command-line flags (as clap value
-//! parsers) and a script's top-level keys (as serde deserializers), so that a value one
-//! refuses the other refuses too, with the same words.
+//! One check per conversation setting, shared by the command-line flags (as value
+//! parsers of the text a flag is given) and a script's top-level keys (as serde
+//! deserializers), so that a value one refuses the other refuses too, with the same words.
 
 use serde::{Deserialize, Deserializer};
 
@@ -90,40 +90,24 @@ pub(super) fn reread_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::
 mod tests {
     use super::*;
     use crate::engine::SettingsOverrides;
-    use clap::Parser;
 
-    #[derive(Debug, Parser)]
-    struct Flags {
-        #[command(flatten)]
-        settings: SettingsOverrides,
-    }
-
-    /// Why the flags are refused (clap's message) and why the same script key is.
-    fn refused(flag: &[&str], key: &str) -> (String, String) {
-        let by_flag = Flags::try_parse_from([&["baton"], flag].concat())
+    /// Why the script key is refused.
+    fn refused(key: &str) -> String {
+        toml::from_str::<SettingsOverrides>(key)
             .map(|_| ())
             .unwrap_err()
-            .to_string();
-        let by_key = toml::from_str::<SettingsOverrides>(key)
-            .map(|_| ())
-            .unwrap_err()
-            .to_string();
-        (by_flag, by_key)
+            .to_string()
     }
 
     #[test]
     fn zero_max_tokens_is_refused_by_flag_and_script_alike() {
-        let (flag, key) = refused(&["--max-tokens", "0"], "max_tokens = 0");
         let why = check_max_tokens(0).unwrap_err();
-        assert!(
-            flag.contains("--max-tokens") && flag.contains(&why),
-            "{flag}"
-        );
+        assert_eq!(max_tokens_flag("0").unwrap_err(), why);
+        let key = refused("max_tokens = 0");
         assert!(key.contains(&why), "{key}");
         let o: SettingsOverrides = toml::from_str("max_tokens = 1").unwrap();
         assert_eq!(o.max_tokens, Some(1));
-        let f = Flags::try_parse_from(["baton", "--max-tokens", "1"]).unwrap();
-        assert_eq!(f.settings.max_tokens, Some(1));
+        assert_eq!(max_tokens_flag("1"), Ok(1));
     }
 
     #[test]
@@ -134,7 +118,8 @@ mod tests {
             ("-1.5", "gate = -1.5", "-1.5"),
             ("inf", "gate = inf", "inf"),
         ] {
-            let (by_flag, by_key) = refused(&[&format!("--gate={flag}")], key);
+            let by_flag = gate_flag(flag).unwrap_err();
+            let by_key = refused(key);
             for e in [&by_flag, &by_key] {
                 assert!(
                     e.contains("from -1 to 1") && e.contains(&format!("not {shown}")),
@@ -152,7 +137,8 @@ mod tests {
 
     #[test]
     fn a_boolean_reread_names_the_values_it_takes() {
-        let (by_flag, by_key) = refused(&["--reread", "true"], "reread = true");
+        let by_flag = "true".parse::<crate::engine::RereadOverride>().unwrap_err();
+        let by_key = refused("reread = true");
         for e in [&by_flag, &by_key] {
             assert!(
                 e.contains("re-read budget \"true\"")
@@ -162,10 +148,10 @@ mod tests {
             );
             assert!(!e.contains("untagged"), "{e}");
         }
-        let (_, by_key) = refused(&["--reread", "false"], "reread = false");
+        let by_key = refused("reread = false");
         assert!(by_key.contains("re-read budget \"false\""), "{by_key}");
-        let e = toml::from_str::<SettingsOverrides>("reread = [1]").unwrap_err();
-        assert!(e.to_string().contains("a share (0.2"), "{e}");
+        let e = refused("reread = [1]");
+        assert!(e.contains("a share (0.2"), "{e}");
         let o: SettingsOverrides = toml::from_str("reread = 0").unwrap();
         assert_eq!(o.reread.unwrap().0, None);
     }

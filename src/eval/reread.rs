@@ -3,6 +3,7 @@
 //! what to re-read under a setting and re-read it in place.
 
 use super::EvalError;
+use crate::handoff::reread::cost::predict;
 use crate::handoff::reread::{choose, RereadSetting, SelectInputs};
 use crate::handoff::HandoffPlan;
 use crate::mapper::CacheMapper;
@@ -22,7 +23,13 @@ pub struct RereadModels<'a> {
 /// What one re-read did.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RereadDone {
+    /// Positions re-read.
     pub positions: usize,
+    /// Positions dropped.
+    pub dropped: usize,
+    /// Whether the plan was predicted to cost as much as the re-prefill, so the target
+    /// re-read every mapped position instead.
+    pub reprefilled: bool,
     /// Choosing and re-reading, in milliseconds.
     pub ms: f64,
 }
@@ -75,12 +82,21 @@ impl RereadModels<'_> {
         };
         let candidates = turn.plan.mapped();
         let candidates = candidates.start..candidates.end.min(turn.history);
-        let choice = choose(setting, &select, candidates, turn.ms_per_position)
+        let cost = predict(setting, &select, candidates.clone(), turn.ms_per_position)
             .map_err(|e| EvalError::Input(e.to_string()))?;
-        let plan = turn.plan.rereading(choice.runs);
+        let plan = if cost.reaches_reprefill() {
+            // No plan costs what it replaces: the target reads the mapped part itself.
+            turn.plan.rereading(vec![candidates])
+        } else {
+            let choice = choose(setting, &select, candidates, turn.ms_per_position)
+                .map_err(|e| EvalError::Input(e.to_string()))?;
+            turn.plan.rereading(choice.runs).dropping(choice.dropped)
+        };
         plan.reread_in(self.target, &turn.tokens[..plan.len()], cache)?;
         Ok(RereadDone {
             positions: plan.reread_count(),
+            dropped: plan.dropped_count(),
+            reprefilled: cost.reaches_reprefill(),
             ms: started.elapsed().as_secs_f64() * 1e3,
         })
     }

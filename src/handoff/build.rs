@@ -160,12 +160,17 @@ impl HandoffPlan {
     /// pass, over the re-read middle: a tail read before is read again, a tail mapped is
     /// read for the first time, and either way the cache is what one pass would give.
     /// Returns the milliseconds it took.
+    /// The plan's dropped spans are dropped first, so that no re-read position attends to
+    /// them.
     pub fn reread_in(
         &self,
         target: &Model,
         tokens: &[u32],
         dst: &mut KvCache,
     ) -> Result<f64, ModelError> {
+        for r in self.dropped() {
+            dst.drop_positions(r)?;
+        }
         let mut runs = self.reread();
         let read = self.read();
         if !read.is_empty() && dst.len() >= read.end {

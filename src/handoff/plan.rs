@@ -18,7 +18,10 @@ use std::ops::Range;
 ///
 /// Inside the mapped middle the target may re-read chosen spans (see [`super::reread`]):
 /// it recomputes them layer by layer over the cache as it stands, once the middle is
-/// mapped. The anchor is the re-read of a prefix (over exact positions only, so exact),
+/// mapped. It may also drop spans of the middle: they keep their slots (every later
+/// position keeps its own RoPE position) but no attention reads them, re-read positions
+/// included. So each position of the middle is re-read, left mapped or dropped, and
+/// each position before it is kept as the target computed it. The anchor is the re-read of a prefix (over exact positions only, so exact),
 /// and the tail the re-read of a suffix; they stay separate parts because the target
 /// computes them without mapping them first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +31,7 @@ pub struct HandoffPlan {
     anchor: usize,
     read_from: usize,
     reread: Vec<Range<usize>>,
+    dropped: Vec<Range<usize>>,
 }
 
 impl HandoffPlan {
@@ -39,6 +43,7 @@ impl HandoffPlan {
             anchor: 0,
             read_from: len,
             reread: Vec::new(),
+            dropped: Vec::new(),
         }
     }
 
@@ -79,6 +84,39 @@ impl HandoffPlan {
     pub fn rereading(mut self, runs: Vec<Range<usize>>) -> Self {
         self.reread = runs;
         self
+    }
+
+    /// The target drops these spans of the mapped middle (increasing and disjoint); a
+    /// position also re-read is re-read, not dropped, and parts outside the middle are
+    /// ignored.
+    pub fn dropping(mut self, runs: Vec<Range<usize>>) -> Self {
+        self.dropped = runs;
+        self
+    }
+
+    /// The spans dropped: inside the mapped middle and outside every re-read span.
+    pub fn dropped(&self) -> Vec<Range<usize>> {
+        let m = self.mapped();
+        let mut set = crate::model::position_set::PositionSet::of(
+            self.dropped
+                .iter()
+                .map(|r| r.start.max(m.start)..r.end.min(m.end))
+                .filter(|r| !r.is_empty()),
+        );
+        for r in self.reread() {
+            set.remove(r);
+        }
+        set.runs().to_vec()
+    }
+
+    /// Positions dropped.
+    pub fn dropped_count(&self) -> usize {
+        self.dropped().iter().map(|r| r.len()).sum()
+    }
+
+    /// Positions of the middle left as mapped: neither re-read nor dropped.
+    pub fn mapped_count(&self) -> usize {
+        self.mapped().len() - self.reread_count() - self.dropped_count()
     }
 
     /// The same plan with its tail (and anything else it reads after the middle) mapped
@@ -154,9 +192,9 @@ impl HandoffPlan {
     }
 
     /// Whether the whole cache is mapped: nothing held, no anchor, no tail, nothing
-    /// re-read.
+    /// re-read or dropped.
     pub fn maps_everything(&self) -> bool {
-        self.mapped() == (0..self.len) && self.reread().is_empty()
+        self.mapped() == (0..self.len) && self.reread().is_empty() && self.dropped().is_empty()
     }
 }
 
@@ -222,6 +260,20 @@ mod tests {
             .rereading(vec![2..3])
             .reread()
             .is_empty());
+    }
+
+    #[test]
+    fn dropped_spans_stay_inside_the_middle_and_give_way_to_re_read_ones() {
+        let p = HandoffPlan::new(100)
+            .anchor(4)
+            .tail(10)
+            .rereading(vec![20..30])
+            .dropping(vec![0..8, 25..40, 80..95]);
+        assert_eq!(p.dropped(), vec![4..8, 30..40, 80..90]);
+        assert_eq!(p.dropped_count(), 24);
+        assert_eq!(p.mapped_count(), 86 - 10 - 24);
+        assert!(!HandoffPlan::new(10).dropping(vec![3..4]).maps_everything());
+        assert!(HandoffPlan::new(10).dropping(vec![]).maps_everything());
     }
 
     #[test]

@@ -206,11 +206,11 @@ pub fn run_steps(
                 message,
                 fatal: true,
             } => return Err(ScriptError::Engine(message.clone())),
-            Event::Switch {
+            Event::Switch(crate::protocol::SwitchEvent {
                 index,
                 measurement_follows: true,
                 ..
-            } => {
+            }) => {
                 unmeasured.insert(*index);
             }
             Event::SwitchMeasured { index, .. } => {
@@ -237,7 +237,7 @@ pub fn session_commands(events: &[Event]) -> Vec<Command> {
     for e in events {
         match e {
             Event::UserMessage { text, .. } => out.push(Command::Submit { text: text.clone() }),
-            Event::Switch { .. } => out.push(Command::Switch),
+            Event::Switch(_) => out.push(Command::Switch),
             Event::Notice { message } if message.contains("no conversation to hand over") => {
                 out.push(Command::Switch)
             }

@@ -11,21 +11,46 @@
 use super::error::{ModelError, Result};
 use crate::kernels::attention::{self as kernel, Causal};
 use candle_core::{DType, Device, Storage, Tensor};
+use std::ops::Range;
 
 /// `q`: [n_head, t, hd] (rows at absolute positions start..start+t); `k`, `v`: views
 /// [n_kv_head, start + t, hd] with unit stride in the last dim. Returns [t, n_head * hd].
-pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<Tensor> {
+/// No row attends to a position in `hidden` (increasing, disjoint; what lies at or past
+/// `start` is ignored, since the rows attend causally and are never hidden themselves).
+pub fn causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    start: usize,
+    hidden: &[Range<usize>],
+) -> Result<Tensor> {
+    let hidden = before(hidden, start);
     if q.device().is_cpu() && q.dtype() == DType::F32 && k.dtype() == DType::F32 {
-        cpu_exact(q, k, v, start)
+        cpu_exact(q, k, v, start, &hidden)
     } else {
-        batched(q, k, v, start)
+        batched(q, k, v, start, &hidden)
     }
+}
+
+/// The parts of `hidden` before `start`.
+fn before(hidden: &[Range<usize>], start: usize) -> Vec<Range<usize>> {
+    hidden
+        .iter()
+        .filter(|r| r.start < start)
+        .map(|r| r.start..r.end.min(start))
+        .collect()
 }
 
 /// The chunking-invariant CPU kernel ([`crate::kernels::attention`]). Shapes, dtypes and
 /// strides of all three tensors are checked here, and the kernel checks every index it
 /// will read against the buffers, before any of them is read.
-fn cpu_exact(q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<Tensor> {
+fn cpu_exact(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    start: usize,
+    hidden: &[Range<usize>],
+) -> Result<Tensor> {
     let shapes = || {
         format!(
             "attention shapes q {:?} k {:?} v {:?} at start {start}",
@@ -76,6 +101,7 @@ fn cpu_exact(q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<Tensor>
         t,
         head_dim: hd,
         start,
+        hidden,
     };
     let mut out = vec![0f32; t * nh * hd];
     kernel::causal(&a, &mut out).map_err(|e| ModelError::Cache(e.to_string()))?;
@@ -83,18 +109,27 @@ fn cpu_exact(q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<Tensor>
 }
 
 /// Masked batched matmul: the GPU path (bf16 there, so bit-exactness is not on offer).
-fn batched(q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<Tensor> {
+fn batched(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    start: usize,
+    hidden: &[Range<usize>],
+) -> Result<Tensor> {
     let (nh, t, hd) = q.dims3()?;
     let (nkv, total, _) = k.dims3()?;
     let group = nh / nkv;
     let scale = 1.0 / (hd as f64).sqrt();
     let q = q.contiguous()?.reshape((nkv, group * t, hd))?;
     let scores = (q.matmul(&k.contiguous()?.t()?)? * scale)?;
-    let scores = if t > 1 {
+    let scores = if t > 1 || !hidden.is_empty() {
         let mut m = vec![0f32; t * total];
         for i in 0..t {
             for j in (start + i + 1)..total {
                 m[i * total + j] = f32::NEG_INFINITY;
+            }
+            for r in hidden {
+                m[i * total + r.start..i * total + r.end].fill(f32::NEG_INFINITY);
             }
         }
         let mask = Tensor::from_vec(m, (t, total), q.device())?.to_dtype(q.dtype())?;
@@ -123,8 +158,8 @@ mod tests {
         let q = Tensor::randn(0f32, 1.0, (nh, n, hd), &dev)?;
         let k = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
         let v = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
-        let exact = cpu_exact(&q, &k, &v, 0)?;
-        let reference = batched(&q, &k, &v, 0)?;
+        let exact = cpu_exact(&q, &k, &v, 0, &[])?;
+        let reference = batched(&q, &k, &v, 0, &[])?;
         let err = (&exact - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(err < 1e-5, "{err}");
         // The last 7 rows computed as an extension give the very same bits.
@@ -133,6 +168,7 @@ mod tests {
             &k.narrow(1, 0, 20)?,
             &v.narrow(1, 0, 20)?,
             13,
+            &[],
         )?;
         let d = (exact.narrow(0, 13, 7)? - tail)?
             .abs()?
@@ -152,8 +188,8 @@ mod tests {
             let q = Tensor::randn(0f32, 1.0, (nh, n, hd), &dev)?;
             let k = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
             let v = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
-            let whole = cpu_exact(&q, &k, &v, 0)?;
-            let reference = batched(&q, &k, &v, 0)?;
+            let whole = cpu_exact(&q, &k, &v, 0, &[])?;
+            let reference = batched(&q, &k, &v, 0, &[])?;
             let err = (&whole - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(err < 1e-4, "{nh}/{nkv}/{hd}: {err}");
             // prefill 17, extend 27, decode 1: the same bits.
@@ -164,11 +200,35 @@ mod tests {
                     &k.narrow(1, 0, s + len)?,
                     &v.narrow(1, 0, s + len)?,
                     s,
+                    &[],
                 )?);
             }
             let split = Tensor::cat(&parts, 0)?;
             let d = (whole - split)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert_eq!(d, 0.0, "{nh}/{nkv}/{hd}");
+        }
+        Ok(())
+    }
+
+    /// The masked matmul (the GPU path) and the exact CPU path leave the same positions
+    /// out, for a prefill chunk and for a decode step; hidden positions at or past the
+    /// rows are not theirs to hide and are ignored.
+    #[test]
+    fn both_paths_leave_hidden_positions_out() -> Result<()> {
+        let dev = Device::Cpu;
+        let (nh, nkv, hd, n) = (4, 2, 16, 30);
+        let k = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
+        let v = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
+        let hidden = [1..4, 9..15, 25..40];
+        for (start, t) in [(20, 10), (29, 1)] {
+            let q = Tensor::randn(0f32, 1.0, (nh, t, hd), &dev)?;
+            let exact = causal_attention(&q, &k, &v, start, &hidden)?;
+            let masked = batched(&q, &k, &v, start, &before(&hidden, start))?;
+            let err = (&exact - &masked)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(err < 1e-5, "{start}+{t}: {err}");
+            let plain = causal_attention(&q, &k, &v, start, &[])?;
+            let moved = (&exact - plain)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(moved > 1e-3, "hiding changed nothing at {start}+{t}");
         }
         Ok(())
     }
@@ -183,7 +243,7 @@ mod tests {
         let q = Tensor::randn(0f32, 1.0, (nh, n, hd), &dev)?;
         let k = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
         let good = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
-        assert!(causal_attention(&q, &k, &good, 0).is_ok());
+        assert!(causal_attention(&q, &k, &good, 0, &[]).is_ok());
         for v in [
             good.narrow(1, 0, n - 1)?,
             good.narrow(2, 0, hd / 2)?,
@@ -192,7 +252,7 @@ mod tests {
             good.to_dtype(DType::BF16)?,
             Tensor::randn(0f32, 1.0, (nkv + 1, n, hd), &dev)?,
         ] {
-            let e = causal_attention(&q, &k, &v, 0);
+            let e = causal_attention(&q, &k, &v, 0, &[]);
             assert!(
                 matches!(e, Err(ModelError::Cache(_))),
                 "value {:?} {:?}: {e:?}",

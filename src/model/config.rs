@@ -127,6 +127,15 @@ impl ModelConfig {
         self.n_kv_head * self.head_dim
     }
 
+    /// Weights one token passes through (attention projections and the MLP, over all
+    /// layers; the embedding excluded): what a prefill's cost per token scales with.
+    pub fn weights_per_token(&self) -> usize {
+        let attn =
+            self.hidden * (self.n_head * self.head_dim) * 2 + self.hidden * self.kv_width() * 2;
+        let mlp = 3 * self.hidden * self.ffn;
+        self.n_layer * (attn + mlp)
+    }
+
     fn validate(self) -> Result<Self> {
         let bad = |key: &str, reason: String| ModelError::BadMetadata {
             key: key.to_string(),

@@ -316,6 +316,8 @@ impl Decoder {
             ),
             _ => (q, k),
         };
+        // Dropped positions stay out of every row's attention.
+        let hidden = cache.dropped().to_vec();
         let o = if let [run] = runs {
             // One run (every prefill): no row is split off or joined.
             let q = self.rope.rotate(&q, run.start)?;
@@ -324,7 +326,7 @@ impl Decoder {
                 queries.push(q.index_select(idx, 1)?);
             }
             let kv = cache.write_at(l, run.start, &k, &v)?;
-            attention::causal_attention(&q, &kv.k, &kv.v, run.start)?
+            attention::causal_attention(&q, &kv.k, &kv.v, run.start, &hidden)?
         } else {
             let mut outs = Vec::with_capacity(runs.len());
             let mut row = 0;
@@ -333,7 +335,9 @@ impl Decoder {
                 let q = self.rope.rotate(&q.narrow(1, row, n)?, run.start)?;
                 let k = self.rope.rotate(&k.narrow(1, row, n)?, run.start)?;
                 let kv = cache.write_at(l, run.start, &k, &v.narrow(1, row, n)?)?;
-                outs.push(attention::causal_attention(&q, &kv.k, &kv.v, run.start)?);
+                outs.push(attention::causal_attention(
+                    &q, &kv.k, &kv.v, run.start, &hidden,
+                )?);
                 row += n;
             }
             Tensor::cat(&outs, 0)?

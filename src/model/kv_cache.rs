@@ -2,7 +2,9 @@
 //! extended and cloned. Mapping between models reads and writes it through these calls.
 
 use super::error::{ModelError, Result};
+use super::position_set::PositionSet;
 use candle_core::{DType, Device, Tensor};
+use std::ops::Range;
 
 /// One layer's keys (after RoPE, and after the k-norm where the architecture has one) and
 /// values, each [kv_heads, len, head_dim].
@@ -22,6 +24,10 @@ pub struct KvShape {
 
 /// Per-layer buffers with spare capacity so a decode step writes in place instead of
 /// copying the whole history; only `[.., 0..len, ..]` is meaningful.
+///
+/// A position may be dropped: it keeps its slot (so every later position keeps its own
+/// RoPE position and the cache its length), but no attention ever reads it, as if the
+/// model had never seen that token. Writing a position (a re-read of it) takes it back.
 #[derive(Debug)]
 pub struct KvCache {
     shape: KvShape,
@@ -30,6 +36,7 @@ pub struct KvCache {
     buffers: Vec<LayerKv>,
     len: usize,
     capacity: usize,
+    dropped: PositionSet,
 }
 
 impl KvCache {
@@ -41,6 +48,7 @@ impl KvCache {
             buffers: Vec::new(),
             len: 0,
             capacity: 0,
+            dropped: PositionSet::new(),
         }
     }
 
@@ -71,6 +79,44 @@ impl KvCache {
             * self.shape.head_dim
             * self.len
             * self.dtype.size_in_bytes()
+    }
+
+    /// The positions no attention reads (increasing, disjoint spans inside the cache).
+    pub fn dropped(&self) -> &[Range<usize>] {
+        self.dropped.runs()
+    }
+
+    /// Positions dropped inside `within`.
+    pub fn dropped_in(&self, within: Range<usize>) -> usize {
+        self.dropped.count_in(within)
+    }
+
+    /// Whether any position is dropped.
+    pub fn has_dropped(&self) -> bool {
+        !self.dropped.is_empty()
+    }
+
+    /// Drop the positions of `r` (inside the cache): from now on attention skips them.
+    /// The first position of a cache cannot be dropped: a row must have something to
+    /// attend to, and position 0 is the attention sink every model leans on.
+    pub fn drop_positions(&mut self, r: Range<usize>) -> Result<()> {
+        if r.is_empty() {
+            return Ok(());
+        }
+        if r.start == 0 || r.end > self.len {
+            return Err(ModelError::Cache(format!(
+                "dropping positions {}..{} of a cache of {} positions: position 0 stays and \
+                 nothing past the end can be dropped",
+                r.start, r.end, self.len
+            )));
+        }
+        self.dropped.insert(r);
+        Ok(())
+    }
+
+    /// Take positions back into attention (the caller has written them).
+    pub(crate) fn undrop(&mut self, r: Range<usize>) {
+        self.dropped.remove(r);
     }
 
     /// Keys and values of layer `l` for positions `0..len` (views, not copies).
@@ -153,6 +199,7 @@ impl KvCache {
             buffers,
             len,
             capacity,
+            dropped: PositionSet::new(),
         })
     }
 
@@ -217,12 +264,17 @@ impl KvCache {
         let layers = (0..self.shape.n_layer)
             .map(|l| other.layer_range(l, start, end))
             .collect::<Result<Vec<_>>>()?;
-        self.extend_with(&layers)
+        self.extend_with(&layers)?;
+        for r in other.dropped.moved(start..end, start).runs() {
+            self.dropped.insert(r.clone());
+        }
+        Ok(())
     }
 
     /// Forget every position from `len` on.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+        self.dropped.truncate(self.len);
     }
 
     /// A deep copy: the two caches can then be extended independently.
@@ -238,12 +290,15 @@ impl KvCache {
             // Nothing allocated yet, or nothing wanted: there is nothing to export.
             return Ok(Self::new(self.shape, self.dtype, &self.device));
         }
-        Self::import(
+        let mut copy = Self::import(
             self.shape,
             self.export_prefix(len)?,
             self.dtype,
             &self.device,
-        )
+        )?;
+        copy.dropped = self.dropped.clone();
+        copy.dropped.truncate(len);
+        Ok(copy)
     }
 
     /// Layer `l`'s keys and values as the raw f32 CPU buffers they live in (each

@@ -10,6 +10,7 @@ pub mod kv_cache;
 pub mod layer_zero;
 pub mod load;
 pub mod loaded;
+pub mod position_set;
 pub mod reread;
 pub mod rope;
 pub mod sampler;

@@ -13,6 +13,7 @@
 use super::decoder::{Decoder, PREFILL_CHUNK};
 use super::error::{ModelError, Result};
 use super::kv_cache::{KvCache, LayerKv};
+use super::position_set::PositionSet;
 use candle_core::Tensor;
 use std::ops::Range;
 
@@ -44,16 +45,49 @@ impl Decoder {
         }
         self.check_ids(&tokens[..cache.len()])?;
         for chunk in chunks(runs, PREFILL_CHUNK) {
-            let ids: Vec<u32> = chunk
+            // A dropped position re-read here is back in attention from its first layer
+            // on: the chunk's later rows read what it was just rewritten to. If the read
+            // stops half way, the positions go back out, since their slots then hold
+            // neither the old entries nor the new at every layer.
+            let was_dropped: Vec<Range<usize>> = chunk
                 .iter()
-                .flat_map(|r| tokens[r.clone()].iter().copied())
+                .flat_map(|r| {
+                    PositionSet::of(cache.dropped().iter().cloned())
+                        .moved(r.clone(), r.start)
+                        .runs()
+                        .to_vec()
+                })
                 .collect();
-            let ids = Tensor::new(ids.as_slice(), self.device())?;
-            let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
-            let mut no_queries = Vec::new();
-            for l in 0..self.config().n_layer {
-                h = self.layer(l, h, &chunk, cache, None, &mut no_queries, stop)?;
+            for r in &chunk {
+                cache.undrop(r.clone());
             }
+            let read = self.reread_chunk(tokens, &chunk, cache, stop);
+            if read.is_err() {
+                for r in was_dropped {
+                    cache.drop_positions(r)?;
+                }
+            }
+            read?;
+        }
+        Ok(())
+    }
+
+    fn reread_chunk(
+        &self,
+        tokens: &[u32],
+        chunk: &[Range<usize>],
+        cache: &mut KvCache,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<()> {
+        let ids: Vec<u32> = chunk
+            .iter()
+            .flat_map(|r| tokens[r.clone()].iter().copied())
+            .collect();
+        let ids = Tensor::new(ids.as_slice(), self.device())?;
+        let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
+        let mut no_queries = Vec::new();
+        for l in 0..self.config().n_layer {
+            h = self.layer(l, h, chunk, cache, None, &mut no_queries, stop)?;
         }
         Ok(())
     }

@@ -44,7 +44,7 @@ impl Command {
     pub fn answered_by(&self, e: &Event) -> bool {
         match (self, e) {
             (Command::Submit { .. }, Event::Done { .. }) => true,
-            (Command::Switch, Event::Switch { .. }) => true,
+            (Command::Switch, Event::Switch(_)) => true,
             (Command::Switch, Event::Notice { message }) => message.contains("no conversation"),
             (Command::Bookmark { .. }, Event::Bookmark { .. }) => true,
             (Command::SetReference { .. }, Event::Notice { message }) => {

@@ -84,31 +84,7 @@ pub enum Event {
     /// `gate` was decided at the handoff, before anything was measured: its estimate is
     /// the mean attention cosine last measured for this direction, or the mapper's
     /// calibration cosine before the first measurement.
-    Switch {
-        index: u32,
-        turn: u32,
-        from: ModelName,
-        to: ModelName,
-        context_tokens: usize,
-        suffix_tokens: usize,
-        timings: SwitchTimings,
-        metrics: Option<SwitchMetrics>,
-        gate: Option<GateDecision>,
-        #[serde(default)]
-        measurement_follows: bool,
-        /// The estimate made without a re-prefill (session format 1.2 on).
-        #[serde(default)]
-        estimate: Option<SwitchEstimate>,
-        /// The state of the mapper the handoff used (session format 1.3 on; `None` in
-        /// older files).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mapper: Option<MapperState>,
-        /// The re-read the target will make at the first message, as
-        /// `20%:source-attention:word` (session format 1.4 on; `None`: it answers from
-        /// the map as handed over). What it re-read is [`Event::SwitchReread`].
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        reread: Option<String>,
-    },
+    Switch(SwitchEvent),
     /// The target re-read part of switch `index`'s mapped history when the message of
     /// `turn` arrived, before answering it: the spans chosen with the message known, and
     /// the time it took, choosing (`select_ms`) and re-reading (`reread_ms`). The
@@ -130,6 +106,15 @@ pub enum Event {
         select_ms: f64,
         #[serde(with = "float")]
         reread_ms: f64,
+        /// The spans dropped from attention, `[start, end)` each (session format 1.5
+        /// on; none before): every other mapped position not re-read stays mapped.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        dropped: Vec<[usize; 2]>,
+        /// The plan was predicted to cost at least the re-prefill it replaces, so the
+        /// target re-read every mapped position instead (the re-prefill of the mapped
+        /// part) and chose nothing.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        reprefilled: bool,
     },
     /// What switch `index` costs against a re-prefill and how faithful its cache is,
     /// measured after its handoff: the whole cache mapped again and timed, the target's
@@ -268,6 +253,34 @@ pub enum Event {
     ShutDown,
 }
 
+/// A handoff from one model to another; the fields sit flat in the tagged event object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SwitchEvent {
+    pub index: u32,
+    pub turn: u32,
+    pub from: ModelName,
+    pub to: ModelName,
+    pub context_tokens: usize,
+    pub suffix_tokens: usize,
+    pub timings: SwitchTimings,
+    pub metrics: Option<SwitchMetrics>,
+    pub gate: Option<GateDecision>,
+    #[serde(default)]
+    pub measurement_follows: bool,
+    /// The estimate made without a re-prefill (session format 1.2 on).
+    #[serde(default)]
+    pub estimate: Option<SwitchEstimate>,
+    /// The state of the mapper the handoff used (session format 1.3 on; `None` in
+    /// older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapper: Option<MapperState>,
+    /// The re-read the target will make at the first message, as
+    /// `20%:source-attention:word` (session format 1.4 on; `None`: it answers from
+    /// the map as handed over). What it re-read is [`Event::SwitchReread`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reread: Option<String>,
+}
+
 impl Event {
     /// Every `type` tag an [`Event`] can carry, so a reader can tell an event type added
     /// by a newer baton from a damaged line.
@@ -315,7 +328,7 @@ impl Event {
             | Event::Token { turn, .. }
             | Event::PrefillProgress { turn, .. }
             | Event::Generation { turn, .. }
-            | Event::Switch { turn, .. }
+            | Event::Switch(SwitchEvent { turn, .. })
             | Event::SwitchMeasured { turn, .. }
             | Event::TurnComparison { turn, .. }
             | Event::SwitchFollowUp { turn, .. }

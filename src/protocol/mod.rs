@@ -14,7 +14,7 @@ mod measures;
 pub mod summary;
 
 pub use commands::Command;
-pub use events::Event;
+pub use events::{Event, SwitchEvent};
 pub use ids::ModelName;
 pub use kinds::{CacheOrigin, MapperInfo, ModelInfo, PathKind, StopKind};
 pub use measures::{
@@ -114,7 +114,7 @@ mod tests {
                 timings: timings(),
                 stop: StopKind::MaxTokens,
             },
-            Event::Switch {
+            Event::Switch(SwitchEvent {
                 index: 0,
                 turn: 2,
                 from: "a".into(),
@@ -147,7 +147,7 @@ mod tests {
                     learned_tokens: 300,
                 }),
                 reread: Some("20%:source-attention:word".into()),
-            },
+            }),
             Event::SwitchReread {
                 index: 0,
                 turn: 2,
@@ -158,6 +158,8 @@ mod tests {
                 texts: vec!["<|im_start|>system".into(), " 48,000 dollars".into()],
                 select_ms: 3.5,
                 reread_ms: 41.0,
+                dropped: vec![[4, 30]],
+                reprefilled: false,
             },
             Event::SwitchMeasured {
                 index: 0,
@@ -347,15 +349,40 @@ mod tests {
     }
 
     #[test]
+    fn a_switch_keeps_its_fields_flat_beside_the_tag() {
+        // Session files predate the named switch struct: its fields must stay at the top
+        // level of the tagged object, not nest under a key.
+        let switch = one_of_each()
+            .into_iter()
+            .find(|e| matches!(e, Event::Switch(_)))
+            .expect("the fixture has a switch");
+        let v = serde_json::to_value(&switch).unwrap();
+        let obj = v.as_object().unwrap();
+        assert_eq!(obj["type"], "switch");
+        for key in [
+            "index",
+            "turn",
+            "from",
+            "to",
+            "context_tokens",
+            "timings",
+            "gate",
+        ] {
+            assert!(obj.contains_key(key), "{key} missing from {v}");
+        }
+        assert!(obj.values().all(|x| x.get("index").is_none()));
+    }
+
+    #[test]
     fn a_switch_line_from_an_older_session_still_reads() {
         // Format 1.0: everything measured before the event, no `measurement_follows`.
         let line = r#"{"type":"switch","index":0,"turn":2,"from":"a","to":"b","context_tokens":9,"suffix_tokens":9,"timings":{"source_prefill_ms":null,"map_full_ms":4.0,"map_suffix_ms":null,"reprefill_full_ms":40.0,"reprefill_suffix_ms":null,"end_to_end_ms":5.0},"metrics":null,"gate":null}"#;
         match serde_json::from_str::<Event>(line).unwrap() {
-            Event::Switch {
+            Event::Switch(SwitchEvent {
                 timings,
                 measurement_follows,
                 ..
-            } => {
+            }) => {
                 assert!(!measurement_follows);
                 assert_eq!(timings.map_full_ms, Some(4.0));
                 assert_eq!(timings.speedup_full(), Some(10.0));

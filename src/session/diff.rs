@@ -190,7 +190,7 @@ fn switches(s: &Session) -> BTreeMap<u32, SwitchView<'_>> {
     let mut out = BTreeMap::new();
     for e in s.events() {
         match e {
-            Event::Switch {
+            Event::Switch(crate::protocol::SwitchEvent {
                 index,
                 turn,
                 from,
@@ -199,7 +199,7 @@ fn switches(s: &Session) -> BTreeMap<u32, SwitchView<'_>> {
                 gate,
                 mapper,
                 ..
-            } => {
+            }) => {
                 out.insert(
                     *index,
                     SwitchView {
@@ -488,9 +488,9 @@ mod tests {
         let with = |updates: u32| {
             let mut events = fixtures::events();
             for e in events.iter_mut() {
-                if let Event::Switch {
+                if let Event::Switch(crate::protocol::SwitchEvent {
                     index: 1, mapper, ..
-                } = e
+                }) = e
                 {
                     *mapper = Some(MapperState {
                         updates,
@@ -553,12 +553,12 @@ mod tests {
     fn metric_deltas_count_only_beyond_the_tolerance() {
         let mut events = fixtures::events();
         for e in events.iter_mut() {
-            if let Event::Switch {
+            if let Event::Switch(crate::protocol::SwitchEvent {
                 index: 1,
                 metrics: Some(m),
                 gate: Some(g),
                 ..
-            } = e
+            }) = e
             {
                 m.attention_cosine[1] += 0.01;
                 m.r2_k[0] += 1e-6;

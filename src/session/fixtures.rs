@@ -95,7 +95,7 @@ pub fn events() -> Vec<Event> {
         },
         generation(1, Mapped, "a", &[1, 2, 3, 4]),
         Event::Done { turn: 1 },
-        Event::Switch {
+        Event::Switch(crate::protocol::SwitchEvent {
             index: 0,
             turn: 2,
             from: "a".into(),
@@ -121,7 +121,7 @@ pub fn events() -> Vec<Event> {
             estimate: None,
             mapper: None,
             reread: None,
-        },
+        }),
         Event::UserMessage {
             turn: 2,
             text: "more".into(),
@@ -166,7 +166,7 @@ pub fn events() -> Vec<Event> {
             note: "drift".into(),
         },
         Event::Done { turn: 3 },
-        Event::Switch {
+        Event::Switch(crate::protocol::SwitchEvent {
             index: 1,
             turn: 4,
             from: "b".into(),
@@ -192,7 +192,7 @@ pub fn events() -> Vec<Event> {
             estimate: None,
             mapper: None,
             reread: None,
-        },
+        }),
         Event::UserMessage {
             turn: 4,
             text: "last".into(),
@@ -214,7 +214,7 @@ pub fn measured_later(events: Vec<Event>) -> Vec<Event> {
     let mut waiting: Option<Event> = None;
     for e in events {
         match e {
-            Event::Switch {
+            Event::Switch(crate::protocol::SwitchEvent {
                 index,
                 turn,
                 from,
@@ -225,8 +225,8 @@ pub fn measured_later(events: Vec<Event>) -> Vec<Event> {
                 metrics,
                 gate,
                 ..
-            } => {
-                out.push(Event::Switch {
+            }) => {
+                out.push(Event::Switch(crate::protocol::SwitchEvent {
                     index,
                     turn,
                     from,
@@ -245,7 +245,7 @@ pub fn measured_later(events: Vec<Event>) -> Vec<Event> {
                     estimate: None,
                     mapper: None,
                     reread: None,
-                });
+                }));
                 waiting = Some(Event::SwitchMeasured {
                     index,
                     turn,

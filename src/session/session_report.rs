@@ -265,7 +265,7 @@ impl Rows {
                 t.first_difference = *first_difference;
                 t.agreement = Some(*agreement).filter(|a| a.is_finite());
             }
-            Event::Switch { .. } => self.switches.extend(SwitchRow::of(event)),
+            Event::Switch(_) => self.switches.extend(SwitchRow::of(event)),
             Event::SwitchMeasured { .. }
             | Event::SwitchFollowUp { .. }
             | Event::SwitchReread { .. } => self.complete_switch(event),
@@ -449,7 +449,7 @@ fn opens_turn(event: &Event) -> bool {
 impl SwitchRow {
     /// A `Switch` event's row, measured when the event carries the measurements.
     fn of(event: &Event) -> Option<Self> {
-        let Event::Switch {
+        let Event::Switch(crate::protocol::SwitchEvent {
             index,
             turn,
             from,
@@ -463,7 +463,7 @@ impl SwitchRow {
             estimate,
             mapper,
             reread,
-        } = event
+        }) = event
         else {
             return None;
         };
@@ -697,7 +697,12 @@ mod tests {
         let mut events = fixtures::events();
         let at = events
             .iter()
-            .position(|e| matches!(e, Event::Switch { index: 0, .. }))
+            .position(|e| {
+                matches!(
+                    e,
+                    Event::Switch(crate::protocol::SwitchEvent { index: 0, .. })
+                )
+            })
             .unwrap();
         events.insert(
             at + 1,
@@ -711,6 +716,8 @@ mod tests {
                 texts: vec!["x".into()],
                 select_ms: 1.5,
                 reread_ms: 10.0,
+                dropped: Vec::new(),
+                reprefilled: false,
             },
         );
         let r = Report::from_session(&fixtures::session_of(events));

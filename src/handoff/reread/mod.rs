@@ -18,17 +18,26 @@
 //!   round trip, position by position; it needs the reverse mapper);
 //! - `deviation`: the target computes its first layers itself for every position and each
 //!   position scores how far the map is from them there (CacheBlend's choice);
-//! - `recency`: the newest positions, the same as a longer tail: the baseline.
+//! - `recency`: the newest positions, the same as a longer tail: the baseline;
+//! - `cheaper-attention`: `source-attention` or `target-attention`, whichever model is
+//!   the smaller, so choosing stays cheap in both directions.
+//!
+//! What becomes of the chosen positions and of the rest is the plan's [`PlanKind`]:
+//! re-read over the map, re-read with the rest dropped, kept with the rest dropped, or
+//! re-read with the rest kept where the map is trusted.
 
+mod choice;
+pub mod cost;
 mod scores;
 mod spans;
 
+pub use choice::{choose, RereadChoice, TRUSTED_SHARE};
+pub use cost::{predict, PlanCost};
 pub use scores::{score_positions, SelectInputs};
 pub use spans::{opening_len, pick_spans, unit_starts};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::ops::Range;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RereadError {
@@ -64,15 +73,20 @@ pub enum Selector {
     RoundTrip,
     Deviation,
     Recency,
+    /// `source-attention` when the source is the smaller model, `target-attention`
+    /// otherwise: the message is read by whichever model reads it more cheaply, so that
+    /// choosing never costs a read by the larger model.
+    CheaperAttention,
 }
 
 impl Selector {
-    pub const ALL: [Selector; 5] = [
+    pub const ALL: [Selector; 6] = [
         Selector::SourceAttention,
         Selector::TargetAttention,
         Selector::RoundTrip,
         Selector::Deviation,
         Selector::Recency,
+        Selector::CheaperAttention,
     ];
 
     pub fn name(self) -> &'static str {
@@ -82,6 +96,7 @@ impl Selector {
             Selector::RoundTrip => "round-trip",
             Selector::Deviation => "deviation",
             Selector::Recency => "recency",
+            Selector::CheaperAttention => "cheaper-attention",
         }
     }
 
@@ -122,12 +137,60 @@ impl SpanGrowth {
     }
 }
 
-/// A re-read setting: how much, chosen how, grown into what.
+/// What a plan does with the mapped positions of the history: the chosen ones (the
+/// budget's best) and the rest. Whatever it is, the opening is always kept and the
+/// positions the target already held as its own stay as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlanKind {
+    /// Re-read the chosen positions, keep the rest mapped: the re-read over the map.
+    #[default]
+    Map,
+    /// Re-read the chosen positions, drop the rest: attention never sees them.
+    Drop,
+    /// Keep the chosen positions as mapped and drop the rest, re-reading nothing: the
+    /// cheapest repair there is (eviction, as same-model caches do it).
+    Attend,
+    /// Re-read the chosen positions, keep mapped the rest the map's predicted error per
+    /// position (its round trip) trusts, drop the others.
+    Trusted,
+}
+
+impl PlanKind {
+    pub const ALL: [PlanKind; 4] = [
+        PlanKind::Map,
+        PlanKind::Drop,
+        PlanKind::Attend,
+        PlanKind::Trusted,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PlanKind::Map => "map",
+            PlanKind::Drop => "drop",
+            PlanKind::Attend => "attend",
+            PlanKind::Trusted => "trusted",
+        }
+    }
+
+    /// Whether the chosen positions are re-read (otherwise they stay as mapped).
+    pub fn rereads(self) -> bool {
+        self != PlanKind::Attend
+    }
+}
+
+/// A handoff plan over the positions of the history, once the next message is known:
+/// how much is chosen, by what, grown into what, and what becomes of the chosen
+/// positions and of the rest ([`PlanKind`]). The re-read over the map is the plan of
+/// kind `map`, and its text form (`20%:source-attention:word`) is the one older
+/// settings and session files use.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RereadSetting {
     pub budget: RereadBudget,
     pub selector: Selector,
     pub spans: SpanGrowth,
+    #[serde(default)]
+    pub kind: PlanKind,
 }
 
 impl RereadSetting {
@@ -140,23 +203,45 @@ impl RereadSetting {
             budget: RereadBudget::Share(share),
             selector: Self::DEFAULT_SELECTOR,
             spans: Self::DEFAULT_SPANS,
+            kind: PlanKind::Map,
         }
     }
 
-    /// Parse `0.2`, `20%` or `150ms`, optionally followed by `:SELECTOR` and `:SPANS`
-    /// (`0.2:round-trip:sentence`); `0` or `off` is no re-read (`None`).
+    /// The same setting as a plan of another kind.
+    pub fn of_kind(self, kind: PlanKind) -> Self {
+        Self { kind, ..self }
+    }
+
+    /// Parse `[KIND:]BUDGET[:SELECTOR[:SPANS]]`: a budget of `0.2`, `20%` or `150ms`,
+    /// optionally after a plan kind (`map`, the default; `drop`, `attend`, `trusted`; or
+    /// `tail`, which is `drop` by recency, token by token) and followed by `:SELECTOR` and
+    /// `:SPANS` (`drop:0.2:source-attention:word`). `0` or `off` alone is no plan
+    /// (`None`); a kind with a budget of 0 keeps only the opening of what was mapped.
     pub fn parse(s: &str) -> Result<Option<Self>, RereadError> {
-        let mut parts = s.trim().split(':');
+        let mut parts = s.trim().split(':').peekable();
+        let first = parts.peek().map(|p| p.trim()).unwrap_or("");
+        let (kind, tail) = match first {
+            "tail" => (Some(PlanKind::Drop), true),
+            _ => (PlanKind::ALL.into_iter().find(|k| k.name() == first), false),
+        };
+        if kind.is_some() {
+            parts.next();
+        }
         let budget = parts.next().unwrap_or("").trim();
-        if budget == "off" || budget == "none" {
+        if kind.is_none() && (budget == "off" || budget == "none") {
             return Ok(None);
         }
         let bad = || {
             RereadError::Input(format!(
                 "re-read budget {budget:?}: give a share of the history (0.2 or 20%) or a time \
-                 (150ms), optionally with :SELECTOR and :SPANS (0.2:source-attention:word), or \
-                 0 for none"
+                 (150ms), optionally after a plan (map, drop, attend, trusted or tail) and with \
+                 :SELECTOR and :SPANS (drop:0.2:source-attention:word), or 0 for none"
             ))
+        };
+        // A plan of kind `map` with nothing chosen is the map as handed over: no plan.
+        let none_if_map = |b: RereadBudget| match kind {
+            None | Some(PlanKind::Map) => None,
+            Some(_) => Some(b),
         };
         let budget = if let Some(ms) = budget.strip_suffix("ms") {
             let ms: f64 = ms.trim().parse().map_err(|_| bad())?;
@@ -164,9 +249,13 @@ impl RereadSetting {
                 return Err(bad());
             }
             if ms == 0.0 {
-                return Ok(None);
+                match none_if_map(RereadBudget::Millis(0.0)) {
+                    Some(b) => b,
+                    None => return Ok(None),
+                }
+            } else {
+                RereadBudget::Millis(ms)
             }
-            RereadBudget::Millis(ms)
         } else {
             let (num, scale) = match budget.strip_suffix('%') {
                 Some(p) => (p, 100.0),
@@ -177,12 +266,17 @@ impl RereadSetting {
                 return Err(bad());
             }
             if share == 0.0 {
-                return Ok(None);
+                match none_if_map(RereadBudget::Share(0.0)) {
+                    Some(b) => b,
+                    None => return Ok(None),
+                }
+            } else {
+                RereadBudget::Share(share)
             }
-            RereadBudget::Share(share)
         };
         let selector = match parts.next() {
             Some(s) => Selector::parse(s.trim())?,
+            None if tail => Selector::Recency,
             None => Self::DEFAULT_SELECTOR,
         };
         let spans = match parts.next() {
@@ -194,17 +288,20 @@ impl RereadSetting {
                         "unknown span growth {s:?}: use token, word or sentence"
                     ))
                 })?,
+            None if tail => SpanGrowth::Token,
             None => Self::DEFAULT_SPANS,
         };
         if let Some(extra) = parts.next() {
             return Err(RereadError::Input(format!(
-                "re-read setting {s:?} has an extra part {extra:?}: BUDGET[:SELECTOR[:SPANS]]"
+                "re-read setting {s:?} has an extra part {extra:?}: \
+                 [KIND:]BUDGET[:SELECTOR[:SPANS]]"
             )));
         }
         Ok(Some(Self {
             budget,
             selector,
             spans,
+            kind: kind.unwrap_or_default(),
         }))
     }
 
@@ -234,49 +331,16 @@ impl RereadSetting {
 
 impl fmt::Display for RereadSetting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The re-read over the map keeps the form older session files hold.
+        if self.kind != PlanKind::Map {
+            write!(f, "{}:", self.kind.name())?;
+        }
         match self.budget {
             RereadBudget::Share(s) => write!(f, "{}%", (s * 1000.0).round() / 10.0)?,
             RereadBudget::Millis(ms) => write!(f, "{ms}ms")?,
         }
         write!(f, ":{}:{}", self.selector.name(), self.spans.name())
     }
-}
-
-/// What a re-read chose, before it runs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RereadChoice {
-    /// Spans of positions, increasing and disjoint.
-    pub runs: Vec<Range<usize>>,
-    /// Milliseconds spent choosing them (scores, spans).
-    pub select_ms: f64,
-}
-
-impl RereadChoice {
-    /// Positions chosen.
-    pub fn count(&self) -> usize {
-        self.runs.iter().map(|r| r.len()).sum()
-    }
-}
-
-/// Choose what to re-read of `candidates` (the mapped positions of the history) under
-/// `setting`; `ms_per_position` turns a time budget into positions.
-pub fn choose(
-    setting: &RereadSetting,
-    inputs: &SelectInputs<'_>,
-    candidates: Range<usize>,
-    ms_per_position: Option<f64>,
-) -> Result<RereadChoice, RereadError> {
-    let t = std::time::Instant::now();
-    let history = &inputs.tokens[..inputs.history];
-    let budget = setting.positions(inputs.history, ms_per_position)?;
-    let scores = score_positions(setting.selector, inputs, candidates.clone())?;
-    let starts = unit_starts(&inputs.target.tokenizer, history, setting.spans);
-    let opening = opening_len(&inputs.target.tokenizer, history);
-    let runs = pick_spans(&scores, candidates, &starts, opening, budget);
-    Ok(RereadChoice {
-        runs,
-        select_ms: t.elapsed().as_secs_f64() * 1e3,
-    })
 }
 
 #[cfg(test)]

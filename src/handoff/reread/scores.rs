@@ -54,11 +54,16 @@ pub fn score_positions(
     if candidates.is_empty() {
         return Ok(scores);
     }
+    let selector = match selector {
+        Selector::CheaperAttention => cheaper_reader(inputs),
+        s => s,
+    };
     let got = match selector {
         Selector::SourceAttention => {
             message_attention(inputs.source, inputs.source_cache, inputs.tokens, h)?
         }
-        Selector::TargetAttention => {
+        // (`cheaper-attention` is resolved to one of the two above.)
+        Selector::TargetAttention | Selector::CheaperAttention => {
             message_attention(inputs.target, inputs.handed, inputs.tokens, h)?
         }
         Selector::RoundTrip => {
@@ -90,6 +95,16 @@ pub fn score_positions(
         scores[p] = got.get(p).copied().unwrap_or(0.0);
     }
     Ok(scores)
+}
+
+/// Whichever attention selector reads the message with the smaller model.
+pub fn cheaper_reader(inputs: &SelectInputs<'_>) -> Selector {
+    let (s, t) = (inputs.source.config(), inputs.target.config());
+    if s.weights_per_token() <= t.weights_per_token() {
+        Selector::SourceAttention
+    } else {
+        Selector::TargetAttention
+    }
 }
 
 /// Attention the message (`tokens[h..]`) gives each history position when `model` reads

@@ -27,6 +27,7 @@ struct Args<'a> {
     t: usize,
     hd: usize,
     start: usize,
+    hidden: &'a [std::ops::Range<usize>],
     scale: f32,
 }
 
@@ -51,6 +52,7 @@ pub(super) unsafe fn attend(c: &Causal<'_>, out: SendPtr<f32>) {
         t: c.t,
         hd: c.head_dim,
         start: c.start,
+        hidden: c.hidden,
         scale: 1.0 / (c.head_dim as f32).sqrt(),
     };
     let a = &a;
@@ -162,6 +164,42 @@ unsafe fn softmax(s: *mut f32, n: usize) -> f32 {
     }
 }
 
+/// [`softmax`] over the positions that are not hidden: a hidden score goes in as -inf
+/// and its numerator comes out exactly 0, so its value row adds nothing. With nothing
+/// hidden this is [`softmax`] itself.
+///
+/// # Safety
+/// As for [`softmax`]; `hidden` lies before the row's own position (validated), so the
+/// maximum stays finite.
+#[target_feature(enable = "avx512f")]
+unsafe fn softmax_visible(s: *mut f32, n: usize, hidden: &[std::ops::Range<usize>]) -> f32 {
+    if hidden.is_empty() {
+        // SAFETY: the caller's guarantee.
+        return unsafe { softmax(s, n) };
+    }
+    // SAFETY: every index written is below n, inside the caller's buffer.
+    unsafe {
+        let scores = std::slice::from_raw_parts_mut(s, n);
+        for r in hidden {
+            let end = r.end.min(n);
+            if r.start < end {
+                scores[r.start..end].fill(f32::NEG_INFINITY);
+            }
+        }
+        let inv = softmax(s, n);
+        // The clamped exp leaves e^-104 (below f32's smallest denormal or next to it):
+        // zero it so a hidden value row, whatever it holds, never reaches the output.
+        let scores = std::slice::from_raw_parts_mut(s, n);
+        for r in hidden {
+            let end = r.end.min(n);
+            if r.start < end {
+                scores[r.start..end].fill(0.0);
+            }
+        }
+        inv
+    }
+}
+
 /// Output of query heads [h0, h0 + H) of group `g` at row `i`: sum_j p_j v_j in key
 /// order, then times 1/sum. `out` is the group's row of outputs.
 ///
@@ -269,7 +307,7 @@ unsafe fn row<const NC: usize>(
             &mut inv_v
         };
         for (h, iv) in inv.iter_mut().enumerate() {
-            *iv = softmax(sp.add(h * stride), n);
+            *iv = softmax_visible(sp.add(h * stride), n, a.hidden);
         }
         let hc = if NC <= 4 { 4 } else { 2 };
         let mut h0 = 0;
@@ -328,7 +366,7 @@ unsafe fn row_any(a: &Args<'_>, g: usize, i: usize, scores: &mut Vec<f32>, out: 
                     _mm512_mul_ps(reduce16(&acc), _mm512_set1_ps(a.scale)),
                 );
             }
-            let inv = softmax(sp.add(h * stride), n);
+            let inv = softmax_visible(sp.add(h * stride), n, a.hidden);
             let o = out.as_mut_ptr().add(h * hd);
             for c in 0..nc {
                 let mut acc = _mm512_setzero_ps();

@@ -15,6 +15,7 @@ mod avx512;
 use super::send_ptr::SendPtr;
 use super::{choose, KernelError, KernelPath};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// The paths this kernel has, fastest first.
 pub const PATHS: [KernelPath; 2] = [KernelPath::Avx512, KernelPath::Portable];
@@ -23,6 +24,10 @@ pub const PATHS: [KernelPath; 2] = [KernelPath::Avx512, KernelPath::Portable];
 /// start..start+t); `k`, `v`: element (g, j, d) at `g * stride.0 + j * stride.1 + d` for
 /// KV head g < n_kv_head, position j < start + t, d < head_dim (unit stride in the head
 /// dimension). The output is [t, n_head * head_dim].
+///
+/// `hidden` lists positions dropped from the cache (increasing, disjoint, all before
+/// `start`): no row attends to them, as if they were not there, while every other
+/// position keeps its place. Empty, the arithmetic is the plain causal one, bit for bit.
 #[derive(Clone, Copy, Debug)]
 pub struct Causal<'a> {
     pub q: &'a [f32],
@@ -35,6 +40,7 @@ pub struct Causal<'a> {
     pub t: usize,
     pub head_dim: usize,
     pub start: usize,
+    pub hidden: &'a [Range<usize>],
 }
 
 impl Causal<'_> {
@@ -70,6 +76,18 @@ impl Causal<'_> {
         }
         if out_len != t * nh * hd {
             return bad(format!("an output of {out_len} for {t} rows of {nh}x{hd}"));
+        }
+        // A row must see at least itself, so nothing at or after the first row is hidden.
+        let mut end = 0;
+        for r in self.hidden {
+            if r.is_empty() || r.start < end || r.end > self.start {
+                return bad(format!(
+                    "hidden positions {r:?} (after {end}) must be non-empty, increasing and \
+                     before the first row at {}",
+                    self.start
+                ));
+            }
+            end = r.end;
         }
         Ok(())
     }
@@ -147,6 +165,9 @@ fn portable(a: &Causal<'_>, out: &mut [f32]) {
                 for (j, s) in scores.iter_mut().enumerate() {
                     let krow = &a.k[g * ksh + j * ksr..g * ksh + j * ksr + hd];
                     *s = dot(qrow, krow) * scale;
+                }
+                hide(&mut scores, a.hidden);
+                for s in scores.iter() {
                     max = max.max(*s);
                 }
                 let mut sum = 0f32;
@@ -168,6 +189,18 @@ fn portable(a: &Causal<'_>, out: &mut [f32]) {
                 }
             }
         });
+}
+
+/// Scores of hidden positions become -inf, so their softmax weight is 0 (the row's own
+/// position is never hidden, so the maximum stays finite).
+#[inline]
+fn hide(scores: &mut [f32], hidden: &[Range<usize>]) {
+    for r in hidden {
+        let end = r.end.min(scores.len());
+        if r.start < end {
+            scores[r.start..end].fill(f32::NEG_INFINITY);
+        }
+    }
 }
 
 /// Dot product with eight independent accumulators: vectorises, and its summation order
@@ -204,6 +237,7 @@ mod tests {
             t: n,
             head_dim: 16,
             start: 0,
+            hidden: &[],
         }
     }
 
@@ -282,6 +316,7 @@ mod tests {
                 t,
                 head_dim: hd,
                 start,
+                hidden: &[],
             };
             let mut out = vec![0f32; t * nh * hd];
             causal_on(path, &a, &mut out).expect("attention");
@@ -309,6 +344,96 @@ mod tests {
                 .zip(&results[0])
                 .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
             assert!(d < 1e-5, "paths differ by {d}");
+        }
+    }
+
+    /// Rows over a cache with hidden positions give what they give over the same cache
+    /// with those positions cut out (the keys keep the rotation of their own positions,
+    /// so attention sees no other difference), on every path; a hidden value row, however
+    /// large, adds nothing (its weight is exactly 0).
+    #[test]
+    fn hidden_positions_are_as_if_cut_out_on_every_path() {
+        let (nh, nkv, hd, n) = (4, 2, 32, 41);
+        let val = |len: usize, s: u32| -> Vec<f32> {
+            (0..len)
+                .map(|i| {
+                    ((i as u32).wrapping_mul(2246822519).wrapping_add(s) >> 9) as f32 / 8.4e6 - 0.5
+                })
+                .collect()
+        };
+        let (start, t) = (33, n - 33);
+        let hidden = [2..5, 17..18, 20..31];
+        let keep: Vec<usize> = (0..n)
+            .filter(|j| !hidden.iter().any(|r| r.contains(j)))
+            .collect();
+        let q = val(nh * t * hd, 1);
+        let (k, mut v) = (val(nkv * n * hd, 2), val(nkv * n * hd, 3));
+        for g in 0..nkv {
+            for j in hidden.iter().flat_map(|r| r.clone()) {
+                v[(g * n + j) * hd..(g * n + j + 1) * hd].fill(1e30);
+            }
+        }
+        let cut = |x: &[f32]| -> Vec<f32> {
+            (0..nkv)
+                .flat_map(|g| {
+                    keep.iter()
+                        .flat_map(move |&j| x[(g * n + j) * hd..(g * n + j + 1) * hd].to_vec())
+                })
+                .collect()
+        };
+        let (kc, vc) = (cut(&k), cut(&v));
+        let m = keep.len();
+        for path in PATHS {
+            if !path.available() {
+                crate::test_support::skipped(
+                    &format!("the {path:?} kernel path"),
+                    &format!("not available on this CPU (needs {})", path.needs()),
+                );
+                continue;
+            }
+            let base = Causal {
+                q: &q,
+                k: &k,
+                v: &v,
+                k_stride: (n * hd, hd),
+                v_stride: (n * hd, hd),
+                n_head: nh,
+                n_kv_head: nkv,
+                t,
+                head_dim: hd,
+                start,
+                hidden: &hidden,
+            };
+            let mut got = vec![0f32; t * nh * hd];
+            causal_on(path, &base, &mut got).expect("attention with hidden positions");
+            let compact = Causal {
+                k: &kc,
+                v: &vc,
+                k_stride: (m * hd, hd),
+                v_stride: (m * hd, hd),
+                start: m - t,
+                hidden: &[],
+                ..base
+            };
+            let mut want = vec![0f32; t * nh * hd];
+            causal_on(path, &compact, &mut want).expect("attention over the cut cache");
+            let d = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(d < 1e-6, "{path:?}: {d}");
+            // Hidden positions at or after the first row are refused.
+            for bad in [vec![30..34], vec![5..7, 3..4], vec![4..4]] {
+                let a = Causal {
+                    hidden: &bad,
+                    ..base
+                };
+                let e = causal_on(path, &a, &mut got);
+                assert!(
+                    matches!(e, Err(KernelError::Shape(_))),
+                    "{path:?} {bad:?}: {e:?}"
+                );
+            }
         }
     }
 }

@@ -62,7 +62,7 @@ impl App {
             (None, Event::Ready { .. }) if d.paused_after.is_none() => return self.demo_next(),
             (Some(cmd), _) if cmd.answered_by(e) => {
                 d.waiting = None;
-                if matches!(e, Event::Switch { .. }) {
+                if matches!(e, Event::Switch(_)) {
                     d.paused_after = switch_index;
                     return vec![];
                 }

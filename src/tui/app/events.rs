@@ -90,7 +90,7 @@ impl App {
                 id,
             } => self.token(*turn, *path, text, *id),
             Event::Generation { .. } => self.generation(e),
-            Event::Switch { .. } => self.switched(e),
+            Event::Switch(_) => self.switched(e),
             Event::SwitchMeasured { .. } => self.switch_measured(e),
             Event::TurnComparison { .. } => self.compared(e),
             Event::SwitchFollowUp { .. } => self.followed_up(e),
@@ -189,7 +189,7 @@ impl App {
 
     /// The conversation was handed over; its measurement may follow.
     fn switched(&mut self, e: &Event) {
-        let Event::Switch {
+        let Event::Switch(crate::protocol::SwitchEvent {
             index,
             turn,
             from,
@@ -203,7 +203,7 @@ impl App {
             estimate,
             mapper: _,
             reread,
-        } = e
+        }) = e
         else {
             return;
         };

@@ -49,7 +49,7 @@ fn timings() -> GenerationTimings {
 }
 
 fn switch_event(context_tokens: usize) -> Event {
-    Event::Switch {
+    Event::Switch(crate::protocol::SwitchEvent {
         index: 0,
         turn: 2,
         from: "small".into(),
@@ -77,7 +77,7 @@ fn switch_event(context_tokens: usize) -> Event {
         estimate: None,
         mapper: None,
         reread: None,
-    }
+    })
 }
 
 fn generation(turn: u32, path: PathKind, text: &str, ids: Vec<u32>, prompt: usize) -> Event {

@@ -5,7 +5,7 @@ use super::*;
 /// The handoff of switch 0 as the engine now sends it: its measurement follows.
 fn handoff_event() -> Event {
     match switch_event(8) {
-        Event::Switch {
+        Event::Switch(crate::protocol::SwitchEvent {
             index,
             turn,
             from,
@@ -15,7 +15,7 @@ fn handoff_event() -> Event {
             timings,
             gate,
             ..
-        } => Event::Switch {
+        }) => Event::Switch(crate::protocol::SwitchEvent {
             index,
             turn,
             from,
@@ -33,15 +33,15 @@ fn handoff_event() -> Event {
             estimate: None,
             mapper: None,
             reread: None,
-        },
+        }),
         other => other,
     }
 }
 
 fn measured_event(stopped: Option<&str>) -> Event {
-    let Event::Switch {
+    let Event::Switch(crate::protocol::SwitchEvent {
         timings, metrics, ..
-    } = switch_event(8)
+    }) = switch_event(8)
     else {
         unreachable!()
     };

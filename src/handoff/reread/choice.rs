@@ -1,0 +1,156 @@
+//! From a plan setting and the message to the positions it re-reads, keeps and drops.
+
+use super::{
+    opening_len, pick_spans, score_positions, unit_starts, PlanKind, RereadError, RereadSetting,
+    SelectInputs, Selector,
+};
+use std::ops::Range;
+
+/// Of the mapped positions a `trusted` plan does not re-read, the share it keeps mapped:
+/// those with the smallest predicted error (the round trip), the others are dropped.
+pub const TRUSTED_SHARE: f64 = 0.5;
+
+/// What a plan chose, before it runs. Every candidate position is in exactly one of
+/// `runs` (re-read), `kept` (left as mapped) or `dropped`; runs are increasing and
+/// disjoint.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RereadChoice {
+    /// Spans the target re-reads.
+    pub runs: Vec<Range<usize>>,
+    /// Spans left as mapped.
+    pub kept: Vec<Range<usize>>,
+    /// Spans dropped from attention.
+    pub dropped: Vec<Range<usize>>,
+    /// Milliseconds spent choosing (scores, spans).
+    pub select_ms: f64,
+}
+
+impl RereadChoice {
+    /// Positions re-read.
+    pub fn count(&self) -> usize {
+        total(&self.runs)
+    }
+
+    /// Positions dropped.
+    pub fn dropped_count(&self) -> usize {
+        total(&self.dropped)
+    }
+
+    /// Positions left as mapped.
+    pub fn kept_count(&self) -> usize {
+        total(&self.kept)
+    }
+}
+
+fn total(runs: &[Range<usize>]) -> usize {
+    runs.iter().map(|r| r.len()).sum()
+}
+
+/// Choose, under `setting`, what becomes of each of `candidates` (the mapped positions
+/// of the history); `ms_per_position` turns a time budget into positions.
+pub fn choose(
+    setting: &RereadSetting,
+    inputs: &SelectInputs<'_>,
+    candidates: Range<usize>,
+    ms_per_position: Option<f64>,
+) -> Result<RereadChoice, RereadError> {
+    let t = std::time::Instant::now();
+    let history = &inputs.tokens[..inputs.history];
+    let budget = setting.positions(inputs.history, ms_per_position)?;
+    let scores = score_positions(setting.selector, inputs, candidates.clone())?;
+    let starts = unit_starts(&inputs.target.tokenizer, history, setting.spans);
+    let opening = opening_len(&inputs.target.tokenizer, history);
+    let chosen = pick_spans(&scores, candidates.clone(), &starts, opening, budget);
+    let rest = complement(&chosen, candidates.clone());
+    let (runs, kept, dropped) = match setting.kind {
+        PlanKind::Map => (chosen, rest, Vec::new()),
+        PlanKind::Drop => (chosen, Vec::new(), rest),
+        PlanKind::Attend => (Vec::new(), chosen, rest),
+        PlanKind::Trusted => {
+            let error = score_positions(Selector::RoundTrip, inputs, candidates.clone())?;
+            let (kept, dropped) = trusted(&error, &rest, TRUSTED_SHARE);
+            (chosen, kept, dropped)
+        }
+    };
+    Ok(RereadChoice {
+        runs,
+        kept,
+        dropped,
+        select_ms: t.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// The positions of `within` outside `runs` (increasing, disjoint, inside `within`).
+fn complement(runs: &[Range<usize>], within: Range<usize>) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut at = within.start;
+    for r in runs {
+        if r.start > at {
+            out.push(at..r.start);
+        }
+        at = at.max(r.end);
+    }
+    if at < within.end {
+        out.push(at..within.end);
+    }
+    out
+}
+
+/// Split `rest` into the `share` of its positions with the smallest `error` (kept) and
+/// the others (dropped); ties keep the newer position.
+fn trusted(
+    error: &[f64],
+    rest: &[Range<usize>],
+    share: f64,
+) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
+    let mut order: Vec<usize> = rest.iter().flat_map(|r| r.clone()).collect();
+    let n_keep = (share * order.len() as f64).round() as usize;
+    order.sort_by(|&a, &b| {
+        let (x, y) = (error[a], error[b]);
+        x.partial_cmp(&y)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(b.cmp(&a))
+    });
+    let n = error.len();
+    let mut keep = vec![false; n];
+    for &p in order.iter().take(n_keep) {
+        keep[p] = true;
+    }
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    for r in rest {
+        let mut s = r.start;
+        for p in r.clone() {
+            let next = p + 1;
+            if next == r.end || keep[next] != keep[s] {
+                let target = if keep[s] { &mut kept } else { &mut dropped };
+                target.push(s..next);
+                s = next;
+            }
+        }
+    }
+    (kept, dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_complement_covers_what_the_runs_leave() {
+        assert_eq!(complement(&[2..4, 6..7], 1..9), vec![1..2, 4..6, 7..9]);
+        assert_eq!(complement(&[], 3..5), vec![3..5]);
+        assert!(complement(&[3..5], 3..5).is_empty());
+    }
+
+    #[test]
+    fn a_trusted_split_keeps_the_smallest_errors_and_covers_the_rest_once() {
+        let error = [0.0, 0.9, 0.1, 0.8, 0.2, 0.7, 0.3, 0.6];
+        let rest = vec![1..4, 5..8];
+        let (kept, dropped) = trusted(&error, &rest, 0.5);
+        // Six positions, three kept: 2 (0.1), 6 (0.3), 7 (0.6).
+        assert_eq!(kept, vec![2..3, 6..8]);
+        assert_eq!(dropped, vec![1..2, 3..4, 5..6]);
+        let (all, none) = trusted(&error, &rest, 1.0);
+        assert_eq!((all, none), (vec![1..4, 5..8], Vec::new()));
+    }
+}
