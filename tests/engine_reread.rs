@@ -126,3 +126,95 @@ fn rereading_everything_gives_the_reprefilled_answer_and_off_rereads_nothing() {
         .iter()
         .any(|e| matches!(e, Event::Error { message, fatal: false } if message.contains("re-read budget"))));
 }
+
+/// The plan's parts as the event gives them: re-read, dropped, and the text of each part.
+fn plan_of(e: &Event) -> (usize, usize, Vec<[usize; 2]>, Vec<[usize; 2]>, bool, usize) {
+    let Event::SwitchReread {
+        positions,
+        context_tokens,
+        spans,
+        dropped,
+        reprefilled,
+        parts,
+        ..
+    } = e
+    else {
+        panic!("not a re-read: {e:?}")
+    };
+    (
+        *positions,
+        *context_tokens,
+        spans.clone(),
+        dropped.clone(),
+        *reprefilled,
+        parts.len(),
+    )
+}
+
+#[test]
+fn a_drop_plan_rereads_its_budget_drops_the_rest_and_the_conversation_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let mut rig = rig_with(dir.path(), |c| {
+        c.settings.reread = RereadSetting::parse("drop:0.3:recency:token").unwrap();
+    });
+    let _ = rig.talk_and_switch(7);
+    let events = rig.handle(Command::Submit {
+        text: tiny().chat_text(12, 8),
+    });
+    let rereads = reread_events(&events);
+    assert_eq!(rereads.len(), 1, "{events:?}");
+    let (positions, n, spans, dropped, reprefilled, parts) = plan_of(rereads[0]);
+    assert!(!reprefilled);
+    assert!(
+        positions > 0 && !dropped.is_empty(),
+        "{spans:?} {dropped:?}"
+    );
+    let count = |r: &[[usize; 2]]| r.iter().map(|s| s[1] - s[0]).sum::<usize>();
+    // Re-read and dropped are disjoint, inside the mapped part (past the anchor), and
+    // with the anchor they cover the history: nothing stays mapped.
+    assert_eq!(
+        count(&spans) + count(&dropped) + 1,
+        n,
+        "{spans:?} {dropped:?}"
+    );
+    for d in &dropped {
+        assert!(spans.iter().all(|s| s[1] <= d[0] || s[0] >= d[1]));
+    }
+    // By recency, the newest positions are the ones re-read.
+    assert_eq!(spans.last().unwrap()[1], n);
+    assert!(parts >= 2, "the text comes marked part by part");
+    assert!(events.iter().any(|e| matches!(e, Event::Token { .. })));
+    // The next message is answered over the cache as the plan left it.
+    let events = rig.handle(Command::Submit {
+        text: tiny().chat_text(8, 9),
+    });
+    assert!(reread_events(&events).is_empty());
+    assert!(events.iter().any(|e| matches!(e, Event::Done { .. })));
+}
+
+#[test]
+fn a_plan_that_would_cost_the_reprefill_reprefills_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    // Re-reading 90% costs more than reading it all once (a re-read position costs more
+    // than a prefill's), so the target reads the mapped part itself.
+    let mut rig = rig_with(dir.path(), |c| {
+        c.settings.reread = RereadSetting::parse("drop:0.9:recency:token").unwrap();
+    });
+    let _ = rig.talk_and_switch(10);
+    let events = rig.handle(Command::Submit {
+        text: tiny().chat_text(12, 11),
+    });
+    let rereads = reread_events(&events);
+    assert_eq!(rereads.len(), 1, "{events:?}");
+    let (positions, n, spans, dropped, reprefilled, _) = plan_of(rereads[0]);
+    assert!(reprefilled);
+    assert!(dropped.is_empty());
+    assert_eq!((positions, spans), (n - 1, vec![[1, n]]));
+    let identical = events.iter().find_map(|e| match e {
+        Event::TurnComparison { identical, .. } => Some(*identical),
+        _ => None,
+    });
+    assert_eq!(identical, Some(true), "the re-prefilled answer: {events:?}");
+}

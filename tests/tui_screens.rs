@@ -3,8 +3,8 @@
 //! a literal, so the screens are the same on every machine.
 
 use baton::protocol::{
-    CacheOrigin, Command, Event, GenerationTimings, MapperInfo, ModelInfo, PathKind, StopKind,
-    SwitchMetrics, SwitchTimings,
+    CacheOrigin, Command, Event, GenerationTimings, MapperInfo, ModelInfo, PathKind, PlanPart,
+    PlanText, StopKind, SwitchMetrics, SwitchTimings,
 };
 use baton::tui::{render, render_panel, App, AppInfo, Effect, Key, KeyCode, Msg, Panel};
 use ratatui::backend::TestBackend;
@@ -798,8 +798,26 @@ fn app_with_a_reread() -> App {
         ],
         select_ms: 5.0,
         reread_ms: 40.0,
-        dropped: Vec::new(),
+        dropped: vec![[100, 200]],
         reprefilled: false,
+        parts: vec![
+            PlanText {
+                part: PlanPart::Kept,
+                text: "system prompt".into(),
+            },
+            PlanText {
+                part: PlanPart::Dropped,
+                text: " an aside nobody asked about".into(),
+            },
+            PlanText {
+                part: PlanPart::Reread,
+                text: " the budget is 48,000 dollars".into(),
+            },
+            PlanText {
+                part: PlanPart::Mapped,
+                text: " and the rest".into(),
+            },
+        ],
     }));
     app
 }
@@ -822,7 +840,35 @@ fn a_reread_shows_in_the_latency_panel_and_ctrl_k_marks_its_words_in_the_convers
     app.update(Msg::Key(Key::ctrl('k')));
     let after = format!("{:?}", panel(&app, 100, 80, Panel::Transcript).backend());
     assert!(after.contains(words), "{after}");
-    assert!(after.contains("re-read 60 of 300 tokens"), "{after}");
+    assert!(
+        after.contains("re-read 60 of 300 tokens at the next message, 100 dropped"),
+        "{after}"
+    );
+    // Each run of the conversation is marked with what the plan made of it: a legend,
+    // then the dropped words struck through and the re-read ones highlighted.
+    assert!(after.contains("kept re-read mapped dropped"), "{after}");
+    let drawn = panel(&app, 100, 80, Panel::Transcript);
+    let buffer = drawn.backend().buffer();
+    let style_of = |word: &str| {
+        let w = buffer.area.width;
+        (0..buffer.area.height)
+            .find_map(|y| {
+                let line: String = (0..w).map(|x| buffer[(x, y)].symbol()).collect();
+                line.find(word).map(|i| {
+                    let x = line[..i].chars().count() as u16;
+                    buffer[(x, y)].style()
+                })
+            })
+            .unwrap_or_else(|| panic!("{word} not drawn"))
+    };
+    assert!(style_of("nobody")
+        .add_modifier
+        .contains(ratatui::style::Modifier::CROSSED_OUT));
+    assert_eq!(style_of("48,000").bg, Some(Color::Yellow));
+    assert!(!style_of("rest")
+        .add_modifier
+        .contains(ratatui::style::Modifier::CROSSED_OUT));
+    assert!(latency.contains("100 dropped"), "{latency}");
     // Ctrl-E steps the budget on and says so.
     app.update(Msg::Key(Key::ctrl('e')));
     let status = status_line(&app);

@@ -7,7 +7,8 @@ use super::core::Engine;
 use super::EngineError;
 use crate::handoff::reread::cost::predict;
 use crate::handoff::reread::{choose, RereadChoice, SelectInputs};
-use crate::protocol::Event;
+use crate::protocol::{Event, PlanPart, PlanText};
+use std::ops::Range;
 use std::time::Instant;
 
 /// Prefills shorter than this say little about the model's speed per position (fixed
@@ -31,6 +32,7 @@ impl Engine {
         }
         let history = pending.mapped.end.min(self.slots[a].primary.len());
         let mapped = pending.mapped.start.min(history)..history;
+        let pending_mapped_start = mapped.start;
         if mapped.is_empty() {
             return Ok(());
         }
@@ -96,8 +98,18 @@ impl Engine {
                     .unwrap_or_default()
             })
             .collect();
-        let spans =
-            |runs: &[std::ops::Range<usize>]| runs.iter().map(|r| [r.start, r.end]).collect();
+        let parts = plan_parts(history, pending_mapped_start, &choice.runs, &choice.dropped)
+            .into_iter()
+            .map(|(part, r)| PlanText {
+                part,
+                text: slot
+                    .model
+                    .tokenizer
+                    .decode(&self.conv.history[r])
+                    .unwrap_or_default(),
+            })
+            .collect();
+        let spans = |runs: &[Range<usize>]| runs.iter().map(|r| [r.start, r.end]).collect();
         self.out.emit(Event::SwitchReread {
             index: pending.index,
             turn,
@@ -110,7 +122,61 @@ impl Engine {
             reread_ms,
             dropped: spans(&choice.dropped),
             reprefilled: reprefill,
+            parts,
         });
         Ok(())
+    }
+}
+
+/// The history's positions `0..history` in runs of one part each, in order: before
+/// `mapped_start` the target's own (kept); after it re-read, dropped or left mapped.
+fn plan_parts(
+    history: usize,
+    mapped_start: usize,
+    reread: &[Range<usize>],
+    dropped: &[Range<usize>],
+) -> Vec<(PlanPart, Range<usize>)> {
+    let part_of = |p: usize| {
+        if p < mapped_start {
+            PlanPart::Kept
+        } else if reread.iter().any(|r| r.contains(&p)) {
+            PlanPart::Reread
+        } else if dropped.iter().any(|r| r.contains(&p)) {
+            PlanPart::Dropped
+        } else {
+            PlanPart::Mapped
+        }
+    };
+    let mut out: Vec<(PlanPart, Range<usize>)> = Vec::new();
+    for p in 0..history {
+        let part = part_of(p);
+        match out.last_mut() {
+            Some((last, r)) if *last == part => r.end = p + 1,
+            _ => out.push((part, p..p + 1)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_position_has_one_part_in_order() {
+        let got = plan_parts(12, 3, &[4..6, 9..10], &[6..8]);
+        assert_eq!(
+            got,
+            vec![
+                (PlanPart::Kept, 0..3),
+                (PlanPart::Mapped, 3..4),
+                (PlanPart::Reread, 4..6),
+                (PlanPart::Dropped, 6..8),
+                (PlanPart::Mapped, 8..9),
+                (PlanPart::Reread, 9..10),
+                (PlanPart::Mapped, 10..12),
+            ]
+        );
+        assert!(plan_parts(0, 0, &[], &[]).is_empty());
     }
 }

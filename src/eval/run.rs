@@ -230,16 +230,16 @@ fn evaluate_direction(
     })
 }
 
-/// The mapper of the other direction, when a re-read of any evaluation ranks by the round
-/// trip.
+/// The mapper of the other direction, when a plan of any evaluation ranks or trusts by the
+/// round trip.
 fn reverse_mapper(
     s: &Model,
     t: &Model,
     mut settings: impl Iterator<Item = RereadSetting>,
     plan: &EvalPlan<'_>,
 ) -> Result<Option<crate::mapper::CacheMapper>, EvalError> {
-    use crate::handoff::reread::Selector;
-    let wanted = settings.any(|r| r.selector == Selector::RoundTrip);
+    use crate::handoff::reread::{PlanKind, Selector};
+    let wanted = settings.any(|r| r.selector == Selector::RoundTrip || r.kind == PlanKind::Trusted);
     if !wanted {
         return Ok(None);
     }

@@ -2,7 +2,7 @@
 
 use super::float;
 use super::ids::ModelName;
-use super::kinds::{CacheOrigin, MapperInfo, ModelInfo, PathKind, StopKind};
+use super::kinds::{CacheOrigin, MapperInfo, ModelInfo, PathKind, PlanText, StopKind};
 use super::measures::{
     GateDecision, GenerationTimings, MapperState, SwitchEstimate, SwitchMetrics, SwitchTimings,
 };
@@ -115,6 +115,10 @@ pub enum Event {
         /// part) and chose nothing.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         reprefilled: bool,
+        /// The whole context in order, each run of text marked with what the plan made
+        /// of it (session format 1.5 on; empty before).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        parts: Vec<PlanText>,
     },
     /// What switch `index` costs against a re-prefill and how faithful its cache is,
     /// measured after its handoff: the whole cache mapped again and timed, the target's

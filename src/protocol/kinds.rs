@@ -28,6 +28,27 @@ pub enum CacheOrigin {
     Reprefilled,
 }
 
+/// What a handoff's plan made of a position of the conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanPart {
+    /// The target's own, as it held or computed it before the map.
+    Kept,
+    /// Recomputed by the target, once the message was known.
+    Reread,
+    /// Mapped from the source's cache and left so.
+    Mapped,
+    /// Left out: no attention reads it.
+    Dropped,
+}
+
+/// A run of the conversation's text that a plan treated one way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanText {
+    pub part: PlanPart,
+    pub text: String,
+}
+
 /// Why a generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -16,7 +16,7 @@ pub mod summary;
 pub use commands::Command;
 pub use events::{Event, SwitchEvent};
 pub use ids::ModelName;
-pub use kinds::{CacheOrigin, MapperInfo, ModelInfo, PathKind, StopKind};
+pub use kinds::{CacheOrigin, MapperInfo, ModelInfo, PathKind, PlanPart, PlanText, StopKind};
 pub use measures::{
     finite_mean, EstimateBasis, GateDecision, GenerationTimings, MapperState, SwitchEstimate,
     SwitchMetrics, SwitchTimings,
@@ -160,6 +160,16 @@ mod tests {
                 reread_ms: 41.0,
                 dropped: vec![[4, 30]],
                 reprefilled: false,
+                parts: vec![
+                    PlanText {
+                        part: PlanPart::Reread,
+                        text: "<|im_start|>system".into(),
+                    },
+                    PlanText {
+                        part: PlanPart::Dropped,
+                        text: " the meeting".into(),
+                    },
+                ],
             },
             Event::SwitchMeasured {
                 index: 0,

@@ -718,6 +718,7 @@ mod tests {
                 reread_ms: 10.0,
                 dropped: Vec::new(),
                 reprefilled: false,
+                parts: Vec::new(),
             },
         );
         let r = Report::from_session(&fixtures::session_of(events));

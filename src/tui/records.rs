@@ -1,7 +1,7 @@
 //! What the engine reported, kept in the shape the panels draw it in.
 
 use crate::protocol::{
-    CacheOrigin, GateDecision, GenerationTimings, StopKind, SwitchMetrics, SwitchTimings,
+    CacheOrigin, GateDecision, GenerationTimings, PlanText, StopKind, SwitchMetrics, SwitchTimings,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -170,8 +170,17 @@ pub(crate) struct RereadRecord {
     pub context_tokens: usize,
     /// Choosing and re-reading, in milliseconds.
     pub ms: f64,
+    /// Of which choosing.
+    pub select_ms: f64,
+    /// Positions dropped.
+    pub dropped: usize,
+    /// The plan would have cost the re-prefill: the target re-read the mapped part.
+    pub reprefilled: bool,
     /// The text of each span re-read.
     pub texts: Vec<String>,
+    /// The whole context, each run marked with what the plan made of it (empty from an
+    /// older session).
+    pub parts: Vec<PlanText>,
 }
 
 impl SwitchRecord {

@@ -382,6 +382,44 @@ mod tests {
     }
 
     #[test]
+    fn plans_parse_and_print_back_and_the_map_kind_keeps_the_old_form() {
+        let s = RereadSetting::parse("drop:20%").unwrap().unwrap();
+        assert_eq!(s, RereadSetting::share(0.2).of_kind(PlanKind::Drop));
+        assert_eq!(s.to_string(), "drop:20%:source-attention:word");
+        let s = RereadSetting::parse("tail:0.3").unwrap().unwrap();
+        assert_eq!(
+            (s.kind, s.selector, s.spans),
+            (PlanKind::Drop, Selector::Recency, SpanGrowth::Token)
+        );
+        for text in [
+            "attend:10%:cheaper-attention:token",
+            "trusted:40%:source-attention:sentence",
+            "drop:0%:recency:token",
+            "drop:150ms:recency:word",
+        ] {
+            let s = RereadSetting::parse(text).unwrap().unwrap();
+            assert_eq!(s.to_string(), text);
+            assert_eq!(RereadSetting::parse(&s.to_string()).unwrap(), Some(s));
+        }
+        // A map plan written out is today's re-read, in its old form.
+        let s = RereadSetting::parse("map:20%").unwrap().unwrap();
+        assert_eq!(s.to_string(), "20%:source-attention:word");
+        // Nothing chosen: no plan for the map, the opening alone for a drop.
+        assert_eq!(RereadSetting::parse("map:0").unwrap(), None);
+        let s = RereadSetting::parse("drop:0").unwrap().unwrap();
+        assert_eq!(s.positions(100, None).unwrap(), 0);
+        for bad in [
+            "drop",
+            "drop:off",
+            "attend:x",
+            "evict:20%",
+            "drop:20%:recency:word:x",
+        ] {
+            assert!(RereadSetting::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn a_budget_becomes_positions_and_a_time_needs_a_speed() {
         let s = RereadSetting::share(0.25);
         assert_eq!(s.positions(400, None).unwrap(), 100);

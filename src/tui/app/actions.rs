@@ -95,11 +95,18 @@ impl App {
         self.set_reread(next)
     }
 
+    /// The next plan kind (map → drop → attend → trusted), keeping the budget, the
+    /// selector and the spans; from off, the default budget's plan of the next kind.
+    pub(super) fn cycle_plan_kind(&mut self) -> Vec<Effect> {
+        let next = next_plan_kind(self.reread.as_deref());
+        self.set_reread(Some(next))
+    }
+
     pub(super) fn set_reread(&mut self, setting: Option<String>) -> Vec<Effect> {
         self.reread = setting.clone();
         let what = match &setting {
-            Some(s) => format!("re-read {s}: at the first message after a switch the target re-reads that much of the mapped history"),
-            None => "re-read off: the target answers from the map as handed over".into(),
+            Some(s) => format!("plan {s}: {}", plan_words(s)),
+            None => "plan off: the target answers from the map as handed over".into(),
         };
         self.say(Level::Info, what);
         vec![Effect::Send(Command::SetReread { setting })]
@@ -206,20 +213,73 @@ impl App {
 /// The budgets Ctrl-E steps through, after off.
 const REREAD_STEPS: [&str; 3] = ["10%", "20%", "40%"];
 
+/// The plan kinds Ctrl-T steps through; `map` is written without its name.
+const PLAN_KINDS: [&str; 4] = ["map", "drop", "attend", "trusted"];
+
+/// A setting's text split into its kind (`map` when it names none) and the rest.
+fn split_kind(s: &str) -> (&str, &str) {
+    match s.split_once(':') {
+        Some((k, rest)) if PLAN_KINDS.contains(&k) || k == "tail" => (k, rest),
+        _ => ("map", s),
+    }
+}
+
+/// `rest` under plan `kind`.
+fn with_kind(kind: &str, rest: &str) -> String {
+    if kind == "map" {
+        rest.to_string()
+    } else {
+        format!("{kind}:{rest}")
+    }
+}
+
 /// The setting after `current` in the cycle off → 10% → 20% → 40% → off; a budget not
-/// in the cycle (a time, 25%) goes to off. The selector and spans stay.
+/// in the cycle (a time, 25%) goes to off. The kind, selector and spans stay.
 fn next_reread(current: Option<&str>) -> Option<String> {
-    let (budget, rest) = match current {
+    let (kind, rest) = match current {
         None => return Some(REREAD_STEPS[0].to_string()),
-        Some(s) => s.split_once(':').map_or((s, ""), |(b, r)| (b, r)),
+        Some(s) => split_kind(s),
     };
+    let (budget, tail) = rest.split_once(':').map_or((rest, ""), |(b, r)| (b, r));
     let i = REREAD_STEPS.iter().position(|b| *b == budget)?;
     let next = REREAD_STEPS.get(i + 1)?;
-    Some(if rest.is_empty() {
+    let rest = if tail.is_empty() {
         next.to_string()
     } else {
-        format!("{next}:{rest}")
-    })
+        format!("{next}:{tail}")
+    };
+    Some(with_kind(kind, &rest))
+}
+
+/// The setting with the next plan kind, the rest kept; off becomes 20% of the next kind
+/// after `map`.
+fn next_plan_kind(current: Option<&str>) -> String {
+    let (kind, rest) = current.map_or(("map", "20%"), split_kind);
+    let kind = if kind == "tail" { "drop" } else { kind };
+    let i = PLAN_KINDS.iter().position(|k| *k == kind).unwrap_or(0);
+    with_kind(PLAN_KINDS[(i + 1) % PLAN_KINDS.len()], rest)
+}
+
+/// What a plan does, in words, for the line that confirms it.
+fn plan_words(setting: &str) -> &'static str {
+    match split_kind(setting).0 {
+        "drop" | "tail" => {
+            "at the first message after a switch the target re-reads that much of the mapped \
+             history and drops the rest"
+        }
+        "attend" => {
+            "at the first message after a switch the target keeps that much of the mapped \
+             history, the part the message attends to, and drops the rest"
+        }
+        "trusted" => {
+            "at the first message after a switch the target re-reads that much, keeps mapped \
+             what the map is trusted with and drops the rest"
+        }
+        _ => {
+            "at the first message after a switch the target re-reads that much of the mapped \
+             history"
+        }
+    }
 }
 
 #[cfg(test)]
@@ -234,5 +294,24 @@ mod reread_cycle_tests {
         assert_eq!(next_reread(Some("20%")).as_deref(), Some("40%"));
         assert_eq!(next_reread(Some("40%:deviation:token")), None);
         assert_eq!(next_reread(Some("150ms:recency:word")), None);
+        assert_eq!(
+            next_reread(Some("drop:10%:source-attention:word")).as_deref(),
+            Some("drop:20%:source-attention:word")
+        );
+        assert_eq!(next_reread(Some("attend:40%")), None);
+    }
+
+    #[test]
+    fn the_plan_kind_cycles_and_keeps_the_budget() {
+        use super::next_plan_kind;
+        assert_eq!(next_plan_kind(None), "drop:20%");
+        assert_eq!(
+            next_plan_kind(Some("10%:round-trip:word")),
+            "drop:10%:round-trip:word"
+        );
+        assert_eq!(next_plan_kind(Some("drop:10%")), "attend:10%");
+        assert_eq!(next_plan_kind(Some("attend:10%")), "trusted:10%");
+        assert_eq!(next_plan_kind(Some("trusted:40%:recency")), "40%:recency");
+        assert_eq!(next_plan_kind(Some("tail:20%")), "attend:20%");
     }
 }

@@ -101,6 +101,9 @@ impl App {
                 select_ms,
                 reread_ms,
                 texts,
+                dropped,
+                reprefilled,
+                parts,
                 ..
             } => {
                 if let Some(s) = self.switches.iter_mut().rev().find(|s| s.index == *index) {
@@ -108,7 +111,11 @@ impl App {
                         positions: *positions,
                         context_tokens: *context_tokens,
                         ms: select_ms + reread_ms,
+                        select_ms: *select_ms,
+                        dropped: dropped.iter().map(|r| r[1].saturating_sub(r[0])).sum(),
+                        reprefilled: *reprefilled,
                         texts: texts.clone(),
+                        parts: parts.clone(),
                     });
                 }
             }

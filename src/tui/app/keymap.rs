@@ -59,6 +59,7 @@ impl App {
                 KeyCode::Char('p') => self.toggle_repair(),
                 KeyCode::Char('b') => self.start_bookmark(),
                 KeyCode::Char('e') => self.cycle_reread(),
+                KeyCode::Char('t') => self.cycle_plan_kind(),
                 KeyCode::Char('k') => {
                     self.mark_reread = !self.mark_reread;
                     self.dirty = true;

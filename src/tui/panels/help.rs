@@ -7,7 +7,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Clear, Paragraph, Wrap};
 use ratatui::Frame;
 
-const KEYS: [(&str, &str); 14] = [
+const KEYS: [(&str, &str); 15] = [
     (
         "Enter",
         "send the message (queued during a switch; not while a turn runs)",
@@ -30,11 +30,15 @@ const KEYS: [(&str, &str); 14] = [
     ),
     (
         "Ctrl-E",
-        "re-read at the next message after a switch: off → 10% → 20% → 40%",
+        "plan budget at the next message after a switch: off → 10% → 20% → 40%",
+    ),
+    (
+        "Ctrl-T",
+        "plan: re-read over map → re-read, drop rest → keep, drop rest → trusted",
     ),
     (
         "Ctrl-K",
-        "mark what each switch's re-read read again, in the conversation",
+        "mark each token of the conversation kept, re-read, mapped or dropped",
     ),
     ("Ctrl-B", "bookmark the current turn with a note"),
     (

@@ -207,12 +207,35 @@ fn detail(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
     match (&s.reread, &s.reread_setting) {
         (Some(r), _) => {
             parts.push(format!("re-read {} ms", fmt_ms(r.ms)));
+            if r.select_ms > 0.0 {
+                parts.push(format!("of which choosing {} ms", fmt_ms(r.select_ms)));
+            }
             parts.push(format!(
                 "{} of {} tokens re-read ({:.0}%)",
                 r.positions,
                 r.context_tokens,
                 100.0 * r.positions as f64 / r.context_tokens.max(1) as f64
             ));
+            if r.dropped > 0 {
+                parts.push(format!("{} dropped", r.dropped));
+            }
+            if r.reprefilled {
+                parts.push("re-prefilled: the plan would have cost as much".into());
+            }
+            // The whole plan against the map alone and the re-prefill it replaces.
+            if let (Some(map), Some(full)) = (
+                s.timings.map_suffix_ms.or(s.timings.map_full_ms),
+                s.timings
+                    .reprefill_suffix_ms
+                    .or(s.timings.reprefill_full_ms),
+            ) {
+                parts.push(format!(
+                    "plan {} ms vs map alone {} ms vs re-prefill {} ms",
+                    fmt_ms(map + r.ms),
+                    fmt_ms(map),
+                    fmt_ms(full)
+                ));
+            }
         }
         (None, Some(setting)) if s.follow_up.is_none() => {
             parts.push(format!("re-read {setting} at the next message"));

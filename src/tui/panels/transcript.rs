@@ -2,7 +2,7 @@
 //! answer labelled with its model and where its cache came from.
 
 use super::{cache_label, cache_style, fmt_factor, fmt_ms, panel, BOLD, DIM, MAP, WARN};
-use crate::protocol::{CacheOrigin, StopKind};
+use crate::protocol::{CacheOrigin, PlanPart, StopKind};
 use crate::tui::layout::inner;
 use crate::tui::records::{Entry, Reply, SwitchRecord};
 use crate::tui::wrap::wrap;
@@ -121,27 +121,69 @@ fn lines(c: &Conversation, width: usize) -> Vec<Line<'static>> {
     out
 }
 
-/// What the switch's re-read read again, span by span, marked; or why there is none.
+/// What the switch's plan made of the conversation: each run of its text marked kept,
+/// re-read, mapped or dropped (or, from an older session, the re-read spans alone); or
+/// why there is none.
 fn reread_lines(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
     let Some(r) = &s.reread else {
         let why = match &s.reread_setting {
-            Some(setting) => format!("re-read {setting}: at the next message"),
-            None => "no re-read at this switch (Ctrl-E sets one)".into(),
+            Some(setting) => format!("plan {setting}: at the next message"),
+            None => "no plan at this switch: the map as handed over (Ctrl-E sets one)".into(),
         };
         return wrap(&[(&why, DIM)], width);
     };
-    let head = format!(
-        "re-read {} of {} tokens at the next message:",
-        r.positions, r.context_tokens
-    );
+    let head = if r.reprefilled {
+        format!(
+            "re-read all {} mapped tokens at the next message (the plan would have cost the \
+             re-prefill):",
+            r.positions
+        )
+    } else {
+        format!(
+            "re-read {} of {} tokens at the next message{}:",
+            r.positions,
+            r.context_tokens,
+            if r.dropped > 0 {
+                format!(", {} dropped", r.dropped)
+            } else {
+                String::new()
+            }
+        )
+    };
     let mut chunks: Vec<(String, Style)> = vec![(head, DIM)];
-    for t in &r.texts {
-        let shown = t.replace('\n', "⏎");
+    if r.parts.is_empty() {
+        for t in &r.texts {
+            chunks.push((" ".into(), Style::default()));
+            chunks.push((t.replace('\n', "⏎"), REREAD));
+        }
+    } else {
         chunks.push((" ".into(), Style::default()));
-        chunks.push((shown, REREAD));
+        for (name, part) in [
+            ("kept", PlanPart::Kept),
+            ("re-read", PlanPart::Reread),
+            ("mapped", PlanPart::Mapped),
+            ("dropped", PlanPart::Dropped),
+        ] {
+            chunks.push((name.into(), part_style(part)));
+            chunks.push((" ".into(), Style::default()));
+        }
+        chunks.push(("│ ".into(), DIM));
+        for p in &r.parts {
+            chunks.push((p.text.replace('\n', "⏎"), part_style(p.part)));
+        }
     }
     let refs: Vec<(&str, Style)> = chunks.iter().map(|(t, s)| (t.as_str(), *s)).collect();
     wrap(&refs, width)
+}
+
+/// How a run of the conversation is shown by what the plan made of it.
+fn part_style(part: PlanPart) -> Style {
+    match part {
+        PlanPart::Kept => Style::new(),
+        PlanPart::Reread => REREAD,
+        PlanPart::Mapped => Style::new().fg(MAP),
+        PlanPart::Dropped => DIM.add_modifier(Modifier::CROSSED_OUT),
+    }
 }
 
 /// The words a re-read read again.
