@@ -6,7 +6,7 @@
 //! them alike; rows report the median and the spread (min–max).
 
 use crate::bench::decoder::bench_tokens;
-use crate::handoff::reread::{choose, RereadSetting, SelectInputs};
+use crate::handoff::reread::{decide, RereadSetting, SelectInputs};
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
 use crate::model::{ForwardOptions, KvCache, Model, ModelError};
@@ -235,9 +235,10 @@ pub fn bench_point(
                 history: tokens,
             };
             let per = tf / tokens as f64;
-            let choice = choose(setting, &select, 0..tokens, Some(per))
+            // The opening is the target's own at a switch (the anchor), never chosen.
+            let choice = decide(setting, &select, 1.min(tokens)..tokens, Some(per))
                 .map_err(|e| ModelError::Unsupported(e.to_string()))?;
-            tgt.decoder.reread(ids, &choice.runs, &mut mapped)?;
+            choice.apply(tgt, ids, &mut mapped)?;
             sync(tgt);
             if rep > 0 {
                 with_reread.push(t.elapsed().as_secs_f64() * 1e3);

@@ -5,8 +5,7 @@
 
 use super::core::Engine;
 use super::EngineError;
-use crate::handoff::reread::cost::predict;
-use crate::handoff::reread::{choose, RereadChoice, SelectInputs};
+use crate::handoff::reread::{decide, SelectInputs};
 use crate::protocol::{Event, PlanPart, PlanText};
 use std::ops::Range;
 use std::time::Instant;
@@ -55,17 +54,7 @@ impl Engine {
             tokens,
             history,
         };
-        let cost = predict(&setting, &inputs, mapped.clone(), target.read_speed);
-        let reprefill = matches!(&cost, Ok(c) if c.reaches_reprefill());
-        let choice = if reprefill {
-            // No plan may cost what it replaces: the target reads the mapped part itself.
-            Ok(RereadChoice {
-                runs: vec![mapped.clone()],
-                ..Default::default()
-            })
-        } else {
-            cost.and_then(|_| choose(&setting, &inputs, mapped, target.read_speed))
-        };
+        let choice = decide(&setting, &inputs, mapped, target.read_speed);
         let choice = match choice {
             Ok(c) => c,
             Err(e) => {
@@ -79,12 +68,9 @@ impl Engine {
         let select_ms = started.elapsed().as_secs_f64() * 1e3;
         let slot = &mut self.slots[a];
         let t = Instant::now();
-        for r in &choice.dropped {
-            slot.primary.drop_positions(r.clone())?;
-        }
-        slot.model.decoder.reread(
+        choice.apply(
+            &slot.model,
             &self.conv.history[..history],
-            &choice.runs,
             &mut slot.primary,
         )?;
         let reread_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -121,7 +107,7 @@ impl Engine {
             select_ms,
             reread_ms,
             dropped: spans(&choice.dropped),
-            reprefilled: reprefill,
+            reprefilled: choice.reprefilled,
             parts,
         });
         Ok(())

@@ -3,8 +3,7 @@
 //! what to re-read under a setting and re-read it in place.
 
 use super::EvalError;
-use crate::handoff::reread::cost::predict;
-use crate::handoff::reread::{choose, RereadSetting, SelectInputs};
+use crate::handoff::reread::{decide, RereadSetting, SelectInputs};
 use crate::handoff::HandoffPlan;
 use crate::mapper::CacheMapper;
 use crate::model::{KvCache, Model};
@@ -82,21 +81,17 @@ impl RereadModels<'_> {
         };
         let candidates = turn.plan.mapped();
         let candidates = candidates.start..candidates.end.min(turn.history);
-        let cost = predict(setting, &select, candidates.clone(), turn.ms_per_position)
+        let choice = decide(setting, &select, candidates, turn.ms_per_position)
             .map_err(|e| EvalError::Input(e.to_string()))?;
-        let plan = if cost.reaches_reprefill() {
-            // No plan costs what it replaces: the target reads the mapped part itself.
-            turn.plan.rereading(vec![candidates])
-        } else {
-            let choice = choose(setting, &select, candidates, turn.ms_per_position)
-                .map_err(|e| EvalError::Input(e.to_string()))?;
-            turn.plan.rereading(choice.runs).dropping(choice.dropped)
-        };
+        let plan = turn
+            .plan
+            .rereading(choice.runs.clone())
+            .dropping(choice.dropped.clone());
         plan.reread_in(self.target, &turn.tokens[..plan.len()], cache)?;
         Ok(RereadDone {
             positions: plan.reread_count(),
             dropped: plan.dropped_count(),
-            reprefilled: cost.reaches_reprefill(),
+            reprefilled: choice.reprefilled,
             ms: started.elapsed().as_secs_f64() * 1e3,
         })
     }

@@ -84,7 +84,7 @@ impl Display for Report {
     }
 }
 
-const SWITCH_COLUMNS: [&str; 19] = [
+const SWITCH_COLUMNS: [&str; 20] = [
     "#",
     "turn",
     "from -> to",
@@ -98,6 +98,7 @@ const SWITCH_COLUMNS: [&str; 19] = [
     "suffix speed-up",
     "end to end ms",
     "re-read",
+    "dropped",
     "re-read ms",
     "cos mean",
     "cos min",
@@ -120,7 +121,12 @@ fn switch_cells(s: &SwitchRow) -> Vec<String> {
         times(s.speedup_full),
         times(s.speedup_suffix),
         num(Some(s.end_to_end_ms), 0),
-        s.reread_positions
+        match (s.reread_positions, s.reprefilled) {
+            (Some(p), true) => format!("{p} (all)"),
+            (Some(p), false) => p.to_string(),
+            (None, _) => "-".to_string(),
+        },
+        s.dropped_positions
             .map_or("-".to_string(), |p| p.to_string()),
         num(s.reread_ms, 1),
         num(s.cosine_mean, 3),

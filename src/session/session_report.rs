@@ -154,6 +154,12 @@ pub struct SwitchRow {
     pub reread_positions: Option<usize>,
     #[serde(default)]
     pub reread_ms: Option<f64>,
+    /// Positions the plan dropped (session format 1.5 on).
+    #[serde(default)]
+    pub dropped_positions: Option<usize>,
+    /// The plan would have cost the re-prefill, so the target re-read the mapped part.
+    #[serde(default)]
+    pub reprefilled: bool,
 }
 
 /// The session at a glance. Means are over the rows that have the value.
@@ -330,11 +336,16 @@ impl Rows {
                 positions,
                 select_ms,
                 reread_ms,
+                dropped,
+                reprefilled,
                 ..
             } => {
                 if let Some(row) = self.switches.iter_mut().rev().find(|r| r.index == *index) {
                     row.reread_positions = Some(*positions);
                     row.reread_ms = Some(select_ms + reread_ms);
+                    row.dropped_positions =
+                        Some(dropped.iter().map(|d| d[1].saturating_sub(d[0])).sum());
+                    row.reprefilled = *reprefilled;
                 }
             }
             _ => {}
@@ -495,6 +506,8 @@ impl SwitchRow {
             reread: reread.clone(),
             reread_positions: None,
             reread_ms: None,
+            dropped_positions: None,
+            reprefilled: false,
         };
         row.measure(timings, metrics.as_ref());
         Some(row)

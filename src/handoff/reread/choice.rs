@@ -4,6 +4,7 @@ use super::{
     opening_len, pick_spans, score_positions, unit_starts, PlanKind, RereadError, RereadSetting,
     SelectInputs, Selector,
 };
+use crate::model::{KvCache, Model, ModelError};
 use std::ops::Range;
 
 /// Of the mapped positions a `trusted` plan does not re-read, the share it keeps mapped:
@@ -23,6 +24,9 @@ pub struct RereadChoice {
     pub dropped: Vec<Range<usize>>,
     /// Milliseconds spent choosing (scores, spans).
     pub select_ms: f64,
+    /// The plan was predicted to cost at least the re-prefill it replaces, so every
+    /// candidate is re-read instead and nothing was chosen.
+    pub reprefilled: bool,
 }
 
 impl RereadChoice {
@@ -44,6 +48,49 @@ impl RereadChoice {
 
 fn total(runs: &[Range<usize>]) -> usize {
     runs.iter().map(|r| r.len()).sum()
+}
+
+/// The plan every caller runs: [`choose`] under `setting`, unless the plan is predicted
+/// ([`super::cost::predict`]) to cost at least the re-prefill of `candidates`, when the
+/// target re-reads them all instead, without choosing.
+pub fn decide(
+    setting: &RereadSetting,
+    inputs: &SelectInputs<'_>,
+    candidates: Range<usize>,
+    ms_per_position: Option<f64>,
+) -> Result<RereadChoice, RereadError> {
+    let cost = super::cost::predict(setting, inputs, candidates.clone(), ms_per_position)?;
+    if cost.reaches_reprefill() {
+        return Ok(RereadChoice {
+            runs: vec![candidates]
+                .into_iter()
+                .filter(|r| !r.is_empty())
+                .collect(),
+            reprefilled: true,
+            ..Default::default()
+        });
+    }
+    choose(setting, inputs, candidates, ms_per_position)
+}
+
+impl RereadChoice {
+    /// Drop what was chosen to drop from `cache`, then re-read what was chosen to
+    /// re-read (so that no re-read position attends to a dropped one); `tokens` holds at
+    /// least the cache's positions.
+    pub fn apply(
+        &self,
+        target: &Model,
+        tokens: &[u32],
+        cache: &mut KvCache,
+    ) -> Result<(), ModelError> {
+        for r in &self.dropped {
+            cache.drop_positions(r.clone())?;
+        }
+        if self.runs.is_empty() {
+            return Ok(());
+        }
+        target.decoder.reread(tokens, &self.runs, cache)
+    }
 }
 
 /// Choose, under `setting`, what becomes of each of `candidates` (the mapped positions
@@ -77,6 +124,7 @@ pub fn choose(
         kept,
         dropped,
         select_ms: t.elapsed().as_secs_f64() * 1e3,
+        reprefilled: false,
     })
 }
 

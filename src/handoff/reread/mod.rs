@@ -31,7 +31,7 @@ pub mod cost;
 mod scores;
 mod spans;
 
-pub use choice::{choose, RereadChoice, TRUSTED_SHARE};
+pub use choice::{choose, decide, RereadChoice, TRUSTED_SHARE};
 pub use cost::{predict, PlanCost};
 pub use scores::{score_positions, SelectInputs};
 pub use spans::{opening_len, pick_spans, unit_starts};
