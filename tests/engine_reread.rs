@@ -127,8 +127,17 @@ fn rereading_everything_gives_the_reprefilled_answer_and_off_rereads_nothing() {
         .any(|e| matches!(e, Event::Error { message, fatal: false } if message.contains("re-read budget"))));
 }
 
-/// The plan's parts as the event gives them: re-read, dropped, and the text of each part.
-fn plan_of(e: &Event) -> (usize, usize, Vec<[usize; 2]>, Vec<[usize; 2]>, bool, usize) {
+/// A re-read event's plan, as the event gives it.
+struct Plan {
+    positions: usize,
+    context: usize,
+    spans: Vec<[usize; 2]>,
+    dropped: Vec<[usize; 2]>,
+    reprefilled: bool,
+    parts: usize,
+}
+
+fn plan_of(e: &Event) -> Plan {
     let Event::SwitchReread {
         positions,
         context_tokens,
@@ -141,14 +150,14 @@ fn plan_of(e: &Event) -> (usize, usize, Vec<[usize; 2]>, Vec<[usize; 2]>, bool, 
     else {
         panic!("not a re-read: {e:?}")
     };
-    (
-        *positions,
-        *context_tokens,
-        spans.clone(),
-        dropped.clone(),
-        *reprefilled,
-        parts.len(),
-    )
+    Plan {
+        positions: *positions,
+        context: *context_tokens,
+        spans: spans.clone(),
+        dropped: dropped.clone(),
+        reprefilled: *reprefilled,
+        parts: parts.len(),
+    }
 }
 
 #[test]
@@ -164,7 +173,14 @@ fn a_drop_plan_rereads_its_budget_drops_the_rest_and_the_conversation_goes_on() 
     });
     let rereads = reread_events(&events);
     assert_eq!(rereads.len(), 1, "{events:?}");
-    let (positions, n, spans, dropped, reprefilled, parts) = plan_of(rereads[0]);
+    let Plan {
+        positions,
+        context: n,
+        spans,
+        dropped,
+        reprefilled,
+        parts,
+    } = plan_of(rereads[0]);
     assert!(!reprefilled);
     assert!(
         positions > 0 && !dropped.is_empty(),
@@ -208,7 +224,14 @@ fn a_plan_that_would_cost_the_reprefill_reprefills_instead() {
     });
     let rereads = reread_events(&events);
     assert_eq!(rereads.len(), 1, "{events:?}");
-    let (positions, n, spans, dropped, reprefilled, _) = plan_of(rereads[0]);
+    let Plan {
+        positions,
+        context: n,
+        spans,
+        dropped,
+        reprefilled,
+        ..
+    } = plan_of(rereads[0]);
     assert!(reprefilled);
     assert!(dropped.is_empty());
     assert_eq!((positions, spans), (n - 1, vec![[1, n]]));

@@ -36,11 +36,19 @@ pub struct SettingsArgs {
     /// the conversation into its own cache, replacing mapped positions (Ctrl-P toggles).
     #[arg(long, num_args = 0, default_missing_value = "true")]
     pub repair: Option<bool>,
-    /// At the first message after a switch the target re-reads this much of the mapped
-    /// history before answering: a share (0.2 or 20%) or a time (150ms), optionally with
-    /// the selector and span growth (0.2:source-attention:word); 0 or off for none. A
-    /// script's `reread = 0.2` or `reread = "150ms"`.
-    #[arg(long, value_name = "BUDGET[:SELECTOR[:SPANS]]")]
+    /// The handoff's plan at the first message after a switch: each mapped position is
+    /// re-read, kept mapped or dropped. A budget (a share, 0.2 or 20%, or a time, 150ms)
+    /// after an optional kind: `map` (re-read that much, keep the rest mapped; the
+    /// default kind), `drop` (re-read it, drop the rest), `attend` (keep it mapped, drop
+    /// the rest), `trusted` (re-read it, keep mapped what the map is trusted with) or
+    /// `tail` (re-read the newest, drop the rest); then optionally the selector and span
+    /// growth (drop:0.2:cheaper-attention:word). 0 or off for none. A script's
+    /// `reread = "drop:20%"`.
+    #[arg(
+        long,
+        visible_alias = "plan",
+        value_name = "[KIND:]BUDGET[:SELECTOR[:SPANS]]"
+    )]
     pub reread: Option<RereadOverride>,
     /// The system prompt the conversation starts with.
     #[arg(long, value_name = "TEXT")]
