@@ -6,7 +6,7 @@
 use super::{Oracle, RecallOptions};
 use crate::eval::reread::{RereadModels, RereadTurn};
 use crate::eval::EvalError;
-use crate::handoff::reread::RereadSetting;
+use crate::handoff::reread::{PlanKind, RereadSetting};
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::mapper::CacheMapper;
 use crate::model::{KvCache, LayerKv, Model, ModelError};
@@ -65,13 +65,18 @@ impl HandoffVariant {
         Ok(v)
     }
 
-    /// How the variant is named in reports: `map`, `tail 64`, `re-read 20%:…`.
+    /// How the variant is named in reports: `map`, `tail 64`, `re-read 20%:…`, or
+    /// `plan drop:20%:…` for a plan that drops.
     pub fn label(&self) -> String {
+        let plan = |r: RereadSetting| match r.kind {
+            PlanKind::Map => format!("re-read {r}"),
+            _ => format!("plan {r}"),
+        };
         match (self.tail, self.reread) {
             (0, None) => "map".into(),
             (t, None) => format!("tail {t}"),
-            (0, Some(r)) => format!("re-read {r}"),
-            (t, Some(r)) => format!("tail {t}, re-read {r}"),
+            (0, Some(r)) => plan(r),
+            (t, Some(r)) => format!("tail {t}, {}", plan(r)),
         }
     }
 }
