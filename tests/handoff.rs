@@ -366,6 +366,7 @@ fn every_selector_chooses_within_its_budget_inside_the_map_and_the_reread_change
                 selector,
                 spans,
                 kind: baton::handoff::reread::PlanKind::Map,
+                up_only: false,
             };
             let choice = choose(&setting, &select, plan.mapped(), None).unwrap();
             let what = format!("{} {}", selector.name(), spans.name());

@@ -3,7 +3,7 @@
 use super::setting_checks;
 use crate::calibrate::CalibrateOptions;
 use crate::data::corpus::Document;
-use crate::handoff::reread::RereadSetting;
+use crate::handoff::reread::{PlanKind, RereadBudget, RereadSetting, Selector, SpanGrowth};
 use crate::model::Sampling;
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
@@ -73,9 +73,19 @@ impl Default for Settings {
     }
 }
 
-/// The re-read a conversation starts with (see docs/reread.md for the measurement that
-/// chose it).
-pub const DEFAULT_REREAD: Option<RereadSetting> = None;
+/// The plan a conversation starts with, the cheapest point of the measured curve that
+/// meets the targets (docs/plan.md): on a switch up, re-read the 40% of the mapped
+/// history the message attends to (read by the smaller model) and keep the rest mapped,
+/// which answers at least as well as not switching at about 55% of the re-prefill; on a
+/// switch down no plan cheaper than the re-prefill keeps the smaller model's answer, so
+/// the map is handed over as it is.
+pub const DEFAULT_REREAD: Option<RereadSetting> = Some(RereadSetting {
+    budget: RereadBudget::Share(0.4),
+    selector: Selector::CheaperAttention,
+    spans: SpanGrowth::Word,
+    kind: PlanKind::Map,
+    up_only: true,
+});
 
 impl Settings {
     /// These settings with what `o` sets put over them; what it leaves out stays.

@@ -351,7 +351,13 @@ impl Engine {
             reread: self
                 .settings
                 .reread
-                .filter(|_| h.mapped.is_some())
+                .filter(|r| {
+                    h.mapped.is_some()
+                        && r.applies(
+                            self.slots[h.source].model.config(),
+                            self.slots[h.target].model.config(),
+                        )
+                })
                 .map(|r| r.to_string()),
         }));
         self.slots[h.target].pending_reread = h.mapped.clone().map(|mapped| PendingReread {

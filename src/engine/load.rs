@@ -95,6 +95,9 @@ pub struct LoadedMapper {
     pub gate: Option<crate::gate::GateFit>,
     /// Why a kept line could not be read (it is then not used).
     pub gate_problem: Option<String>,
+    /// The mapped cache's and no context's next-token KL on the calibration's own
+    /// held-out windows, when the map did no better than no context there.
+    pub worse_than_no_context: Option<(f64, f64)>,
 }
 
 pub fn mapper_dir(configured: &Option<PathBuf>) -> PathBuf {
@@ -219,5 +222,6 @@ pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, Eng
         has_source_scales: art.source_scales.is_some(),
         gate: None,
         gate_problem: None,
+        worse_than_no_context: art.meta.report.worse_than_no_context(),
     })
 }

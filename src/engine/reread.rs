@@ -29,6 +29,13 @@ impl Engine {
         if self.slots[a].origin != crate::protocol::CacheOrigin::Mapped {
             return Ok(());
         }
+        // A plan for switches up only leaves a switch down as handed over.
+        if !setting.applies(
+            self.slots[pending.source].model.config(),
+            self.slots[a].model.config(),
+        ) {
+            return Ok(());
+        }
         let history = pending.mapped.end.min(self.slots[a].primary.len());
         let mapped = pending.mapped.start.min(history)..history;
         let pending_mapped_start = mapped.start;

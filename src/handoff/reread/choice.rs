@@ -59,6 +59,10 @@ pub fn decide(
     candidates: Range<usize>,
     ms_per_position: Option<f64>,
 ) -> Result<RereadChoice, RereadError> {
+    if !setting.applies(inputs.source.config(), inputs.target.config()) {
+        // A plan for switches up only: a switch down hands the map over as it is.
+        return Ok(RereadChoice::default());
+    }
     let cost = super::cost::predict(setting, inputs, candidates.clone(), ms_per_position)?;
     if cost.reaches_reprefill() {
         return Ok(RereadChoice {

@@ -36,6 +36,7 @@ pub use cost::{predict, PlanCost};
 pub use scores::{score_positions, SelectInputs};
 pub use spans::{opening_len, pick_spans, unit_starts};
 
+use crate::model::ModelConfig;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -191,6 +192,10 @@ pub struct RereadSetting {
     pub spans: SpanGrowth,
     #[serde(default)]
     pub kind: PlanKind,
+    /// Only on a switch up, to the model with more weights per token: a switch down
+    /// hands the map over as it is (text form: an `up:` before the rest).
+    #[serde(default)]
+    pub up_only: bool,
 }
 
 impl RereadSetting {
@@ -204,7 +209,13 @@ impl RereadSetting {
             selector: Self::DEFAULT_SELECTOR,
             spans: Self::DEFAULT_SPANS,
             kind: PlanKind::Map,
+            up_only: false,
         }
+    }
+
+    /// Whether the plan runs on a switch from `source` to `target`.
+    pub fn applies(&self, source: &ModelConfig, target: &ModelConfig) -> bool {
+        !self.up_only || target.weights_per_token() > source.weights_per_token()
     }
 
     /// The same setting as a plan of another kind.
@@ -212,12 +223,20 @@ impl RereadSetting {
         Self { kind, ..self }
     }
 
-    /// Parse `[KIND:]BUDGET[:SELECTOR[:SPANS]]`: a budget of `0.2`, `20%` or `150ms`,
+    /// Parse `[up:][KIND:]BUDGET[:SELECTOR[:SPANS]]`: `up:` runs the plan only on a switch
+    /// to the larger model; then a budget of `0.2`, `20%` or `150ms`,
     /// optionally after a plan kind (`map`, the default; `drop`, `attend`, `trusted`; or
     /// `tail`, which is `drop` by recency, token by token) and followed by `:SELECTOR` and
     /// `:SPANS` (`drop:0.2:source-attention:word`). `0` or `off` alone is no plan
     /// (`None`); a kind with a budget of 0 keeps only the opening of what was mapped.
     pub fn parse(s: &str) -> Result<Option<Self>, RereadError> {
+        match s.trim().strip_prefix("up:") {
+            Some(rest) => Ok(Self::parse_plan(rest)?.map(|p| Self { up_only: true, ..p })),
+            None => Self::parse_plan(s),
+        }
+    }
+
+    fn parse_plan(s: &str) -> Result<Option<Self>, RereadError> {
         let mut parts = s.trim().split(':').peekable();
         let first = parts.peek().map(|p| p.trim()).unwrap_or("");
         let (kind, tail) = match first {
@@ -302,6 +321,7 @@ impl RereadSetting {
             selector,
             spans,
             kind: kind.unwrap_or_default(),
+            up_only: false,
         }))
     }
 
@@ -331,6 +351,9 @@ impl RereadSetting {
 
 impl fmt::Display for RereadSetting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.up_only {
+            write!(f, "up:")?;
+        }
         // The re-read over the map keeps the form older session files hold.
         if self.kind != PlanKind::Map {
             write!(f, "{}:", self.kind.name())?;

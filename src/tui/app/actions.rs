@@ -216,8 +216,11 @@ const REREAD_STEPS: [&str; 3] = ["10%", "20%", "40%"];
 /// The plan kinds Ctrl-T steps through; `map` is written without its name.
 const PLAN_KINDS: [&str; 4] = ["map", "drop", "attend", "trusted"];
 
-/// A setting's text split into its kind (`map` when it names none) and the rest.
+/// A setting's text split into its kind (`map` when it names none) and the rest; an
+/// `up:` in front (a plan for switches up only) stays with the kind's side, dropped, as
+/// a cycle sets one plan for both directions.
 fn split_kind(s: &str) -> (&str, &str) {
+    let s = s.strip_prefix("up:").unwrap_or(s);
     match s.split_once(':') {
         Some((k, rest)) if PLAN_KINDS.contains(&k) || k == "tail" => (k, rest),
         _ => ("map", s),
@@ -313,5 +316,14 @@ mod reread_cycle_tests {
         assert_eq!(next_plan_kind(Some("attend:10%")), "trusted:10%");
         assert_eq!(next_plan_kind(Some("trusted:40%:recency")), "40%:recency");
         assert_eq!(next_plan_kind(Some("tail:20%")), "attend:20%");
+        // The default, for switches up only, steps to a plan for both directions.
+        assert_eq!(
+            next_plan_kind(Some("up:40%:cheaper-attention:word")),
+            "drop:40%:cheaper-attention:word"
+        );
+        assert_eq!(
+            next_reread(Some("up:20%:cheaper-attention:word")).as_deref(),
+            Some("40%:cheaper-attention:word")
+        );
     }
 }
