@@ -9,17 +9,36 @@ use common::engine_rig::{rig_with, write_pair};
 use std::path::Path;
 
 /// Set the held-out next-token KL of every artifact under `dir` to `factor` times the
-/// no-context KL its report holds.
+/// no-context KL its report holds: in the metadata the artifact is read from (the
+/// safetensors header's `baton` entry), rewritten with its tensors as they were.
 fn set_kl(dir: &Path, factor: f64) {
     for entry in std::fs::read_dir(dir.join("mappers")).unwrap() {
         let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "json") {
-            let mut v: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            let none = v["report"]["agreement_no_context"]["kl"].as_f64().unwrap();
-            v["report"]["agreement"]["kl"] = serde_json::json!(none * factor);
-            std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            continue;
         }
+        let bytes = std::fs::read(&path).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let meta = header["__metadata__"]["baton"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let mut meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
+        let none = meta["report"]["agreement_no_context"]["kl"]
+            .as_f64()
+            .unwrap();
+        meta["report"]["agreement"]["kl"] = serde_json::json!(none * factor);
+        header["__metadata__"]["baton"] = serde_json::Value::String(meta.to_string());
+        let mut head = serde_json::to_vec(&header).unwrap();
+        // The data that follows stays aligned as the format asks: pad the header.
+        while !head.len().is_multiple_of(8) {
+            head.push(b' ');
+        }
+        let mut out = (head.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&head);
+        out.extend_from_slice(&bytes[8 + n..]);
+        std::fs::write(&path, out).unwrap();
     }
 }
 
