@@ -274,12 +274,7 @@ fn items(s: &Session, shorten: Shorten) -> Vec<Item> {
         ));
     }
     if let Some(r) = s.reread {
-        // Only the budget: the selector and spans are in the help and the session.
-        let budget = r.split(':').next().unwrap_or(r);
-        items.push(sep_item(
-            Priority::Reread,
-            vec![Span::raw(format!("re-read {budget}"))],
-        ));
+        items.push(sep_item(Priority::Reread, vec![Span::raw(plan_item(r))]));
     }
     items.push(match (s.record_path, s.recording_stopped) {
         (_, true) => sep_item(
@@ -316,9 +311,37 @@ fn items(s: &Session, shorten: Shorten) -> Vec<Item> {
     items
 }
 
+/// A plan setting as the status line names it: the kind (the re-read over the map is
+/// "re-read") and the budget, and "up" for a plan that runs on switches up only; the
+/// selector and spans are in the help and the session.
+fn plan_item(setting: &str) -> String {
+    let (up, rest) = match setting.strip_prefix("up:") {
+        Some(rest) => (true, rest),
+        None => (false, setting),
+    };
+    let mut parts = rest.split(':');
+    let first = parts.next().unwrap_or(rest);
+    let (kind, budget) = match first {
+        "drop" | "attend" | "trusted" | "tail" => (first, parts.next().unwrap_or("")),
+        "map" => ("re-read", parts.next().unwrap_or("")),
+        _ => ("re-read", first),
+    };
+    let up = if up { " up" } else { "" };
+    format!("{kind} {budget}{up}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plan_is_named_by_its_kind_budget_and_direction() {
+        assert_eq!(plan_item("20%:source-attention:word"), "re-read 20%");
+        assert_eq!(plan_item("up:40%:cheaper-attention:word"), "re-read 40% up");
+        assert_eq!(plan_item("drop:10%:recency:token"), "drop 10%");
+        assert_eq!(plan_item("up:attend:30%"), "attend 30% up");
+        assert_eq!(plan_item("map:20%"), "re-read 20%");
+    }
 
     fn model(name: &str) -> ModelInfo {
         ModelInfo {
