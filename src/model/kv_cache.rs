@@ -141,7 +141,9 @@ impl KvCache {
         })
     }
 
-    /// Contiguous copies of every layer, positions `0..len`.
+    /// Contiguous copies of every layer, positions `0..len`. Dropped positions are in
+    /// it as their slots hold them: which ones are dropped is [`Self::dropped`], and a
+    /// cache imported from these layers drops nothing.
     pub fn export(&self) -> Result<Vec<LayerKv>> {
         self.export_prefix(self.len)
     }
