@@ -114,11 +114,6 @@ impl HandoffPlan {
         self.dropped().iter().map(|r| r.len()).sum()
     }
 
-    /// Positions of the middle left as mapped: neither re-read nor dropped.
-    pub fn mapped_count(&self) -> usize {
-        self.mapped().len() - self.reread_count() - self.dropped_count()
-    }
-
     /// The same plan with its tail (and anything else it reads after the middle) mapped
     /// instead: a re-read chosen later reads it in the same pass as the chosen spans
     /// ([`HandoffPlan::reread_in`] re-reads what the plan reads after the middle), so the
@@ -271,7 +266,6 @@ mod tests {
             .dropping(vec![0..8, 25..40, 80..95]);
         assert_eq!(p.dropped(), vec![4..8, 30..40, 80..90]);
         assert_eq!(p.dropped_count(), 24);
-        assert_eq!(p.mapped_count(), 86 - 10 - 24);
         assert!(!HandoffPlan::new(10).dropping(vec![3..4]).maps_everything());
         assert!(HandoffPlan::new(10).dropping(vec![]).maps_everything());
     }

@@ -86,11 +86,6 @@ impl KvCache {
         self.dropped.runs()
     }
 
-    /// Positions dropped inside `within`.
-    pub fn dropped_in(&self, within: Range<usize>) -> usize {
-        self.dropped.count_in(within)
-    }
-
     /// Whether any position is dropped.
     pub fn has_dropped(&self) -> bool {
         !self.dropped.is_empty()

@@ -36,18 +36,6 @@ impl PositionSet {
         self.runs.iter().map(|r| r.len()).sum()
     }
 
-    /// Positions of the set inside `within`.
-    pub fn count_in(&self, within: Range<usize>) -> usize {
-        self.runs
-            .iter()
-            .map(|r| {
-                r.end
-                    .min(within.end)
-                    .saturating_sub(r.start.max(within.start))
-            })
-            .sum()
-    }
-
     pub fn contains(&self, p: usize) -> bool {
         self.runs.iter().any(|r| r.contains(&p))
     }
@@ -184,7 +172,6 @@ mod tests {
         assert_eq!(s.gaps(0..12), vec![0..2, 5..8, 10..12]);
         assert_eq!(s.gaps(3..9), vec![5..8]);
         assert_eq!(s.gaps(2..5), Vec::<Range<usize>>::new());
-        assert_eq!(s.count_in(4..9), 2);
         assert_eq!(s.moved(4..9, 20).runs(), &[20..21, 24..25]);
         let mut t = s.clone();
         t.truncate(9);

@@ -49,14 +49,10 @@ impl Decoder {
             // on: the chunk's later rows read what it was just rewritten to. If the read
             // stops half way, the positions go back out, since their slots then hold
             // neither the old entries nor the new at every layer.
+            let dropped = PositionSet::of(cache.dropped().iter().cloned());
             let was_dropped: Vec<Range<usize>> = chunk
                 .iter()
-                .flat_map(|r| {
-                    PositionSet::of(cache.dropped().iter().cloned())
-                        .moved(r.clone(), r.start)
-                        .runs()
-                        .to_vec()
-                })
+                .flat_map(|r| dropped.moved(r.clone(), r.start).runs().to_vec())
                 .collect();
             for r in &chunk {
                 cache.undrop(r.clone());

@@ -4,6 +4,7 @@ use super::{
     opening_len, pick_spans, score_positions, unit_starts, PlanKind, RereadError, RereadSetting,
     SelectInputs, Selector,
 };
+use crate::model::position_set::PositionSet;
 use crate::model::{KvCache, Model, ModelError};
 use std::ops::Range;
 
@@ -11,15 +12,12 @@ use std::ops::Range;
 /// those with the smallest predicted error (the round trip), the others are dropped.
 pub const TRUSTED_SHARE: f64 = 0.5;
 
-/// What a plan chose, before it runs. Every candidate position is in exactly one of
-/// `runs` (re-read), `kept` (left as mapped) or `dropped`; runs are increasing and
-/// disjoint.
+/// What a plan chose, before it runs. A candidate position is re-read (in `runs`),
+/// dropped, or else left as mapped; runs are increasing and disjoint.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RereadChoice {
     /// Spans the target re-reads.
     pub runs: Vec<Range<usize>>,
-    /// Spans left as mapped.
-    pub kept: Vec<Range<usize>>,
     /// Spans dropped from attention.
     pub dropped: Vec<Range<usize>>,
     /// Milliseconds spent choosing (scores, spans).
@@ -33,16 +31,6 @@ impl RereadChoice {
     /// Positions re-read.
     pub fn count(&self) -> usize {
         total(&self.runs)
-    }
-
-    /// Positions dropped.
-    pub fn dropped_count(&self) -> usize {
-        total(&self.dropped)
-    }
-
-    /// Positions left as mapped.
-    pub fn kept_count(&self) -> usize {
-        total(&self.kept)
     }
 }
 
@@ -112,49 +100,27 @@ pub fn choose(
     let starts = unit_starts(&inputs.target.tokenizer, history, setting.spans);
     let opening = opening_len(&inputs.target.tokenizer, history);
     let chosen = pick_spans(&scores, candidates.clone(), &starts, opening, budget);
-    let rest = complement(&chosen, candidates.clone());
-    let (runs, kept, dropped) = match setting.kind {
-        PlanKind::Map => (chosen, rest, Vec::new()),
-        PlanKind::Drop => (chosen, Vec::new(), rest),
-        PlanKind::Attend => (Vec::new(), chosen, rest),
+    let rest = PositionSet::of(chosen.iter().cloned()).gaps(candidates.clone());
+    let (runs, dropped) = match setting.kind {
+        PlanKind::Map => (chosen, Vec::new()),
+        PlanKind::Drop => (chosen, rest),
+        PlanKind::Attend => (Vec::new(), rest),
         PlanKind::Trusted => {
             let error = score_positions(Selector::RoundTrip, inputs, candidates.clone())?;
-            let (kept, dropped) = trusted(&error, &rest, TRUSTED_SHARE);
-            (chosen, kept, dropped)
+            (chosen, untrusted(&error, &rest, TRUSTED_SHARE))
         }
     };
     Ok(RereadChoice {
         runs,
-        kept,
         dropped,
         select_ms: t.elapsed().as_secs_f64() * 1e3,
         reprefilled: false,
     })
 }
 
-/// The positions of `within` outside `runs` (increasing, disjoint, inside `within`).
-fn complement(runs: &[Range<usize>], within: Range<usize>) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
-    let mut at = within.start;
-    for r in runs {
-        if r.start > at {
-            out.push(at..r.start);
-        }
-        at = at.max(r.end);
-    }
-    if at < within.end {
-        out.push(at..within.end);
-    }
-    out
-}
-
-/// Split `rest` into the `share` of its positions with the smallest `error` (kept) and
-/// the others (dropped); ties keep the newer position.
-fn trusted(
-    error: &[f64],
-    rest: &[Range<usize>],
-    share: f64,
-) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
+/// The positions of `rest` to drop: all but the `share` of them with the smallest
+/// `error` (ties keep the newer position).
+fn untrusted(error: &[f64], rest: &[Range<usize>], share: f64) -> Vec<Range<usize>> {
     let mut order: Vec<usize> = rest.iter().flat_map(|r| r.clone()).collect();
     let n_keep = (share * order.len() as f64).round() as usize;
     order.sort_by(|&a, &b| {
@@ -163,24 +129,11 @@ fn trusted(
             .unwrap_or(std::cmp::Ordering::Equal)
             .then(b.cmp(&a))
     });
-    let n = error.len();
-    let mut keep = vec![false; n];
+    let mut dropped = PositionSet::of(rest.iter().cloned());
     for &p in order.iter().take(n_keep) {
-        keep[p] = true;
+        dropped.remove(p..p + 1);
     }
-    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
-    for r in rest {
-        let mut s = r.start;
-        for p in r.clone() {
-            let next = p + 1;
-            if next == r.end || keep[next] != keep[s] {
-                let target = if keep[s] { &mut kept } else { &mut dropped };
-                target.push(s..next);
-                s = next;
-            }
-        }
-    }
-    (kept, dropped)
+    dropped.runs().to_vec()
 }
 
 #[cfg(test)]
@@ -188,21 +141,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_complement_covers_what_the_runs_leave() {
-        assert_eq!(complement(&[2..4, 6..7], 1..9), vec![1..2, 4..6, 7..9]);
-        assert_eq!(complement(&[], 3..5), vec![3..5]);
-        assert!(complement(&[3..5], 3..5).is_empty());
-    }
-
-    #[test]
-    fn a_trusted_split_keeps_the_smallest_errors_and_covers_the_rest_once() {
+    fn a_trusted_split_keeps_the_smallest_errors_and_drops_the_rest() {
         let error = [0.0, 0.9, 0.1, 0.8, 0.2, 0.7, 0.3, 0.6];
         let rest = vec![1..4, 5..8];
-        let (kept, dropped) = trusted(&error, &rest, 0.5);
-        // Six positions, three kept: 2 (0.1), 6 (0.3), 7 (0.6).
-        assert_eq!(kept, vec![2..3, 6..8]);
-        assert_eq!(dropped, vec![1..2, 3..4, 5..6]);
-        let (all, none) = trusted(&error, &rest, 1.0);
-        assert_eq!((all, none), (vec![1..4, 5..8], Vec::new()));
+        // Six positions, three kept: 2 (0.1), 6 (0.3), 7 (0.6); the others dropped.
+        assert_eq!(untrusted(&error, &rest, 0.5), vec![1..2, 3..4, 5..6]);
+        assert!(untrusted(&error, &rest, 1.0).is_empty());
+        assert_eq!(untrusted(&error, &rest, 0.0), rest);
     }
 }

@@ -35,15 +35,6 @@ impl PlanCost {
     pub fn reaches_reprefill(&self) -> bool {
         self.plan >= self.reprefill
     }
-
-    /// The plan's cost as a share of the re-prefill's.
-    pub fn share(&self) -> f64 {
-        if self.reprefill > 0.0 {
-            self.plan / self.reprefill
-        } else {
-            f64::INFINITY
-        }
-    }
 }
 
 /// Predict the cost of `setting` over `candidates` (the mapped positions) with the
