@@ -8,13 +8,10 @@
 
 mod common;
 
-use common::prefill;
-
-use baton::handoff::{HandoffInputs, HandoffPlan};
-use baton::mapper::CacheMapper;
-use baton::model::{ForwardOptions, KvCache, Model};
+use baton::handoff::HandoffPlan;
+use baton::model::{ForwardOptions, KvCache};
 use candle_core::Tensor;
-use common::engine_rig::{models_and_mappers, tiny, write_pair};
+use common::handoff_pair::Pair;
 
 /// Largest absolute difference between positions `range` of two caches, over all layers.
 fn max_diff(a: &KvCache, b: &KvCache, start: usize, end: usize) -> f32 {
@@ -31,50 +28,6 @@ fn max_diff(a: &KvCache, b: &KvCache, start: usize, end: usize) -> f32 {
         }
     }
     worst
-}
-
-/// Two tiny models with their mappers, a text, and each model's own cache of it.
-struct Pair {
-    _dir: tempfile::TempDir,
-    a: Model,
-    b: Model,
-    mapper: CacheMapper,
-    reverse: CacheMapper,
-    ids: Vec<u32>,
-    src_cache: KvCache,
-    truth: KvCache,
-}
-
-impl Pair {
-    fn new(words: usize, seed: u64) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        write_pair(dir.path(), false);
-        let (a, b, mapper, reverse) = models_and_mappers(dir.path());
-        let ids = a.tokenizer.encode_raw(&tiny().text(words, seed)).unwrap();
-        let (src_cache, truth) = (prefill(&a, &ids), prefill(&b, &ids));
-        Self {
-            _dir: dir,
-            a,
-            b,
-            mapper,
-            reverse,
-            ids,
-            src_cache,
-            truth,
-        }
-    }
-
-    /// The whole text handed from a to b, with no exact cache to copy from.
-    fn inputs(&self) -> HandoffInputs<'_> {
-        HandoffInputs {
-            source: &self.a,
-            source_cache: &self.src_cache,
-            target: &self.b,
-            mapper: &self.mapper,
-            tokens: &self.ids,
-            exact: None,
-        }
-    }
 }
 
 /// A cache made of positions `0..start` of `base` followed by `layers`.

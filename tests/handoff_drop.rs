@@ -8,53 +8,20 @@
 
 mod common;
 
-use baton::handoff::{HandoffInputs, HandoffPlan};
-use baton::mapper::CacheMapper;
+use baton::handoff::HandoffPlan;
 use baton::model::{ForwardOptions, KvCache, LayerKv, Model};
 use candle_core::Tensor;
-use common::engine_rig::{models_and_mappers, tiny, write_pair};
-use common::prefill;
+use common::handoff_pair::Pair;
 use std::ops::Range;
 
-struct Pair {
-    _dir: tempfile::TempDir,
-    a: Model,
-    b: Model,
-    mapper: CacheMapper,
-    ids: Vec<u32>,
-    src_cache: KvCache,
-    truth: KvCache,
+/// What the drop tests build on the shared pair: caches whose slots past an anchor
+/// hold chosen layers.
+trait Fills {
+    fn cache_with(&self, anchor: usize, fill: &[LayerKv]) -> KvCache;
+    fn fills(&self, start: usize) -> Vec<(&'static str, Vec<LayerKv>)>;
 }
 
-impl Pair {
-    fn new(words: usize, seed: u64) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        write_pair(dir.path(), false);
-        let (a, b, mapper, _) = models_and_mappers(dir.path());
-        let ids = a.tokenizer.encode_raw(&tiny().text(words, seed)).unwrap();
-        let (src_cache, truth) = (prefill(&a, &ids), prefill(&b, &ids));
-        Self {
-            _dir: dir,
-            a,
-            b,
-            mapper,
-            ids,
-            src_cache,
-            truth,
-        }
-    }
-
-    fn inputs(&self) -> HandoffInputs<'_> {
-        HandoffInputs {
-            source: &self.a,
-            source_cache: &self.src_cache,
-            target: &self.b,
-            mapper: &self.mapper,
-            tokens: &self.ids,
-            exact: None,
-        }
-    }
-
+impl Fills for Pair {
     /// The target's exact first `anchor` positions, then `fill`'s layers for the rest.
     fn cache_with(&self, anchor: usize, fill: &[LayerKv]) -> KvCache {
         let mut c = self.truth.try_clone_prefix(anchor).unwrap();
