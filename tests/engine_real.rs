@@ -125,27 +125,28 @@ fn a_scripted_conversation_records_reports_and_replays_identically() {
     for s in &report.switches {
         // Real measurements: a map and a full re-prefill were timed, and the mapped cache
         // was compared layer by layer with the target's own.
-        assert!(s.measured, "switch {} was measured", s.index);
+        assert!(s.measured(), "switch {} was measured", s.index);
         assert!(
-            s.map_full_ms.is_some_and(|m| m > 0.0) && s.reprefill_full_ms.is_some_and(|r| r > 0.0)
+            s.timings.map_full_ms.is_some_and(|m| m > 0.0)
+                && s.timings.reprefill_full_ms.is_some_and(|r| r > 0.0)
         );
-        let (mean, min) = (s.cosine_mean.unwrap(), s.cosine_min.unwrap());
+        let (mean, min) = (s.cosine_mean().unwrap(), s.cosine_min().unwrap());
         assert!(min <= mean && mean <= 1.0 && min > -1.0, "{mean} {min}");
         assert!(
-            s.top1_agreement.is_some(),
+            s.top1_agreement().is_some(),
             "switch {} has no follow-up",
             s.index
         );
         // The handoff includes its suffix map; the end-to-end time is what the next
         // message waited, which the handoff is part of only when the message waited for it.
-        assert!(s.handoff_ms >= s.map_suffix_ms.unwrap_or(0.0));
-        assert!(s.end_to_end_ms > 0.0);
+        assert!(s.handoff_ms >= s.timings.map_suffix_ms.unwrap_or(0.0));
+        assert!(s.end_to_end_ms() > 0.0);
     }
     // Every switch after the first finds a target that held a cache before: the
     // incremental handoff maps and re-prefills only the suffix.
     for s in &report.switches[2..] {
         assert!(s.suffix_tokens < s.context_tokens);
-        assert!(s.map_suffix_ms.is_some() && s.reprefill_suffix_ms.is_some());
+        assert!(s.timings.map_suffix_ms.is_some() && s.timings.reprefill_suffix_ms.is_some());
     }
     // Per-turn drift: after the first switch every turn is compared on both paths.
     assert_eq!(report.summary.compared_turns, 5);

@@ -425,9 +425,9 @@ fn a_session_of_format_1_0_reads_and_reports_as_before() {
     );
     assert_eq!(ro.switches, rn.switches);
     assert_eq!(ro.summary, rn.summary);
-    assert_eq!(rn.switches[0].speedup_full, Some(25.0));
-    assert_eq!(rn.switches[0].cosine_min, Some(0.91));
-    assert!(rn.switches[0].measured);
+    assert_eq!(rn.switches[0].timings.speedup_full(), Some(25.0));
+    assert_eq!(rn.switches[0].cosine_min(), Some(0.91));
+    assert!(rn.switches[0].measured());
 }
 
 #[test]

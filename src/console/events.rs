@@ -4,7 +4,8 @@
 
 use super::prefill::PrefillMeter;
 use crate::protocol::{
-    Event, GateDecision, GenerationTimings, PathKind, SwitchEstimate, SwitchMetrics, SwitchTimings,
+    Event, GateDecision, GenerationTimings, Measure, PathKind, SwitchEstimate, SwitchMetrics,
+    SwitchRow, SwitchRows, SwitchTimings,
 };
 
 /// Which stream a line belongs on.
@@ -21,6 +22,8 @@ pub enum Stream {
 pub struct EventPrinter {
     last_stage: String,
     prefill: PrefillMeter,
+    /// Each switch so far, so a later event's line can say what it adds to it.
+    switches: SwitchRows,
 }
 
 impl EventPrinter {
@@ -70,8 +73,11 @@ impl EventPrinter {
             Event::Switch(_)
             | Event::SwitchMeasured { .. }
             | Event::SwitchFollowUp { .. }
-            | Event::CacheRepaired { .. }
-            | Event::MapperLearned { .. } => switch_event_line(e),
+            | Event::SwitchReread { .. } => {
+                let row = self.switches.add(e)?;
+                out(switch_line(e, row))
+            }
+            Event::CacheRepaired { .. } | Event::MapperLearned { .. } => switch_aftermath_line(e),
             Event::TurnComparison {
                 turn,
                 identical,
@@ -130,65 +136,72 @@ fn comparison_verdict(identical: bool, first_difference: Option<usize>, agreemen
     }
 }
 
-/// The line of an event about a switch: the handoff, its measurement, the next turn's
-/// follow-up, the cache repair and the learning that come after it.
-fn switch_event_line(e: &Event) -> Option<(Stream, String)> {
-    let out = |s: String| Some((Stream::Out, s));
-    let err = |s: String| Some((Stream::Err, s));
+/// The line of an event about a switch, read from the switch as it stands after it:
+/// the handoff, its measurement, the plan's re-read and the next turn's follow-up.
+fn switch_line(e: &Event, s: &SwitchRow) -> String {
+    let (index, from, to, context) = (s.index, &s.from, &s.to, s.context_tokens);
     match e {
-        Event::Switch(crate::protocol::SwitchEvent {
-            index,
-            from,
-            to,
-            context_tokens,
-            timings,
-            metrics,
-            gate,
-            measurement_follows,
-            ..
-        }) => {
-            let gate = gate_note(gate.as_ref());
-            if *measurement_follows {
-                out(format!(
-                    "[switch {index}] {from} -> {to}, {context_tokens} tokens handed over in {:.1} ms{gate}",
-                    timings.end_to_end_ms
-                ))
+        Event::Switch(_) => {
+            let gate = gate_note(s.gate.as_ref());
+            if s.measuring() {
+                format!(
+                    "[switch {index}] {from} -> {to}, {context} tokens handed over in {:.1} ms{gate}",
+                    s.handoff_ms
+                )
             } else {
-                out(format!(
-                    "[switch {index}] {from} -> {to}, {context_tokens} tokens: {}{gate}",
-                    measured_line(timings, metrics.as_ref())
-                ))
+                format!(
+                    "[switch {index}] {from} -> {to}, {context} tokens: {}{gate}",
+                    measured_line(&s.timings, s.metrics.as_ref())
+                )
             }
         }
-        Event::SwitchMeasured {
-            index,
-            timings,
-            metrics,
-            stopped,
-            estimate,
-            ..
-        } => out(format!(
+        Event::SwitchMeasured { .. } => format!(
             "[switch {index}] measured: {}{}{}",
-            measured_line(timings, metrics.as_ref()),
-            estimate_note(estimate.as_ref()),
-            stopped
-                .as_ref()
-                .map(|s| format!(" (stopped: {s})"))
-                .unwrap_or_default()
-        )),
-        Event::SwitchFollowUp {
-            index,
-            top1_agreement,
-            kl,
-            end_to_end_ms,
-            ..
-        } => out(format!(
-            "[switch {index}] end to end {end_to_end_ms:.0} ms{}",
-            match (top1_agreement, kl) {
-                (Some(a), Some(k)) => format!(", next-turn top-1 agreement {a:.3}, KL {k:.3}"),
+            measured_line(&s.timings, s.metrics.as_ref()),
+            estimate_note(s.estimate.as_ref()),
+            match &s.measure {
+                Measure::Stopped(why) => format!(" (stopped: {why})"),
                 _ => String::new(),
             }
-        )),
+        ),
+        Event::SwitchReread { .. } => match &s.reread {
+            Some(r) if r.reprefilled => format!(
+                "[switch {index}] plan {} would cost a re-prefill: all {} mapped positions re-read in {:.0} ms",
+                s.plan.as_deref().unwrap_or("-"),
+                r.positions,
+                r.ms
+            ),
+            Some(r) => format!(
+                "[switch {index}] plan {}: {} of {} positions re-read, {} dropped, in {:.0} ms ({:.0} ms choosing)",
+                s.plan.as_deref().unwrap_or("-"),
+                r.positions,
+                r.context_tokens,
+                r.dropped,
+                r.ms,
+                r.select_ms
+            ),
+            None => String::new(),
+        },
+        _ => {
+            let f = s.follow_up;
+            format!(
+                "[switch {index}] end to end {:.0} ms{}",
+                s.end_to_end_ms(),
+                match f.map(|f| (f.top1_agreement, f.kl)) {
+                    Some((Some(a), Some(k))) => {
+                        format!(", next-turn top-1 agreement {a:.3}, KL {k:.3}")
+                    }
+                    _ => String::new(),
+                }
+            )
+        }
+    }
+}
+
+/// The line of what comes of a switch later: the cache repair and the learning.
+fn switch_aftermath_line(e: &Event) -> Option<(Stream, String)> {
+    let err = |s: String| Some((Stream::Err, s));
+    match e {
         Event::CacheRepaired {
             index,
             model,
@@ -314,6 +327,42 @@ mod tests {
         assert!(
             got[measured].1.contains("attention cosine mean"),
             "{got:#?}"
+        );
+    }
+
+    #[test]
+    fn a_plans_reread_is_printed_with_what_it_read_and_dropped() {
+        let mut events = fixtures::events();
+        let at = events
+            .iter()
+            .position(|e| matches!(e, Event::Switch(s) if s.index == 0))
+            .expect("a switch");
+        events.insert(
+            at + 1,
+            Event::SwitchReread {
+                index: 0,
+                turn: 2,
+                setting: "drop:20%".into(),
+                positions: 7,
+                context_tokens: 30,
+                spans: vec![[1, 8]],
+                texts: vec!["x".into()],
+                select_ms: 1.5,
+                reread_ms: 10.0,
+                dropped: vec![[10, 13]],
+                reprefilled: false,
+                parts: Vec::new(),
+            },
+        );
+        let got = lines(&events);
+        let line = got
+            .iter()
+            .find(|(_, l)| l.starts_with("[switch 0] plan"))
+            .expect("a plan line");
+        assert!(
+            line.1
+                .contains("7 of 30 positions re-read, 3 dropped, in 12 ms"),
+            "{line:?}"
         );
     }
 

@@ -63,7 +63,7 @@ impl Series {
     fn of(report: &Report) -> Result<Self, PlotError> {
         let finite = |(x, y): (i64, Option<f64>)| y.filter(|y| y.is_finite()).map(|y| (x, y));
         let per_switch =
-            |f: &dyn Fn(&crate::session::session_report::SwitchRow) -> Option<f64>| -> Vec<(i64, f64)> {
+            |f: &dyn Fn(&crate::protocol::SwitchRow) -> Option<f64>| -> Vec<(i64, f64)> {
                 report
                     .switches
                     .iter()
@@ -72,8 +72,8 @@ impl Series {
             };
         let series = Self {
             turns: 0..0,
-            cosine_mean: per_switch(&|s| s.cosine_mean),
-            cosine_min: per_switch(&|s| s.cosine_min),
+            cosine_mean: per_switch(&|s| s.cosine_mean()),
+            cosine_min: per_switch(&|s| s.cosine_min()),
             agreement: report
                 .turns
                 .iter()
@@ -86,8 +86,8 @@ impl Series {
                 .filter_map(|l| finite((i64::from(l.turn), l.after)))
                 .collect(),
             // The latency axis is logarithmic: a zero time has no place on it.
-            map_ms: per_switch(&|s| s.map_full_ms.filter(|ms| *ms > 0.0)),
-            reprefill_ms: per_switch(&|s| s.reprefill_full_ms.filter(|ms| *ms > 0.0)),
+            map_ms: per_switch(&|s| s.timings.map_full_ms.filter(|ms| *ms > 0.0)),
+            reprefill_ms: per_switch(&|s| s.timings.reprefill_full_ms.filter(|ms| *ms > 0.0)),
         };
         let xs = series
             .fidelity()

@@ -12,6 +12,7 @@ mod ids;
 mod kinds;
 mod measures;
 pub mod summary;
+mod switch_row;
 
 pub use commands::Command;
 pub use events::{Event, SwitchEvent};
@@ -21,6 +22,7 @@ pub use measures::{
     finite_mean, EstimateBasis, GateDecision, GenerationTimings, MapperState, SwitchEstimate,
     SwitchMetrics, SwitchTimings,
 };
+pub use switch_row::{FollowUp, Measure, RereadDone, SwitchRow, SwitchRows};
 
 #[cfg(test)]
 mod tests {

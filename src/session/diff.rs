@@ -3,7 +3,7 @@
 //! Timings are left out: they differ on every run.
 
 use super::reader::Session;
-use crate::protocol::{Event, GateDecision, MapperState, PathKind, SwitchMetrics};
+use crate::protocol::{Event, PathKind, SwitchMetrics, SwitchRow, SwitchRows};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Display, Formatter};
@@ -175,56 +175,14 @@ fn path_name(path: PathKind) -> &'static str {
     }
 }
 
-struct SwitchView<'a> {
-    from: &'a str,
-    to: &'a str,
-    turn: u32,
-    metrics: Option<&'a SwitchMetrics>,
-    gate: Option<&'a GateDecision>,
-    mapper: Option<&'a MapperState>,
-}
-
-/// Each switch, with its metrics from its own event (sessions before format 1.1) or from
-/// the measurement that followed it.
-fn switches(s: &Session) -> BTreeMap<u32, SwitchView<'_>> {
-    let mut out = BTreeMap::new();
-    for e in s.events() {
-        match e {
-            Event::Switch(crate::protocol::SwitchEvent {
-                index,
-                turn,
-                from,
-                to,
-                metrics,
-                gate,
-                mapper,
-                ..
-            }) => {
-                out.insert(
-                    *index,
-                    SwitchView {
-                        from: from.as_str(),
-                        to: to.as_str(),
-                        turn: *turn,
-                        metrics: metrics.as_ref(),
-                        gate: gate.as_ref(),
-                        mapper: mapper.as_ref(),
-                    },
-                );
-            }
-            Event::SwitchMeasured {
-                index,
-                metrics: Some(m),
-                ..
-            } => {
-                if let Some(v) = out.get_mut(index) {
-                    v.metrics = Some(m);
-                }
-            }
-            _ => {}
-        }
-    }
-    out
+/// Each switch by its index, with its metrics from its own event (sessions before
+/// format 1.1) or from the measurement that followed it.
+fn switches(s: &Session) -> BTreeMap<u32, SwitchRow> {
+    SwitchRows::of(s.events())
+        .into_rows()
+        .into_iter()
+        .map(|r| (r.index, r))
+        .collect()
 }
 
 fn compare_switches(a: &Session, b: &Session, opts: &DiffOptions, d: &mut SessionDiff) {
@@ -241,7 +199,7 @@ fn compare_switches(a: &Session, b: &Session, opts: &DiffOptions, d: &mut Sessio
             }
         };
         d.switches_compared += 1;
-        if (x.from, x.to, x.turn) != (y.from, y.to, y.turn) {
+        if (&x.from, &x.to, x.turn) != (&y.from, &y.to, y.turn) {
             d.structure.push(format!(
                 "switch {index}: recorded {} -> {} at turn {}, replayed {} -> {} at turn {}",
                 x.from, x.to, x.turn, y.from, y.to, y.turn
@@ -249,7 +207,7 @@ fn compare_switches(a: &Session, b: &Session, opts: &DiffOptions, d: &mut Sessio
         }
         // Learning runs beside the conversation, so a replay may map with another state
         // of the mapper; its numbers then differ for that reason.
-        if let (Some(m), Some(n)) = (x.mapper, y.mapper) {
+        if let (Some(m), Some(n)) = (&x.mapper, &y.mapper) {
             if m != n {
                 d.structure.push(format!(
                     "switch {index}: recorded with the mapper {m}, replayed with the mapper {n}"
@@ -267,7 +225,7 @@ fn compare_switches(a: &Session, b: &Session, opts: &DiffOptions, d: &mut Sessio
                 });
             }
         };
-        match (x.gate, y.gate) {
+        match (&x.gate, &y.gate) {
             (Some(g), Some(h)) => {
                 metric("gate.estimate".into(), g.estimate, h.estimate);
                 if g.used != h.used {
@@ -282,7 +240,7 @@ fn compare_switches(a: &Session, b: &Session, opts: &DiffOptions, d: &mut Sessio
                 .structure
                 .push(format!("switch {index}: gated in one session only")),
         }
-        match (x.metrics, y.metrics) {
+        match (&x.metrics, &y.metrics) {
             (Some(m), Some(n)) => compare_metrics(index, m, n, opts, d),
             (None, None) => {}
             _ => d.structure.push(format!(
@@ -432,7 +390,7 @@ impl Display for SessionDiff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::CacheOrigin;
+    use crate::protocol::{CacheOrigin, MapperState};
     use crate::session::fixtures;
 
     fn replace_generation(events: &mut [Event], turn: u32, path: PathKind, ids: &[u32]) {

@@ -1,6 +1,7 @@
 //! The report as plain-text tables, for a terminal or a log.
 
-use super::session_report::{LearningRow, PathRow, RepairRow, Report, SwitchRow, TurnRow};
+use super::session_report::{LearningRow, PathRow, RepairRow, Report, TurnRow};
+use crate::protocol::SwitchRow;
 use crate::protocol::{CacheOrigin, GateDecision, StopKind};
 use std::fmt::{self, Display, Formatter};
 
@@ -108,32 +109,33 @@ const SWITCH_COLUMNS: [&str; 20] = [
 ];
 
 fn switch_cells(s: &SwitchRow) -> Vec<String> {
+    let t = &s.timings;
+    let r = s.reread.as_ref();
     let mut cells = vec![
         s.index.to_string(),
         s.turn.to_string(),
         format!("{} -> {}", s.from, s.to),
         s.context_tokens.to_string(),
         s.suffix_tokens.to_string(),
-        num(s.map_full_ms, 1),
-        num(s.map_suffix_ms, 1),
-        num(s.reprefill_full_ms, 1),
-        num(s.reprefill_suffix_ms, 1),
-        times(s.speedup_full),
-        times(s.speedup_suffix),
-        num(Some(s.end_to_end_ms), 0),
-        match (s.reread_positions, s.reprefilled) {
-            (Some(p), true) => format!("{p} (all)"),
-            (Some(p), false) => p.to_string(),
-            (None, _) => "-".to_string(),
+        num(t.map_full_ms, 1),
+        num(t.map_suffix_ms, 1),
+        num(t.reprefill_full_ms, 1),
+        num(t.reprefill_suffix_ms, 1),
+        times(t.speedup_full()),
+        times(t.speedup_suffix()),
+        num(Some(s.end_to_end_ms()), 0),
+        match r {
+            Some(r) if r.reprefilled => format!("{} (all)", r.positions),
+            Some(r) => r.positions.to_string(),
+            None => "-".to_string(),
         },
-        s.dropped_positions
-            .map_or("-".to_string(), |p| p.to_string()),
-        num(s.reread_ms, 1),
-        num(s.cosine_mean, 3),
-        num(s.cosine_min, 3),
-        num(s.predicted_cosine, 3),
-        num(s.top1_agreement, 3),
-        num(s.kl, 3),
+        r.map_or("-".to_string(), |r| r.dropped.to_string()),
+        num(r.map(|r| r.ms), 1),
+        num(s.cosine_mean(), 3),
+        num(s.cosine_min(), 3),
+        num(s.estimate.and_then(|e| e.predicted_cosine), 3),
+        num(s.top1_agreement(), 3),
+        num(s.kl(), 3),
     ];
     if let Some(g) = &s.gate {
         cells.push(gate(g));

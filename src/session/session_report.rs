@@ -7,22 +7,22 @@
 //! map time, and `null` means not measured.
 
 use super::reader::Session;
-use crate::protocol::{
-    finite_mean, CacheOrigin, Event, GateDecision, MapperState, PathKind, StopKind, SwitchMetrics,
-    SwitchTimings,
-};
+use crate::protocol::{finite_mean, CacheOrigin, Event, PathKind, StopKind, SwitchRow, SwitchRows};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub const REPORT_FORMAT: &str = "baton-report";
 pub const REPORT_VERSION: u32 = 1;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Written, never read back: a reader of the JSON is another program.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
     pub format: String,
     pub version: u32,
     pub session: SessionInfo,
     pub turns: Vec<TurnRow>,
+    /// In the layout of `switch_json`: flat, as version 1 gave it.
+    #[serde(serialize_with = "super::switch_json::rows")]
     pub switches: Vec<SwitchRow>,
     pub summary: Summary,
     pub bookmarks: Vec<BookmarkRow>,
@@ -106,62 +106,6 @@ pub struct PathRow {
     pub stop: StopKind,
 }
 
-/// One switch: what it cost against a re-prefill, and how faithful the mapped cache was.
-/// `handoff_ms` is the switch until the target was ready; `end_to_end_ms` what the user
-/// then waited for the first token of the next answer (the handoff until that turn
-/// reports it). `measured` is false while the switch's measurement is missing (the
-/// session ended first) or stopped early.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SwitchRow {
-    pub index: u32,
-    pub turn: u32,
-    pub from: String,
-    pub to: String,
-    pub context_tokens: usize,
-    pub suffix_tokens: usize,
-    #[serde(default)]
-    pub handoff_ms: f64,
-    #[serde(default)]
-    pub measured: bool,
-    pub map_full_ms: Option<f64>,
-    pub map_suffix_ms: Option<f64>,
-    pub reprefill_full_ms: Option<f64>,
-    pub reprefill_suffix_ms: Option<f64>,
-    pub end_to_end_ms: f64,
-    pub speedup_full: Option<f64>,
-    pub speedup_suffix: Option<f64>,
-    pub cosine_mean: Option<f64>,
-    pub cosine_min: Option<f64>,
-    pub top1_agreement: Option<f64>,
-    pub kl: Option<f64>,
-    pub gate: Option<GateDecision>,
-    /// The estimate the switch had before any re-prefill (see `SwitchEstimate`).
-    #[serde(default)]
-    pub feature_distance: Option<f64>,
-    #[serde(default)]
-    pub round_trip: Option<f64>,
-    #[serde(default)]
-    pub predicted_cosine: Option<f64>,
-    /// The state of the mapper the handoff used (`None`: a re-prefill, or a session
-    /// older than format 1.3).
-    #[serde(default)]
-    pub mapper: Option<MapperState>,
-    /// The re-read the switch was set to make at the next message (session format 1.4
-    /// on), and what it re-read: positions, and its time, choosing and re-reading.
-    #[serde(default)]
-    pub reread: Option<String>,
-    #[serde(default)]
-    pub reread_positions: Option<usize>,
-    #[serde(default)]
-    pub reread_ms: Option<f64>,
-    /// Positions the plan dropped (session format 1.5 on).
-    #[serde(default)]
-    pub dropped_positions: Option<usize>,
-    /// The plan would have cost the re-prefill, so the target re-read the mapped part.
-    #[serde(default)]
-    pub reprefilled: bool,
-}
-
 /// The session at a glance. Means are over the rows that have the value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
@@ -201,7 +145,8 @@ impl Report {
             rows.add(event);
         }
         let turns: Vec<TurnRow> = rows.turns.into_values().collect();
-        let summary = Summary::of(&turns, &rows.switches);
+        let switches = rows.switches.into_rows();
+        let summary = Summary::of(&turns, &switches);
         let h = &session.header;
         Self {
             format: REPORT_FORMAT.into(),
@@ -216,7 +161,7 @@ impl Report {
                 warnings: session.warnings.clone(),
             },
             turns,
-            switches: rows.switches,
+            switches,
             summary,
             bookmarks: rows.bookmarks,
             errors: rows.errors,
@@ -232,7 +177,7 @@ struct Rows {
     turns: BTreeMap<u32, TurnRow>,
     /// Where each turn's path got its cache, from its `TurnStarted`.
     caches: BTreeMap<(u32, PathKind), CacheOrigin>,
-    switches: Vec<SwitchRow>,
+    switches: SwitchRows,
     bookmarks: Vec<BookmarkRow>,
     errors: Vec<ErrorRow>,
     learning: Vec<LearningRow>,
@@ -271,10 +216,12 @@ impl Rows {
                 t.first_difference = *first_difference;
                 t.agreement = Some(*agreement).filter(|a| a.is_finite());
             }
-            Event::Switch(_) => self.switches.extend(SwitchRow::of(event)),
-            Event::SwitchMeasured { .. }
+            Event::Switch(_)
+            | Event::SwitchMeasured { .. }
             | Event::SwitchFollowUp { .. }
-            | Event::SwitchReread { .. } => self.complete_switch(event),
+            | Event::SwitchReread { .. } => {
+                self.switches.add(event);
+            }
             Event::MapperLearned { .. } => self.learning.extend(LearningRow::of(event)),
             Event::CacheRepaired { .. } => self.repairs.extend(RepairRow::of(event)),
             Event::Bookmark { turn, note } => self.bookmarks.push(BookmarkRow {
@@ -291,65 +238,6 @@ impl Rows {
 
     fn turn(&mut self, turn: u32) -> &mut TurnRow {
         self.turns.entry(turn).or_insert_with(|| TurnRow::new(turn))
-    }
-
-    /// A later event about a switch fills in its row.
-    fn complete_switch(&mut self, event: &Event) {
-        match event {
-            // Sessions from format 1.1 on measure a switch after its handoff, often
-            // after the next turn's follow-up.
-            Event::SwitchMeasured {
-                index,
-                timings,
-                metrics,
-                stopped,
-                estimate,
-                ..
-            } => {
-                if let Some(row) = self.switches.iter_mut().rev().find(|r| r.index == *index) {
-                    row.measure(timings, metrics.as_ref());
-                    row.measured = stopped.is_none();
-                    if let Some(e) = estimate {
-                        row.feature_distance = e.feature_distance;
-                        row.round_trip = e.round_trip;
-                        row.predicted_cosine = e.predicted_cosine;
-                    }
-                }
-            }
-            // The first turn after a switch completes its row: agreement on the
-            // user's message and the time to the target's first token.
-            Event::SwitchFollowUp {
-                index,
-                top1_agreement,
-                kl,
-                end_to_end_ms,
-                ..
-            } => {
-                if let Some(row) = self.switches.iter_mut().rev().find(|r| r.index == *index) {
-                    row.top1_agreement = row.top1_agreement.or(*top1_agreement);
-                    row.kl = row.kl.or(*kl);
-                    row.end_to_end_ms = *end_to_end_ms;
-                }
-            }
-            Event::SwitchReread {
-                index,
-                positions,
-                select_ms,
-                reread_ms,
-                dropped,
-                reprefilled,
-                ..
-            } => {
-                if let Some(row) = self.switches.iter_mut().rev().find(|r| r.index == *index) {
-                    row.reread_positions = Some(*positions);
-                    row.reread_ms = Some(select_ms + reread_ms);
-                    row.dropped_positions =
-                        Some(dropped.iter().map(|d| d[1].saturating_sub(d[0])).sum());
-                    row.reprefilled = *reprefilled;
-                }
-            }
-            _ => {}
-        }
     }
 }
 
@@ -457,80 +345,6 @@ fn opens_turn(event: &Event) -> bool {
     )
 }
 
-impl SwitchRow {
-    /// A `Switch` event's row, measured when the event carries the measurements.
-    fn of(event: &Event) -> Option<Self> {
-        let Event::Switch(crate::protocol::SwitchEvent {
-            index,
-            turn,
-            from,
-            to,
-            context_tokens,
-            suffix_tokens,
-            timings,
-            metrics,
-            gate,
-            measurement_follows,
-            estimate,
-            mapper,
-            reread,
-        }) = event
-        else {
-            return None;
-        };
-        let mut row = SwitchRow {
-            index: *index,
-            turn: *turn,
-            from: from.to_string(),
-            to: to.to_string(),
-            context_tokens: *context_tokens,
-            suffix_tokens: *suffix_tokens,
-            handoff_ms: timings.end_to_end_ms,
-            measured: !measurement_follows,
-            map_full_ms: None,
-            map_suffix_ms: None,
-            reprefill_full_ms: None,
-            reprefill_suffix_ms: None,
-            end_to_end_ms: timings.end_to_end_ms,
-            speedup_full: None,
-            speedup_suffix: None,
-            cosine_mean: None,
-            cosine_min: None,
-            top1_agreement: None,
-            kl: None,
-            gate: *gate,
-            feature_distance: estimate.and_then(|e| e.feature_distance),
-            round_trip: estimate.and_then(|e| e.round_trip),
-            predicted_cosine: estimate.and_then(|e| e.predicted_cosine),
-            mapper: *mapper,
-            reread: reread.clone(),
-            reread_positions: None,
-            reread_ms: None,
-            dropped_positions: None,
-            reprefilled: false,
-        };
-        row.measure(timings, metrics.as_ref());
-        Some(row)
-    }
-
-    /// Take the measured timings and metrics; the follow-up's agreement, when it came
-    /// first, stays.
-    fn measure(&mut self, t: &SwitchTimings, metrics: Option<&SwitchMetrics>) {
-        self.map_full_ms = t.map_full_ms;
-        self.map_suffix_ms = t.map_suffix_ms;
-        self.reprefill_full_ms = t.reprefill_full_ms;
-        self.reprefill_suffix_ms = t.reprefill_suffix_ms;
-        self.speedup_full = t.speedup_full();
-        self.speedup_suffix = t.speedup_suffix();
-        if let Some(m) = metrics {
-            self.cosine_mean = m.cosine_mean();
-            self.cosine_min = m.cosine_min();
-            self.top1_agreement = m.top1_agreement.or(self.top1_agreement);
-            self.kl = m.kl.or(self.kl);
-        }
-    }
-}
-
 impl TurnRow {
     fn new(turn: u32) -> Self {
         Self {
@@ -562,12 +376,16 @@ impl Summary {
                 .filter(|t| t.identical == Some(true))
                 .count(),
             mean_agreement: finite_mean(turns.iter().filter_map(|t| t.agreement)),
-            mean_speedup_full: finite_mean(switches.iter().filter_map(|s| s.speedup_full)),
-            mean_speedup_suffix: finite_mean(switches.iter().filter_map(|s| s.speedup_suffix)),
-            cosine_mean: finite_mean(switches.iter().filter_map(|s| s.cosine_mean)),
+            mean_speedup_full: finite_mean(
+                switches.iter().filter_map(|s| s.timings.speedup_full()),
+            ),
+            mean_speedup_suffix: finite_mean(
+                switches.iter().filter_map(|s| s.timings.speedup_suffix()),
+            ),
+            cosine_mean: finite_mean(switches.iter().filter_map(SwitchRow::cosine_mean)),
             cosine_min: switches
                 .iter()
-                .filter_map(|s| s.cosine_min)
+                .filter_map(SwitchRow::cosine_min)
                 .reduce(f64::min),
             gate_mapped: gate_used(CacheOrigin::Mapped),
             gate_reprefilled: gate_used(CacheOrigin::Reprefilled),
@@ -593,18 +411,18 @@ mod tests {
             (s0.index, s0.turn, s0.from.as_str(), s0.to.as_str()),
             (0, 2, "a", "b")
         );
-        assert_eq!(s0.map_full_ms, Some(2.0));
-        assert_eq!(s0.reprefill_full_ms, Some(40.0));
-        assert!(close(s0.speedup_full, 20.0));
-        assert!(close(s0.speedup_suffix, 10.0));
-        assert!(close(s0.cosine_mean, 0.8));
-        assert!(close(s0.cosine_min, 0.7));
-        assert_eq!(s0.top1_agreement, Some(0.8));
-        assert_eq!(s0.kl, Some(0.1));
+        assert_eq!(s0.timings.map_full_ms, Some(2.0));
+        assert_eq!(s0.timings.reprefill_full_ms, Some(40.0));
+        assert!(close(s0.timings.speedup_full(), 20.0));
+        assert!(close(s0.timings.speedup_suffix(), 10.0));
+        assert!(close(s0.cosine_mean(), 0.8));
+        assert!(close(s0.cosine_min(), 0.7));
+        assert_eq!(s0.top1_agreement(), Some(0.8));
+        assert_eq!(s0.kl(), Some(0.1));
         let s1 = &r.switches[1];
-        assert!(close(s1.speedup_full, 5.0));
-        assert_eq!(s1.speedup_suffix, None);
-        assert_eq!(s1.kl, None);
+        assert!(close(s1.timings.speedup_full(), 5.0));
+        assert_eq!(s1.timings.speedup_suffix(), None);
+        assert_eq!(s1.kl(), None);
         assert_eq!(s1.gate.map(|g| g.used), Some(CacheOrigin::Reprefilled));
     }
 
@@ -666,8 +484,16 @@ mod tests {
         assert_eq!(v["switches"][1]["gate"]["used"], "reprefilled");
         assert_eq!(v["turns"][1]["reference"]["cache"], "reprefilled");
         assert_eq!(v["summary"]["identical_turns"], 1);
-        let back: Report = serde_json::from_value(v).unwrap();
-        assert_eq!(back, r);
+        let mut keys: Vec<&str> = v["switches"][0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        let mut want = super::super::switch_json::VERSION_1_KEYS.to_vec();
+        want.sort_unstable();
+        assert_eq!(keys, want, "a switch row's keys are version 1's");
     }
 
     #[test]
@@ -678,17 +504,25 @@ mod tests {
         )));
         assert_eq!(new.switches.len(), 2);
         for (o, n) in old.switches.iter().zip(&new.switches) {
-            assert!(o.measured && n.measured);
+            assert!(o.measured() && n.measured());
             assert_eq!(o.handoff_ms, n.handoff_ms);
             assert_eq!(
-                (o.map_full_ms, o.reprefill_full_ms, o.reprefill_suffix_ms),
-                (n.map_full_ms, n.reprefill_full_ms, n.reprefill_suffix_ms)
+                (
+                    o.timings.map_full_ms,
+                    o.timings.reprefill_full_ms,
+                    o.timings.reprefill_suffix_ms
+                ),
+                (
+                    n.timings.map_full_ms,
+                    n.timings.reprefill_full_ms,
+                    n.timings.reprefill_suffix_ms
+                )
             );
             assert_eq!(
-                (o.speedup_full, o.cosine_min),
-                (n.speedup_full, n.cosine_min)
+                (o.timings.speedup_full(), o.cosine_min()),
+                (n.timings.speedup_full(), n.cosine_min())
             );
-            assert_eq!((o.top1_agreement, o.kl), (n.top1_agreement, n.kl));
+            assert_eq!((o.top1_agreement(), o.kl()), (n.top1_agreement(), n.kl()));
         }
         assert_eq!(old.summary, new.summary);
         // A handoff whose measurement never came is reported as such.
@@ -696,13 +530,17 @@ mod tests {
         events.retain(|e| !matches!(e, Event::SwitchMeasured { index: 1, .. }));
         let r = Report::from_session(&fixtures::session_of(events));
         let s1 = &r.switches[1];
-        assert!(!s1.measured);
+        assert!(!s1.measured());
         assert_eq!(
-            (s1.map_full_ms, s1.speedup_full, s1.cosine_mean),
+            (
+                s1.timings.map_full_ms,
+                s1.timings.speedup_full(),
+                s1.cosine_mean()
+            ),
             (None, None, None)
         );
         assert_eq!(s1.handoff_ms, 21.0);
-        assert!(r.switches[0].measured);
+        assert!(r.switches[0].measured());
     }
 
     #[test]
@@ -735,9 +573,9 @@ mod tests {
             },
         );
         let r = Report::from_session(&fixtures::session_of(events));
-        assert_eq!(r.switches[0].reread_positions, Some(7));
-        assert_eq!(r.switches[0].reread_ms, Some(11.5));
-        assert_eq!(r.switches[1].reread_positions, None);
+        assert_eq!(r.switches[0].reread.as_ref().map(|r| r.positions), Some(7));
+        assert_eq!(r.switches[0].reread.as_ref().map(|r| r.ms), Some(11.5));
+        assert_eq!(r.switches[1].reread, None);
     }
 
     #[test]

@@ -61,8 +61,8 @@ pub(super) fn item_turns(
     }
     for sw in report.switches {
         let row = out.entry(sw.turn).or_default();
-        row.cosine = sw.cosine_mean.filter(|c| c.is_finite());
-        row.next_token = sw.top1_agreement.filter(|c| c.is_finite());
+        row.cosine = sw.cosine_mean().filter(|c| c.is_finite());
+        row.next_token = sw.top1_agreement().filter(|c| c.is_finite());
     }
     Ok(out)
 }

@@ -24,8 +24,9 @@ use super::panels::layers::{LayerView, Layers};
 use super::panels::status::{Level, MessageLine};
 use super::panels::transcript::{Conversation, Transcript};
 use super::phase::Phase;
-use super::records::{Entry, SwitchRecord, TurnPair};
+use super::records::{Entry, TurnPair};
 use crate::protocol::{Command, Event, MapperInfo, ModelInfo};
+use crate::protocol::{SwitchRow, SwitchRows};
 use demo::Demo;
 use queue::Queued;
 use ratatui::layout::Rect;
@@ -119,7 +120,7 @@ pub struct App {
     quit_from_q: bool,
     transcript: Vec<Entry>,
     pair: Option<TurnPair>,
-    switches: Vec<SwitchRecord>,
+    switches: SwitchRows,
     context_tokens: usize,
     /// The newest turn the engine has announced, and whether the turn sent last has been
     /// announced yet (until then the latest turn is the previous one).
@@ -156,7 +157,7 @@ impl App {
             quit_from_q: false,
             transcript: Vec::new(),
             pair: None,
-            switches: Vec::new(),
+            switches: SwitchRows::default(),
             context_tokens: 0,
             latest_turn: 0,
             turn_announced: false,
@@ -257,7 +258,7 @@ impl App {
 
     /// The switch whose measurement the engine has yet to report. It runs while the
     /// engine is otherwise idle and gives way to a message, so it never blocks one.
-    fn measuring(&self) -> Option<&SwitchRecord> {
+    fn measuring(&self) -> Option<&SwitchRow> {
         self.switches.last().filter(|s| s.measuring())
     }
 

@@ -1,8 +1,6 @@
 //! What the engine reported, kept in the shape the panels draw it in.
 
-use crate::protocol::{
-    CacheOrigin, GateDecision, GenerationTimings, PlanText, StopKind, SwitchMetrics, SwitchTimings,
-};
+use crate::protocol::{CacheOrigin, GenerationTimings, StopKind};
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct LoadingProgress {
@@ -122,69 +120,4 @@ pub(crate) struct TurnPair {
     pub mapped: PathText,
     pub reference: Option<PathText>,
     pub comparison: Option<Comparison>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct FollowUp {
-    pub top1_agreement: Option<f64>,
-    pub kl: Option<f64>,
-    pub positions: usize,
-    pub first_token_ms: f64,
-    pub end_to_end_ms: f64,
-}
-
-/// Where a switch's measurement stands: its handoff is shown at once, the map and
-/// re-prefill times and the per-layer metrics once they are measured.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Measure {
-    Pending,
-    Done,
-    /// It ended early (cancelled, or an error), with the reason.
-    Stopped(String),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct SwitchRecord {
-    pub index: u32,
-    pub turn: u32,
-    pub from: String,
-    pub to: String,
-    pub context_tokens: usize,
-    pub suffix_tokens: usize,
-    pub timings: SwitchTimings,
-    pub metrics: Option<SwitchMetrics>,
-    pub gate: Option<GateDecision>,
-    pub estimate: Option<crate::protocol::SwitchEstimate>,
-    pub follow_up: Option<FollowUp>,
-    pub measure: Measure,
-    /// The re-read set for the next message (`20%:source-attention:word`), if any.
-    pub reread_setting: Option<String>,
-    /// What the target re-read when the message came.
-    pub reread: Option<RereadRecord>,
-}
-
-/// What the target re-read of a switch's mapped history at the next message.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RereadRecord {
-    pub positions: usize,
-    pub context_tokens: usize,
-    /// Choosing and re-reading, in milliseconds.
-    pub ms: f64,
-    /// Of which choosing.
-    pub select_ms: f64,
-    /// Positions dropped.
-    pub dropped: usize,
-    /// The plan would have cost the re-prefill: the target re-read the mapped part.
-    pub reprefilled: bool,
-    /// The text of each span re-read.
-    pub texts: Vec<String>,
-    /// The whole context, each run marked with what the plan made of it (empty from an
-    /// older session).
-    pub parts: Vec<PlanText>,
-}
-
-impl SwitchRecord {
-    pub fn measuring(&self) -> bool {
-        self.measure == Measure::Pending
-    }
 }

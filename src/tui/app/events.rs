@@ -3,8 +3,7 @@
 use super::{App, Effect, Level, Overlay};
 use crate::protocol::{CacheOrigin, Event, ModelName, PathKind};
 use crate::tui::records::{
-    Comparison, Entry, Finished, FollowUp, LoadingProgress, Measure, PathText, Reply, RereadRecord,
-    SwitchRecord, TurnPair,
+    Comparison, Entry, Finished, LoadingProgress, PathText, Reply, TurnPair,
 };
 
 impl App {
@@ -93,31 +92,8 @@ impl App {
             Event::Switch(_) => self.switched(e),
             Event::SwitchMeasured { .. } => self.switch_measured(e),
             Event::TurnComparison { .. } => self.compared(e),
-            Event::SwitchFollowUp { .. } => self.followed_up(e),
-            Event::SwitchReread {
-                index,
-                positions,
-                context_tokens,
-                select_ms,
-                reread_ms,
-                texts,
-                dropped,
-                reprefilled,
-                parts,
-                ..
-            } => {
-                if let Some(s) = self.switches.iter_mut().rev().find(|s| s.index == *index) {
-                    s.reread = Some(RereadRecord {
-                        positions: *positions,
-                        context_tokens: *context_tokens,
-                        ms: select_ms + reread_ms,
-                        select_ms: *select_ms,
-                        dropped: dropped.iter().map(|r| r[1].saturating_sub(r[0])).sum(),
-                        reprefilled: *reprefilled,
-                        texts: texts.clone(),
-                        parts: parts.clone(),
-                    });
-                }
+            Event::SwitchFollowUp { .. } | Event::SwitchReread { .. } => {
+                self.switches.add(e);
             }
             // The busy indicator already says the turn is running; the headless log,
             // which has no indicator, is what needs these.
@@ -196,84 +172,31 @@ impl App {
 
     /// The conversation was handed over; its measurement may follow.
     fn switched(&mut self, e: &Event) {
-        let Event::Switch(crate::protocol::SwitchEvent {
-            index,
-            turn,
-            from,
-            to,
-            context_tokens,
-            suffix_tokens,
-            timings,
-            metrics,
-            gate,
-            measurement_follows,
-            estimate,
-            mapper: _,
-            reread,
-        }) = e
-        else {
+        let Some(s) = self.switches.add(e) else {
             return;
         };
+        let (to, context_tokens, handoff_ms) = (s.to.clone(), s.context_tokens, s.handoff_ms);
         self.repaired = None;
         self.phase.switch_answered();
-        self.set_active_by_name(to);
-        self.context_tokens = *context_tokens;
-        self.switches.push(SwitchRecord {
-            index: *index,
-            turn: *turn,
-            from: from.to_string(),
-            to: to.to_string(),
-            context_tokens: *context_tokens,
-            suffix_tokens: *suffix_tokens,
-            timings: *timings,
-            metrics: metrics.clone(),
-            gate: *gate,
-            estimate: *estimate,
-            follow_up: None,
-            measure: if *measurement_follows {
-                Measure::Pending
-            } else {
-                Measure::Done
-            },
-            reread_setting: reread.clone(),
-            reread: None,
-        });
+        self.set_active_by_name(&to);
+        self.context_tokens = context_tokens;
         self.transcript.push(Entry::Switch(self.switches.len() - 1));
         self.say(
             Level::Info,
             format!(
                 "{to} has the conversation ({} ms handoff)",
-                crate::tui::panels::fmt_ms(timings.end_to_end_ms)
+                crate::tui::panels::fmt_ms(handoff_ms)
             ),
         );
     }
 
     fn switch_measured(&mut self, e: &Event) {
-        let Event::SwitchMeasured {
-            index,
-            timings,
-            metrics,
-            stopped,
-            estimate,
-            ..
-        } = e
-        else {
+        let Some(s) = self.switches.add(e) else {
             return;
         };
-        if let Some(s) = self.switches.iter_mut().rev().find(|s| s.index == *index) {
-            s.timings = *timings;
-            s.metrics = metrics.clone();
-            s.estimate = estimate.or(s.estimate);
-            s.measure = match stopped {
-                Some(why) => Measure::Stopped(why.clone()),
-                None => Measure::Done,
-            };
-        }
-        if let Some(why) = stopped {
-            self.say(
-                Level::Info,
-                format!("the measurement of switch #{} stopped: {why}", index + 1),
-            );
+        if let crate::protocol::Measure::Stopped(why) = &s.measure {
+            let line = format!("the measurement of switch #{} stopped: {why}", s.index + 1);
+            self.say(Level::Info, line);
         }
     }
 
@@ -298,31 +221,6 @@ impl App {
         }
         if let Some(r) = self.reply_mut(*turn) {
             r.comparison = Some(c);
-        }
-    }
-
-    /// The turn after a switch measured how faithful its cache was.
-    fn followed_up(&mut self, e: &Event) {
-        let Event::SwitchFollowUp {
-            index,
-            top1_agreement,
-            kl,
-            positions,
-            first_token_ms,
-            end_to_end_ms,
-            ..
-        } = e
-        else {
-            return;
-        };
-        if let Some(s) = self.switches.iter_mut().rev().find(|s| s.index == *index) {
-            s.follow_up = Some(FollowUp {
-                top1_agreement: *top1_agreement,
-                kl: *kl,
-                positions: *positions,
-                first_token_ms: *first_token_ms,
-                end_to_end_ms: *end_to_end_ms,
-            });
         }
     }
 

@@ -2,8 +2,8 @@
 //! demo's pause after a switch, and a fatal engine error.
 
 use super::{fmt_factor, Names, BAD, BOLD};
+use crate::protocol::SwitchRow;
 use crate::tui::layout::centered;
-use crate::tui::records::SwitchRecord;
 use ratatui::layout::{Alignment, Rect};
 use ratatui::style::{Color, Style};
 use ratatui::text::{Line, Span};
@@ -52,7 +52,7 @@ pub(crate) fn render_confirm_quit(frame: &mut Frame, area: Rect, busy: bool) {
 pub(crate) fn render_demo_pause(
     frame: &mut Frame,
     area: Rect,
-    paused_after: Option<&SwitchRecord>,
+    paused_after: Option<&SwitchRow>,
     names: Names,
 ) {
     let Some(s) = paused_after else {
@@ -68,8 +68,8 @@ pub(crate) fn render_demo_pause(
             format!(
                 "switch #{}: {} → {}{speedup}",
                 s.index + 1,
-                names.short(&s.from),
-                names.short(&s.to)
+                names.short(s.from.as_str()),
+                names.short(s.to.as_str())
             ),
             BOLD,
         )),

@@ -5,8 +5,8 @@
 
 use super::columns::{self, Column};
 use super::{big_text, fmt_factor, fmt_ms, panel, Names, BAD, BOLD, DIM, MAP, REPREFILL};
+use crate::protocol::{Measure, SwitchRow};
 use crate::tui::layout::inner;
-use crate::tui::records::{Measure, SwitchRecord};
 use crate::tui::wrap::wrap;
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Style};
@@ -19,7 +19,7 @@ const LABEL: usize = 14;
 const VALUE: usize = 9;
 
 /// The newest of `switches` in detail, and the speed-up of each below it.
-pub(crate) fn render(frame: &mut Frame, area: Rect, switches: &[SwitchRecord], names: Names) {
+pub(crate) fn render(frame: &mut Frame, area: Rect, switches: &[SwitchRow], names: Names) {
     let Some(s) = switches.last() else {
         let body = inner(area);
         let text = wrap(
@@ -45,7 +45,11 @@ pub(crate) fn render(frame: &mut Frame, area: Rect, switches: &[SwitchRecord], n
     let w = body.width as usize;
     let mut lines = vec![Line::from(vec![
         Span::styled(
-            format!("{} → {}", names.short(&s.from), names.short(&s.to)),
+            format!(
+                "{} → {}",
+                names.short(s.from.as_str()),
+                names.short(s.to.as_str())
+            ),
             BOLD,
         ),
         Span::styled(
@@ -74,7 +78,7 @@ pub(crate) fn render(frame: &mut Frame, area: Rect, switches: &[SwitchRecord], n
     render_history(frame, history, switches);
 }
 
-fn bars(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
+fn bars(s: &SwitchRow, width: usize) -> Vec<Line<'static>> {
     let t = &s.timings;
     let mut rows = vec![
         ("map all", t.map_full_ms, MAP),
@@ -137,7 +141,7 @@ fn bar(value: f64, max: f64, width: usize) -> String {
 }
 
 /// The speed-up and whether mapping was faster or slower than re-prefilling.
-fn factor(s: &SwitchRecord) -> Option<(String, &'static str, Color)> {
+fn factor(s: &SwitchRow) -> Option<(String, &'static str, Color)> {
     let x = s.timings.speedup_full()?;
     if !x.is_finite() || x <= 0.0 {
         return None;
@@ -149,7 +153,7 @@ fn factor(s: &SwitchRecord) -> Option<(String, &'static str, Color)> {
     })
 }
 
-fn headline(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
+fn headline(s: &SwitchRow, width: usize) -> Vec<Line<'static>> {
     let Some((x, word, color)) = factor(s) else {
         return vec![small_headline(s)];
     };
@@ -181,7 +185,7 @@ fn headline(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
         .collect()
 }
 
-fn small_headline(s: &SwitchRecord) -> Line<'static> {
+fn small_headline(s: &SwitchRow) -> Line<'static> {
     match factor(s) {
         Some((x, word, color)) => Line::from(vec![
             Span::styled(format!("{x} {word}"), BOLD.fg(color)),
@@ -198,13 +202,13 @@ fn small_headline(s: &SwitchRecord) -> Line<'static> {
     }
 }
 
-fn detail(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
+fn detail(s: &SwitchRow, width: usize) -> Vec<Line<'static>> {
     let mut parts = Vec::new();
     if let Some(x) = s.timings.speedup_suffix() {
         parts.push(format!("new tokens {}", fmt_factor(x)));
     }
     parts.push(format!("handoff {} ms", fmt_ms(s.timings.end_to_end_ms)));
-    match (&s.reread, &s.reread_setting) {
+    match (&s.reread, &s.plan) {
         (Some(r), _) => {
             parts.push(format!("re-read {} ms", fmt_ms(r.ms)));
             if r.select_ms > 0.0 {
@@ -278,7 +282,7 @@ fn pack(parts: &[String], width: usize) -> Vec<String> {
 }
 
 /// The full speed-up of every switch, newest on the right.
-fn render_history(frame: &mut Frame, area: Rect, switches: &[SwitchRecord]) {
+fn render_history(frame: &mut Frame, area: Rect, switches: &[SwitchRow]) {
     let speedups: Vec<Option<f64>> = switches
         .iter()
         .map(|s| s.timings.speedup_full().filter(|x| x.is_finite()))

@@ -4,8 +4,8 @@
 use super::columns::{self, Column};
 use super::{fmt_percent, panel, BAD, BOLD, DIM};
 use crate::protocol::{finite_mean, SwitchMetrics};
+use crate::protocol::{Measure, SwitchRow};
 use crate::tui::layout::inner;
-use crate::tui::records::{Measure, SwitchRecord};
 use crate::tui::wrap::wrap;
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -51,7 +51,7 @@ impl Layers {
     }
 
     /// Draw the per-layer fidelity of `last`, the newest switch.
-    pub fn draw(&self, frame: &mut Frame, area: Rect, last: Option<&SwitchRecord>) {
+    pub fn draw(&self, frame: &mut Frame, area: Rect, last: Option<&SwitchRow>) {
         let Some(s) = last else {
             empty(
                 frame,
@@ -68,7 +68,7 @@ impl Layers {
 }
 
 /// Why the newest switch has no per-layer metrics.
-fn unmeasured(s: &SwitchRecord) -> String {
+fn unmeasured(s: &SwitchRow) -> String {
     match &s.measure {
         Measure::Pending => format!(
             "Measuring the per-layer fidelity of switch #{}… (your next message goes first)",
@@ -99,7 +99,7 @@ struct Series<'a> {
     better: Better,
 }
 
-fn chart(frame: &mut Frame, area: Rect, view: LayerView, s: &SwitchRecord, m: &SwitchMetrics) {
+fn chart(frame: &mut Frame, area: Rect, view: LayerView, s: &SwitchRow, m: &SwitchMetrics) {
     let series = series(view, m);
     let (lo, hi) = scale(view, &series);
     frame.render_widget(panel(title(view, &series, area.width)), area);
@@ -334,7 +334,7 @@ fn draw_axis(buf: &mut Buffer, axis: Rect, fits: usize, n: usize, bar: u16, gap:
 
 /// Next-token agreement and KL of the mapped cache against the re-prefilled one,
 /// measured on the turn after the switch.
-fn fidelity(s: &SwitchRecord) -> Option<String> {
+fn fidelity(s: &SwitchRow) -> Option<String> {
     let (top1, kl) = match (s.follow_up, &s.metrics) {
         (Some(f), _) => (f.top1_agreement, f.kl),
         (None, Some(m)) => (m.top1_agreement, m.kl),

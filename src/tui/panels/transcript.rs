@@ -2,9 +2,10 @@
 //! answer labelled with its model and where its cache came from.
 
 use super::{cache_label, cache_style, fmt_factor, fmt_ms, panel, BOLD, DIM, MAP, WARN};
+use crate::protocol::SwitchRow;
 use crate::protocol::{CacheOrigin, PlanPart, StopKind};
 use crate::tui::layout::inner;
-use crate::tui::records::{Entry, Reply, SwitchRecord};
+use crate::tui::records::{Entry, Reply};
 use crate::tui::wrap::wrap;
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
@@ -18,7 +19,7 @@ const USER: Style = Style::new().fg(Color::Cyan).add_modifier(Modifier::BOLD);
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Conversation<'a> {
     pub entries: &'a [Entry],
-    pub switches: &'a [SwitchRecord],
+    pub switches: &'a [SwitchRow],
     /// List under each switch the words its re-read read again.
     pub mark_reread: bool,
 }
@@ -124,9 +125,9 @@ fn lines(c: &Conversation, width: usize) -> Vec<Line<'static>> {
 /// What the switch's plan made of the conversation: each run of its text marked kept,
 /// re-read, mapped or dropped (or, from an older session, the re-read spans alone); or
 /// why there is none.
-fn reread_lines(s: &SwitchRecord, width: usize) -> Vec<Line<'static>> {
+fn reread_lines(s: &SwitchRow, width: usize) -> Vec<Line<'static>> {
     let Some(r) = &s.reread else {
-        let why = match &s.reread_setting {
+        let why = match &s.plan {
             Some(setting) => format!("plan {setting}: at the next message"),
             None => "no plan at this switch: the map as handed over (Ctrl-E sets one)".into(),
         };
@@ -244,7 +245,7 @@ fn reply(out: &mut Vec<Line<'static>>, r: &Reply, width: usize) {
     }
 }
 
-fn switch_line(s: &SwitchRecord) -> String {
+fn switch_line(s: &SwitchRow) -> String {
     let t = &s.timings;
     let mut text = format!(
         "⇄ switch #{}: {} → {} · {} tokens handed over ({} new)",

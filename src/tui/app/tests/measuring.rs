@@ -101,7 +101,7 @@ fn esc_cancels_a_measurement_and_the_handoff_stands() {
     assert!(app.measuring().is_none());
     assert_eq!(
         app.switches[0].measure,
-        crate::tui::records::Measure::Stopped("cancelled".into())
+        crate::protocol::Measure::Stopped("cancelled".into())
     );
     assert!(app.switches[0].metrics.is_none());
     assert_eq!(app.active, 1, "the handoff stands");
