@@ -1,12 +1,14 @@
 //! A calibration's output is put in place whole or not at all: on a disk that fills up
 //! part way through writing it, the mappers and statistics already there stay byte for
-//! byte as they were, and nothing of the attempt is left behind.
+//! byte as they were, and nothing of the attempt is left behind. And a map worse than no
+//! context never replaces a mapper in use.
 
 mod common;
 
+use baton::calibrate::commit::POOR;
 use baton::calibrate::{
-    calibrate_with, corpus_info, save_calibration, CalibrateOptions, Calibrated, CorpusName,
-    Direction, Keep, NoProgress, Run,
+    calibrate_with, corpus_info, keep, save_calibration, CalibrateOptions, Calibrated, CorpusName,
+    Direction, Keep, NoProgress, Outcome, PoorFate, Run,
 };
 use baton::data::corpus::{self, Document};
 use baton::mapper::artifact;
@@ -174,4 +176,80 @@ fn a_calibration_that_fills_the_disk_leaves_the_previous_mappers_as_they_were() 
     assert_ne!(after, before, "the successful write replaced the mappers");
     let (art, _) = artifact::open_for(Some(&dir), &a, &b).unwrap();
     assert_eq!(art.meta.corpus.sequences, 6);
+}
+
+/// `c`, its first map made worse than no context on its held-out windows and its second
+/// better (tiny random models give either).
+fn first_made_poor(mut c: Calibrated) -> Calibrated {
+    let kl = |kl| baton::metrics::NextTokenAgreement {
+        top1: 0.1,
+        kl,
+        positions: 10,
+    };
+    for (f, mapped) in c.fitted.iter_mut().zip([2.0, 1.0]) {
+        f.report.agreement = Some(kl(mapped));
+        f.report.agreement_no_context = Some(kl(1.5));
+    }
+    c
+}
+
+fn keep_poor(dir: &Path, [a, b]: [&Model; 2], c: &Calibrated, accept: bool) -> Outcome {
+    keep(
+        [a, b],
+        dir,
+        &corpus_info(&[], "synthetic", &opts(4)),
+        &c.fitted,
+        &c.stats,
+        accept,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_poor_map_never_replaces_a_mapper_in_use_and_is_the_default_where_there_is_none() {
+    let tiny = Tiny::new("qwen2");
+    let (models, a, b) = model_pair(&tiny, &tiny.weights(1), &tiny.weights(2));
+    let o = opts(4);
+    let poor = first_made_poor(calibrated(&a, &b, &tiny, &o));
+    let poor_source = poor.fitted[0].source.name.clone();
+    let default_path = |dir: &Path| {
+        let (s, t) = if poor.fitted[0].source.sha256 == a.identity.sha256 {
+            (&a, &b)
+        } else {
+            (&b, &a)
+        };
+        artifact::open_for(Some(dir), s, t).unwrap().0.path
+    };
+
+    // No mapper in use: the poor one is the default, and the message says so.
+    let fresh = models.path().join("fresh");
+    let out = keep_poor(&fresh, [&a, &b], &poor, false);
+    assert_eq!(out.poor.len(), 1, "only the first map is poor");
+    assert_eq!(out.poor[0].fate, PoorFate::Default);
+    assert_eq!(out.poor[0].source, poor_source);
+    assert_eq!(out.poor[0].path, default_path(&fresh));
+    assert!(out.apart.is_empty() && !fresh.join(POOR).exists());
+    assert!(out.poor[0].message().contains("for want of a better one"));
+
+    // A mapper in use: the poor one goes under poor/, the one in use stays byte for byte.
+    let used = models.path().join("used");
+    save(&used, [&a, &b], &calibrated(&a, &b, &tiny, &o), &o).unwrap();
+    let in_use = std::fs::read(default_path(&used)).unwrap();
+    let out = keep_poor(&used, [&a, &b], &poor, false);
+    assert_eq!(out.poor[0].fate, PoorFate::Apart);
+    assert!(out.poor[0].path.starts_with(used.join(POOR)));
+    assert!(out.poor[0].path.is_file());
+    assert_eq!(std::fs::read(default_path(&used)).unwrap(), in_use);
+    let said = out.poor[0].message();
+    assert!(
+        said.contains("kept apart") && said.contains("--accept-poor"),
+        "{said}"
+    );
+    // The good direction was made the default as usual.
+    assert_eq!(out.kept.len(), 1);
+
+    // Asked to, it replaces the one in use.
+    let out = keep_poor(&used, [&a, &b], &poor, true);
+    assert_eq!(out.poor[0].fate, PoorFate::Default);
+    assert_ne!(std::fs::read(default_path(&used)).unwrap(), in_use);
 }

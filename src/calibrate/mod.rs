@@ -29,6 +29,7 @@ mod error;
 mod fit;
 mod gains;
 mod heldout;
+mod job;
 mod options;
 mod rank;
 mod save;
@@ -41,6 +42,7 @@ pub use crate::mapper::calibration_report::{CalibrationReport, RankPoint, Skippe
 pub use commit::{save_calibration, Keep, Kept};
 pub use error::CalibrateError;
 pub use heldout::continuation_start;
+pub use job::{calibrate_and_save, keep, Job, Outcome, PoorFate, PoorMap};
 pub use options::{
     CalibrateOptions, RankChoice, SelectBy, TokenFeatures, AUTO_RANKS, DEFAULT_KEY_GAIN_MATCHED,
     DEFAULT_MAX_K, K_TOLERANCE, RANK_TOLERANCE,

@@ -112,7 +112,7 @@ pub struct CalibrateArgs {
     pub no_save_stats: bool,
     /// Make a mapper the default even when it is worse than no context on its own
     /// held-out windows (by default such a mapper is kept apart, under poor/ in the
-    /// mappers directory, and the one in use stays).
+    /// mappers directory, and the one in use stays; with none in use it is the default).
     #[arg(long)]
     pub accept_poor: bool,
     /// Kept so that older command lines still run: statistics are saved by default.
@@ -293,10 +293,7 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     }
     let files = corpus::files_or_default(&a.corpus)?;
     let bars = baton::console::PhaseBars::new(a.json);
-    let corpus::Corpus {
-        docs,
-        fingerprint: corpus_fingerprint,
-    } = read_corpus(&files, &bars)?;
+    let text = read_corpus(&files, &bars)?;
     let (src, tgt) = a.pair.open(dev)?;
     let directions = a.direction.calibrated();
     let prior = match &a.merge_stats {
@@ -307,64 +304,37 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
         None => Vec::new(),
     };
     let started = std::time::Instant::now();
-    let name = cal::CorpusName {
-        files: corpus::describe(&files),
-        fingerprint: corpus_fingerprint,
-    };
-    let run = cal::Run {
-        docs: &docs,
-        corpus: &name,
+    let job = cal::Job {
+        dir: &dir,
+        files: &files,
+        corpus: text,
         directions: &directions,
         opts: &opts,
+        prior,
+        save_stats: !a.no_save_stats,
+        accept_poor: a.accept_poor,
     };
-    let done = cal::calibrate_with(&src, &tgt, &run, prior, &bars, &cancel)?;
+    let done = cal::calibrate_and_save([&src, &tgt], job, &bars, &cancel)?;
     bars.finish(true);
-    let corpus = cal::corpus_info(&files, &name.fingerprint, &opts);
-    let (poor, good): (Vec<&cal::Fitted>, Vec<&cal::Fitted>) = done
-        .fitted
-        .iter()
-        .partition(|f| !a.accept_poor && f.report.worse_than_no_context().is_some());
-    let stats: &[SavedStats] = if a.no_save_stats { &[] } else { &done.stats };
-    // All of it is written aside first and put in place whole: a failure on the way
-    // leaves the mappers in use, and their statistics, as they were.
-    let kept = cal::save_calibration(
-        &dir,
-        [&src, &tgt],
-        &corpus,
-        cal::Keep {
-            kept: good,
-            apart: poor.clone(),
-            stats,
-        },
-    )?;
-    for s in &kept.kept {
+    for s in &done.kept {
         eprintln!("{} -> {}", s.meta.summary_line(), s.path.display());
     }
-    for (f, s) in poor.iter().zip(&kept.apart) {
-        let (mapped, none) = f.report.worse_than_no_context().unwrap_or_default();
-        eprintln!(
-            "warning: the {} -> {} map is worse than no context on its own held-out windows \
-             (KL {mapped:.3} against {none:.3} with no context): too little text to fit it. \
-             It is kept at {}, not made the default; calibrate with more text (--sequences, \
-             --seq-len), or pass --accept-poor to make it the default anyway",
-            f.source.name,
-            f.target.name,
-            s.path.display()
-        );
+    for p in &done.poor {
+        eprintln!("warning: {}", p.message());
     }
-    for (st, at) in stats.iter().zip(&kept.stats) {
+    for (meta, at) in &done.stats {
         eprintln!(
             "statistics of {} -> {}: {} windows, {} observations -> {}",
-            st.meta.source.name,
-            st.meta.target.name,
-            st.meta.windows(),
-            st.meta.observations,
+            meta.source.name,
+            meta.target.name,
+            meta.windows(),
+            meta.observations,
             at.display()
         );
     }
     eprintln!("calibration took {:.1} s", started.elapsed().as_secs_f64());
     if a.json {
-        let metas: Vec<_> = kept.kept.iter().map(|s| &s.meta).collect();
+        let metas: Vec<_> = done.kept.iter().map(|s| &s.meta).collect();
         print_json(&metas)?;
     }
     Ok(())

@@ -134,44 +134,24 @@ pub fn calibrate_missing(
     }
     progress.stage("reading the calibration corpus", 0);
     let files = corpus::default_files()?;
-    let corpus::Corpus { docs, fingerprint } = corpus::read_corpus(&files, &mut |_, _| {})?;
-    let name = calibrate::CorpusName {
-        files: corpus::describe(&files),
-        fingerprint,
-    };
-    let run = calibrate::Run {
-        docs: &docs,
-        corpus: &name,
+    let text = corpus::read_corpus(&files, &mut |_, _| {})?;
+    // The statistics are kept as `baton calibrate` keeps them (learning from
+    // conversations adds to them), and a poor map follows the same rule; the mapper's
+    // own notice says so on screen once it is loaded.
+    let job = calibrate::Job {
+        dir,
+        files: &files,
+        corpus: text,
         directions: &directions,
         opts,
+        prior: Vec::new(),
+        save_stats: true,
+        accept_poor: false,
     };
-    let done =
-        calibrate::calibrate_with(&models[0], &models[1], &run, Vec::new(), progress, cancel)?;
-    let corpus = calibrate::corpus_info(&files, &name.fingerprint, opts);
-    // The first run has no other mapper to keep: a poor one is used, and said so.
-    for f in &done.fitted {
-        if let Some((mapped, none)) = f.report.worse_than_no_context() {
-            tracing::warn!(
-                source = %f.source.name,
-                target = %f.target.name,
-                mapped_kl = mapped,
-                no_context_kl = none,
-                "the first run's map is worse than no context on its own held-out windows; `baton calibrate` fits a better one"
-            );
-        }
+    let done = calibrate::calibrate_and_save([&models[0], &models[1]], job, progress, cancel)?;
+    for p in &done.poor {
+        tracing::warn!("{}", p.message());
     }
-    // The statistics are kept as `baton calibrate` keeps them (learning from
-    // conversations adds to them), and all of it is put in place whole or not at all.
-    calibrate::save_calibration(
-        dir,
-        [&models[0], &models[1]],
-        &corpus,
-        calibrate::Keep {
-            kept: done.fitted.iter().collect(),
-            apart: Vec::new(),
-            stats: &done.stats,
-        },
-    )?;
     Ok(())
 }
 

@@ -239,7 +239,7 @@ pub fn build(
             // Said on screen, not only in the log: every answer after a switch reads it.
             out.emit(Event::Notice {
                 message: format!(
-                    "mapper {} -> {} hands over a context worth less than none on its own held-out windows (next-token KL {mapped:.3} against {none:.3} with no context); `baton calibrate` fits a better one",
+                    "mapper {} -> {} hands over a context worth less than none on its own held-out windows (next-token KL {mapped:.3} against {none:.3} with no context); `baton calibrate` with more text (--sequences, --seq-len) fits a better one",
                     m.info.source, m.info.target
                 ),
             });
