@@ -3,8 +3,6 @@
 
 mod cli;
 
-use clap::Parser;
-
 fn main() {
     // Libraries (candle) capture a backtrace into their errors when RUST_BACKTRACE is
     // set, and print it as part of the message; a user's error stays one clear line.
@@ -12,7 +10,7 @@ fn main() {
     if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
-    let cli = cli::Cli::parse();
+    let cli = cli::parse();
     // A log file that cannot be written (a shared cache's logs/ owned by someone else)
     // is said once and never stops the command.
     let log = baton::logging::init_logging_or_warn(&baton::logging::default_log_dir());

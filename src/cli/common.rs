@@ -67,7 +67,7 @@ pub struct MapperDirArgs {
     /// Mappers directory to use instead of the cache dir's mappers/ (where `calibrate`
     /// writes the artifacts and the other commands read them), e.g. for a mapper fitted
     /// on a special corpus, kept apart from the default one.
-    #[arg(long, value_parser = parse_mapper_dir)]
+    #[arg(long, env = "BATON_MAPPER_DIR", value_parser = parse_mapper_dir)]
     pub mapper_dir: Option<PathBuf>,
 }
 

@@ -11,6 +11,7 @@ mod eval;
 mod fetch;
 mod gate_study;
 mod generate;
+mod help;
 mod info;
 mod mappers;
 mod replay;
@@ -22,7 +23,7 @@ mod tests;
 mod workbench;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use common::DeviceArg;
 
 #[derive(Debug, Parser)]
@@ -37,7 +38,7 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
     /// Where to run: `cpu`, or `cuda` / `cuda:N` (needs a build with --features cuda).
-    #[arg(long, global = true, default_value = "cpu")]
+    #[arg(long, global = true, env = "BATON_DEVICE", default_value = "cpu")]
     pub device: DeviceArg,
 }
 
@@ -87,9 +88,16 @@ pub enum Command {
     Study(study::StudyArgs),
 }
 
-/// Carry out the command line.
 pub use error_line::error_line;
 
+/// The command line, laid out for a person (`help`), read from the process's arguments;
+/// a mistake or `-h` prints and exits as clap does.
+pub fn parse() -> Cli {
+    let matches = help::shape(Cli::command()).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Carry out the command line.
 pub fn run(cli: Cli) -> Result<()> {
     let dev = cli.device.open()?;
     match cli.command {

@@ -227,3 +227,117 @@ fn the_command_line_goes_over_the_script_and_the_script_over_the_defaults() {
     assert!(!cfg.settings.learn);
     assert!(cfg.settings.reference);
 }
+
+/// The command line as `baton` reads it, at a terminal's width.
+fn shaped(width: usize) -> clap::Command {
+    use clap::CommandFactory;
+    let mut c = help::shape(Cli::command()).term_width(width);
+    c.build();
+    c
+}
+
+/// Every command's path under `baton`, the root included.
+fn commands(c: &clap::Command) -> Vec<Vec<String>> {
+    let mut out = vec![Vec::new()];
+    for s in c.get_subcommands().filter(|s| s.get_name() != "help") {
+        for mut p in commands(s) {
+            p.insert(0, s.get_name().to_string());
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn find<'a>(c: &'a mut clap::Command, path: &[String]) -> &'a mut clap::Command {
+    match path {
+        [] => c,
+        [first, rest @ ..] => find(c.find_subcommand_mut(first).unwrap(), rest),
+    }
+}
+
+#[test]
+fn every_short_help_fits_one_80_by_24_screen() {
+    let mut root = shaped(80);
+    for path in commands(&root.clone()) {
+        let help = find(&mut root, &path).render_help().to_string();
+        let lines: Vec<&str> = help.trim_end().lines().collect();
+        assert!(
+            lines.len() <= 24,
+            "baton {} -h is {} lines:\n{help}",
+            path.join(" "),
+            lines.len()
+        );
+        let wide = lines.iter().find(|l| l.chars().count() > 80);
+        assert!(wide.is_none(), "baton {} -h: {wide:?}", path.join(" "));
+    }
+}
+
+#[test]
+fn every_flag_has_a_heading_and_long_help_keeps_the_paragraph() {
+    let mut root = shaped(100);
+    for path in commands(&root.clone()) {
+        let c = find(&mut root, &path);
+        for a in c.get_arguments() {
+            let id = a.get_id().as_str();
+            if a.is_hide_set() || matches!(id, "help" | "version") {
+                continue;
+            }
+            assert!(
+                a.get_help_heading().is_some(),
+                "baton {} --{id} has no heading",
+                path.join(" ")
+            );
+        }
+    }
+    // -h gives the line, --help the whole paragraph.
+    let c = find(&mut root, &["calibrate".to_string()]);
+    let (short, long) = (
+        c.render_help().to_string(),
+        c.render_long_help().to_string(),
+    );
+    assert!(short.contains("windows to fit on"), "{short}");
+    assert!(long.contains("sized for a 2-core CPU"), "{long}");
+    assert!(!short.contains("--train-lr") && long.contains("--train-lr"));
+    assert!(long.contains("What to fit:") && long.contains("Output:"));
+}
+
+#[test]
+fn baton_h_lists_every_command_once_grouped_by_use() {
+    let root = shaped(80);
+    let mut names: Vec<&str> = root
+        .get_subcommands()
+        .map(|s| s.get_name())
+        .filter(|n| *n != "help")
+        .collect();
+    let mut listed = help::listed();
+    names.sort_unstable();
+    listed.sort_unstable();
+    assert_eq!(listed, names);
+    let top = root.clone().render_help().to_string();
+    for group in ["The workbench and its demo:", "Measurement:"] {
+        assert!(top.contains(group), "{top}");
+    }
+}
+
+#[test]
+fn short_forms_and_environment_variables_set_the_common_flags() {
+    let m = shaped(80)
+        .try_get_matches_from(["baton", "calibrate", "-s", "a", "-t", "b", "-N", "3", "-j"])
+        .unwrap();
+    let c = Cli::from_arg_matches(&m).unwrap();
+    let Some(Command::Calibrate(a)) = c.command else {
+        panic!("not calibrate")
+    };
+    assert_eq!((a.pair.source.as_str(), a.pair.target.as_str()), ("a", "b"));
+    assert_eq!((a.sequences, a.json), (3, true));
+    // The mapper directory once, for every command after it.
+    let dir = std::env::temp_dir().join("baton-env-mapper-dir");
+    std::env::set_var("BATON_MAPPER_DIR", &dir);
+    let m = shaped(80).try_get_matches_from(["baton", "bench"]);
+    std::env::remove_var("BATON_MAPPER_DIR");
+    let c = Cli::from_arg_matches(&m.unwrap()).unwrap();
+    let Some(Command::Bench(b)) = c.command else {
+        panic!("not bench")
+    };
+    assert_eq!(b.pair.mapper_dir(), Some(dir.as_path()));
+}
