@@ -218,6 +218,7 @@ fn a_complete_repair_teaches_the_mapper_even_with_the_reference_path_off() {
             keep: false,
             use_learned: true,
             slice_docs: Some(common::engine_rig::slice_docs()),
+            background_calibration: false,
         };
     });
     r.engine.finish_learning(0, &r.rx);

@@ -23,14 +23,26 @@ pub struct Captured {
 
 /// Prefill `ids` into a fresh cache, keeping the queries at `probes`.
 pub fn capture(m: &Model, ids: &[u32], probes: &[usize]) -> Result<Captured, CalibrateError> {
+    capture_until(m, ids, probes, &|| false)
+}
+
+/// [`capture`] that gives up as soon as `stop` says so, for work that gives way to
+/// someone waiting (a window read while the workbench is idle).
+pub fn capture_until(
+    m: &Model,
+    ids: &[u32],
+    probes: &[usize],
+    stop: &dyn Fn() -> bool,
+) -> Result<Captured, CalibrateError> {
     let mut cache = m.decoder.new_cache();
-    let out = m.decoder.forward(
+    let out = m.decoder.forward_until(
         ids,
         &mut cache,
         &ForwardOptions {
             logits: Logits::None,
             probe_positions: probes.to_vec(),
         },
+        stop,
     )?;
     Ok(Captured {
         cache,

@@ -55,7 +55,7 @@ use crate::mapper::ridge::LayerMap;
 use crate::mapper::CacheMapper;
 use crate::mapper::SourceScales;
 use crate::model::{Model, ModelIdentity};
-pub use capture::{capture, Captured, DirectionStats, StatsRows, WindowFeatures};
+pub use capture::{capture, capture_until, Captured, DirectionStats, StatsRows, WindowFeatures};
 use saved_stats::{SavedStats, StatsMeta, StatsSource};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -88,6 +88,7 @@ const CONVERSATION: &[(&str, &[&str])] = &[
     ),
     ("The conversation", &["script", "system", "max_tokens"]),
     (OUTPUT, &["record", "no_record"]),
+    (FIT, &["no_background_calibration"]),
 ];
 
 const CONVERSATION_BRIEF: &[(&str, &str)] = &[

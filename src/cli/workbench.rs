@@ -14,6 +14,14 @@ pub struct WorkbenchArgs {
     /// Do not record the session.
     #[arg(long, conflicts_with = "record")]
     pub no_record: bool,
+    /// Do not read further calibration text while the workbench is idle. By default a
+    /// mapper fitted on less text than the full calibration (a first run's) reads more,
+    /// a window at a time, giving way to every message and switch, takes each window
+    /// that does not lower its held-out cosine, and stops at the full calibration's
+    /// size. It learns as the mappers learn from conversations, so --no-learn stops it
+    /// too.
+    #[arg(long)]
+    pub no_background_calibration: bool,
 }
 
 impl WorkbenchArgs {
@@ -37,6 +45,7 @@ pub fn workbench(a: WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> {
     let c = &a.conversation;
     let mut cfg = c.engine_config(dev, script.as_ref().map(|s| &s.settings));
     cfg.calibrate_missing = Some(baton::calibrate::CalibrateOptions::quick());
+    cfg.learning.background_calibration = !a.no_background_calibration;
     cfg.record = match a.no_record {
         true => None,
         false => Some(record_path(c.record.as_deref())?),

@@ -253,8 +253,12 @@ pub struct LearnSetup {
     pub keep: bool,
     /// Start from what earlier sessions learned (else from the calibration alone).
     pub use_learned: bool,
-    /// The text the fixed calibration slice is cut from (None: the default corpus).
+    /// The text the fixed calibration slice is cut from (None: the default corpus),
+    /// and background calibration's windows.
     pub slice_docs: Option<Vec<Document>>,
+    /// Read further calibration windows while idle, up to the full calibration's text
+    /// (the workbench; never a scripted run, whose answers must not depend on timing).
+    pub background_calibration: bool,
 }
 
 impl Default for LearnSetup {
@@ -263,6 +267,7 @@ impl Default for LearnSetup {
             keep: true,
             use_learned: true,
             slice_docs: None,
+            background_calibration: false,
         }
     }
 }

@@ -117,6 +117,12 @@ impl Engine {
                         Err(TryRecvError::Disconnected) => break,
                     }
                 }
+                // Idle, with nothing else to do: the next calibration window is read on
+                // the learning thread, which gives way to the next command.
+                None if self.learning.calibration_wanted() => {
+                    self.learning.calibrate_next();
+                    continue;
+                }
                 // Learning replies are looked for between short waits for a command.
                 None if self.learning.busy() => match commands.recv_timeout(LEARNING_POLL) {
                     Ok(e) => Some(e),
@@ -149,6 +155,12 @@ impl Engine {
     /// a switch, which first has them copy what of the caches it will change they still
     /// read.
     pub fn handle(&mut self, envelope: Envelope, commands: &Receiver<Envelope>) {
+        if matches!(
+            envelope.command,
+            Command::Submit { .. } | Command::Switch | Command::Finish | Command::Shutdown
+        ) {
+            self.learning.give_way();
+        }
         let result = match envelope.command {
             Command::Submit { text } => {
                 for m in self.measurements.iter_mut() {

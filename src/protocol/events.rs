@@ -212,6 +212,24 @@ pub enum Event {
         seconds: f64,
         kept: bool,
     },
+    /// The mapper `from -> to` read one more window of calibration text while the
+    /// workbench was idle, and weighed it as learning weighs an update: `accepted` when
+    /// the held-out cosine did not drop (`before` → `after`), and it is then the mapper
+    /// in use. `windows` of `full` are now read (the first run's included); at `full` it
+    /// has read as much text as the full calibration and stops. `kept`: saved for the
+    /// next session. (Session format 1.6 on.)
+    BackgroundCalibration {
+        from: ModelName,
+        to: ModelName,
+        windows: usize,
+        full: usize,
+        accepted: bool,
+        #[serde(with = "float")]
+        before: f64,
+        #[serde(with = "float")]
+        after: f64,
+        kept: bool,
+    },
     /// How far the background repair of `model`'s cache got: its first `repaired`
     /// positions of `total` are its own prefill, the rest as they were (mapped, or
     /// computed over mapped positions). Not recorded; [`Event::CacheRepaired`] sums it up.
@@ -302,6 +320,7 @@ impl Event {
         "turn_comparison",
         "switch_follow_up",
         "mapper_learned",
+        "background_calibration",
         "repair_progress",
         "cache_repaired",
         "notice",
@@ -343,6 +362,7 @@ impl Event {
             | Event::Done { turn } => Some(*turn),
             Event::Loading { .. }
             | Event::Ready { .. }
+            | Event::BackgroundCalibration { .. }
             | Event::RepairProgress { .. }
             | Event::Notice { .. }
             | Event::Error { .. }

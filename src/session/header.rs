@@ -25,7 +25,9 @@ pub const VERSION: u32 = 1;
 /// - 5: a `turn_started` event over a cache being repaired says how far the repair had
 ///   got (`repaired`), and every repair a session starts ends with `cache_repaired`
 ///   (also one cut short before its first chunk, or by the end of the session).
-pub const MINOR: u32 = 5;
+/// - 6: `background_calibration` events say what a mapper took from the calibration
+///   text it read while the workbench was idle.
+pub const MINOR: u32 = 6;
 
 /// Line 1 of a session file: which build, models, mappers and settings produced it, so a
 /// report or a replay can tell whether it is looking at comparable runs.

@@ -114,6 +114,9 @@ pub struct App {
     mark_reread: bool,
     /// The active model's cache repaired so far, of its length, since the last switch.
     repaired: Option<(usize, usize)>,
+    /// Per mapper (by its source model), calibration windows read in the background,
+    /// of the full calibration's.
+    calibration: std::collections::BTreeMap<String, (usize, usize)>,
     overlay: Overlay,
     /// The confirmation was opened by a typed `q`: any key but y/n/Esc types on, the `q`
     /// included, so a message starting with q loses nothing.
@@ -146,6 +149,7 @@ impl App {
             reread: info.reread.clone(),
             mark_reread: false,
             repaired: None,
+            calibration: Default::default(),
             info,
             size: (layout::MIN_WIDTH, layout::MIN_HEIGHT),
             phase: Phase::default(),

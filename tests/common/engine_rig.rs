@@ -153,6 +153,7 @@ pub fn rig(dir: &Path, keep: bool, record: Option<PathBuf>) -> Rig {
             keep,
             use_learned: true,
             slice_docs: Some(slice_docs()),
+            background_calibration: false,
         };
     })
 }

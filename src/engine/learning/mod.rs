@@ -12,6 +12,7 @@
 //! first switch. A pair calibrated without statistics cannot learn, which is said once
 //! and leaves the engine as it was.
 
+mod calibration;
 mod worker;
 
 use super::config::LearnSetup;
@@ -50,6 +51,15 @@ pub(super) struct Learning {
     state: [MapperState; 2],
     /// Where the conversation is recorded, named with what is learned from it.
     pub(super) session_label: String,
+    /// Calibration read while the engine is idle, per direction (`None`: off).
+    background: Option<[Background; 2]>,
+}
+
+/// How far a direction's background calibration got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Background {
+    Reading { windows: usize },
+    Done,
 }
 
 /// What applying the learning thread's replies may touch.
@@ -68,6 +78,7 @@ impl Learning {
             learned_to: [0; 2],
             state: [MapperState::default(); 2],
             session_label: "an unrecorded session".into(),
+            background: None,
         }
     }
 
@@ -80,8 +91,47 @@ impl Learning {
         setup: LearnSetup,
         anchor: usize,
     ) {
+        let background = setup.background_calibration;
         self.worker = Worker::spawn(models, mapper_dir, setup, anchor);
         self.can_learn = [self.worker.is_some(); 2];
+        self.background = background.then_some([Background::Reading { windows: 0 }; 2]);
+    }
+
+    /// Whether the engine, idle, should have the next calibration window read: the
+    /// thread has nothing else to do and a direction that learns has text left.
+    pub fn calibration_wanted(&self) -> bool {
+        self.next_to_calibrate().is_some() && !self.busy()
+    }
+
+    fn next_to_calibrate(&self) -> Option<usize> {
+        let background = self.background.as_ref()?;
+        self.worker.as_ref()?;
+        (0..2)
+            .filter(|&s| self.can_learn[s])
+            .filter_map(|s| match background[s] {
+                Background::Reading { windows } => Some((windows, s)),
+                Background::Done => None,
+            })
+            .min()
+            .map(|(_, s)| s)
+    }
+
+    /// Have the direction that has read the least read its next window.
+    pub fn calibrate_next(&mut self) {
+        let Some(source) = self.next_to_calibrate() else {
+            return;
+        };
+        if let Some(w) = self.worker.as_mut() {
+            w.send(Task::Calibrate { source });
+        }
+    }
+
+    /// A message or a switch is waiting: a calibration window being read stops (and is
+    /// read again later).
+    pub fn give_way(&self) {
+        if let Some(w) = &self.worker {
+            w.give_way();
+        }
     }
 
     /// Whether a switch measured now would be learned from (in either direction), with
@@ -292,6 +342,67 @@ impl Learning {
                     seconds: o.seconds,
                     kept: saved,
                 });
+            }
+            Reply::Calibrated {
+                source,
+                windows,
+                full,
+                outcome,
+                mapper,
+                kept,
+            } => {
+                let (from, to) = name(source);
+                if let Some(m) = mapper {
+                    cx.mappers[source].mapper = *m;
+                    let state = &mut self.state[source];
+                    state.updates = state.updates.saturating_add(1);
+                    state.learned_tokens = outcome.as_ref().map_or(0, |o| o.learned_tokens);
+                }
+                if let Some(Err(e)) = &kept {
+                    cx.out.emit(Event::Error {
+                        message: format!(
+                            "what {from} -> {to} took from the calibration text is in use but could not be kept for the next session: {e}"
+                        ),
+                        fatal: false,
+                    });
+                }
+                let done = windows >= full;
+                if let Some(b) = self.background.as_mut() {
+                    b[source] = if done {
+                        Background::Done
+                    } else {
+                        Background::Reading { windows }
+                    };
+                }
+                // A window with no probe to judge by was read but weighed nothing.
+                let (accepted, before, after) = outcome.map_or((false, f64::NAN, f64::NAN), |o| {
+                    (o.accepted, o.before.combined(), o.after.combined())
+                });
+                cx.out.emit(Event::BackgroundCalibration {
+                    from: from.clone(),
+                    to: to.clone(),
+                    windows,
+                    full,
+                    accepted,
+                    before,
+                    after,
+                    kept: matches!(kept, Some(Ok(_))),
+                });
+                if done {
+                    cx.out.emit(Event::Notice {
+                        message: format!(
+                            "mapper {from} -> {to} has read as much calibration text as the full calibration ({full} windows): background calibration stops"
+                        ),
+                    });
+                }
+            }
+            Reply::GaveWay { source } => {
+                tracing::debug!("background calibration of slot {source}'s mapper gave way");
+            }
+            Reply::CalibrationDone { source } => {
+                if let Some(b) = self.background.as_mut() {
+                    b[source] = Background::Done;
+                }
             }
             Reply::NothingNew { source } => {
                 tracing::info!("learning: too little new text for slot {source}'s mapper");

@@ -2,14 +2,17 @@
 //! start) and runs the learning steps it is sent, one at a time at the lowest priority,
 //! replying with what changed.
 
-use crate::data::corpus;
+use super::calibration::{self, Windows};
+use crate::calibrate::CalibrateError;
+use crate::data::corpus::{self, Document};
 use crate::engine::config::LearnSetup;
 use crate::learn::{self, ConversationPair, LearnOutcome, Opened};
 use crate::mapper::artifact;
 use crate::mapper::CacheMapper;
-use crate::model::{KvCache, Model};
+use crate::model::{KvCache, Model, ModelError};
 use candle_core::Tensor;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +44,10 @@ pub(crate) enum Task {
         source: usize,
     },
     Learn(Job),
+    /// Read the next calibration window for the mapper of `source -> other`.
+    Calibrate {
+        source: usize,
+    },
 }
 
 pub(crate) enum Reply {
@@ -75,6 +82,24 @@ pub(crate) enum Reply {
         source: usize,
         reason: String,
     },
+    /// A calibration window was read and weighed; `mapper` as for `Learned`. `windows`
+    /// of `full` are read.
+    Calibrated {
+        source: usize,
+        windows: usize,
+        full: usize,
+        outcome: Option<Box<LearnOutcome>>,
+        mapper: Option<Box<CacheMapper>>,
+        kept: Option<Result<PathBuf, String>>,
+    },
+    /// A message or a switch came while a window was read: it is read again later.
+    GaveWay {
+        source: usize,
+    },
+    /// Nothing left to read in the background for this direction.
+    CalibrationDone {
+        source: usize,
+    },
 }
 
 impl Task {
@@ -82,6 +107,7 @@ impl Task {
         match self {
             Task::Open { source } => *source,
             Task::Learn(job) => job.source,
+            Task::Calibrate { source } => *source,
         }
     }
 }
@@ -93,7 +119,10 @@ impl Reply {
             | Reply::Learned { source, .. }
             | Reply::NothingNew { source }
             | Reply::Unavailable { source, .. }
-            | Reply::Failed { source, .. } => *source,
+            | Reply::Failed { source, .. }
+            | Reply::Calibrated { source, .. }
+            | Reply::GaveWay { source }
+            | Reply::CalibrationDone { source } => *source,
         }
     }
 }
@@ -103,6 +132,8 @@ pub(crate) struct Worker {
     replies: Receiver<Reply>,
     /// Tasks sent and not answered, per source slot.
     in_flight: [usize; 2],
+    /// Set when a message or a switch is waiting: a calibration window being read stops.
+    give_way: Arc<AtomicBool>,
 }
 
 impl Worker {
@@ -114,6 +145,7 @@ impl Worker {
     ) -> Option<Self> {
         let (jobs, job_rx) = channel::<Task>();
         let (reply_tx, replies) = channel();
+        let give_way = Arc::new(AtomicBool::new(false));
         let mut state = State {
             models,
             mapper_dir,
@@ -121,6 +153,9 @@ impl Worker {
             anchor,
             learners: [None, None],
             learned_to: [0, 0],
+            docs: None,
+            windows: [None, None],
+            give_way: Arc::clone(&give_way),
         };
         std::thread::Builder::new()
             .name("baton-learning".into())
@@ -131,6 +166,7 @@ impl Worker {
                     let work = || match task {
                         Task::Open { source } => state.opened(source),
                         Task::Learn(job) => state.run(job),
+                        Task::Calibrate { source } => state.calibrate(source),
                     };
                     let reply = match &pool {
                         Some(p) => p.install(work),
@@ -147,6 +183,7 @@ impl Worker {
             jobs,
             replies,
             in_flight: [0; 2],
+            give_way,
         };
         for source in 0..2 {
             worker.send(Task::Open { source });
@@ -154,7 +191,15 @@ impl Worker {
         Some(worker)
     }
 
+    /// A message or a switch is waiting: stop reading a calibration window.
+    pub fn give_way(&self) {
+        self.give_way.store(true, Ordering::Relaxed);
+    }
+
     pub fn send(&mut self, task: Task) {
+        if matches!(task, Task::Calibrate { .. }) {
+            self.give_way.store(false, Ordering::Relaxed);
+        }
         let source = task.source();
         if self.jobs.send(task).is_ok() {
             self.in_flight[source] += 1;
@@ -231,6 +276,12 @@ struct State {
     /// reply is on its way: two switches in quick succession would otherwise learn the
     /// same positions twice.
     learned_to: [usize; 2],
+    /// The calibration text, read once.
+    docs: Option<Vec<Document>>,
+    /// Per source slot: the calibration windows left to read in the background (`None`:
+    /// not looked at yet, or none).
+    windows: [Option<Windows>; 2],
+    give_way: Arc<AtomicBool>,
 }
 
 impl State {
@@ -324,18 +375,123 @@ impl State {
         }
     }
 
-    fn open(&self, src: &Model, tgt: &Model) -> Result<Opened, String> {
-        let open = || -> Result<Opened, String> {
-            let (art, mapper) =
-                artifact::open_for(Some(&self.mapper_dir), src, tgt).map_err(|e| e.to_string())?;
-            let docs = match &self.setup.slice_docs {
+    /// The calibration text: the set-up's, or the default corpus, read on first use.
+    fn docs(&mut self) -> Result<&[Document], String> {
+        if self.docs.is_none() {
+            self.docs = Some(match &self.setup.slice_docs {
                 Some(d) => d.clone(),
                 None => corpus::default_files()
                     .and_then(|f| corpus::read_documents(&f))
                     .map_err(|e| e.to_string())?,
+            });
+        }
+        Ok(self.docs.as_deref().unwrap_or_default())
+    }
+
+    /// Read the next calibration window of `source -> other` and learn from it.
+    fn calibrate(&mut self, source: usize) -> Reply {
+        let (src, tgt) = self.pair(source);
+        if self.windows[source].is_none() {
+            let opened = match self.learners[source].as_ref() {
+                Some(Ok(o)) => o,
+                _ => return Reply::CalibrationDone { source },
             };
-            let slices = learn::calibration_slices(src, tgt, &docs, self.anchor)
-                .map_err(|e| e.to_string())?;
+            let art = match artifact::open_for(Some(&self.mapper_dir), &src, &tgt) {
+                Ok((art, _)) => art,
+                Err(e) => {
+                    return Reply::Failed {
+                        source,
+                        reason: e.to_string(),
+                    }
+                }
+            };
+            let learned = opened.meta.clone();
+            let docs = match self.docs() {
+                Ok(d) => d,
+                Err(reason) => return Reply::Failed { source, reason },
+            };
+            match Windows::open(&art, &learned, &tgt, docs) {
+                Ok(Some(w)) => self.windows[source] = Some(w),
+                Ok(None) => return Reply::CalibrationDone { source },
+                Err(reason) => return Reply::Failed { source, reason },
+            }
+        }
+        let (Some(windows), Some(Ok(opened))) = (
+            self.windows[source].as_mut(),
+            self.learners[source].as_mut(),
+        ) else {
+            return Reply::CalibrationDone { source };
+        };
+        let Some((number, tokens)) = windows.current() else {
+            return Reply::CalibrationDone { source };
+        };
+        let tokens = tokens.to_vec();
+        let give_way = Arc::clone(&self.give_way);
+        let stop = move || give_way.load(Ordering::Relaxed);
+        let read = match calibration::read(&src, &tgt, &tokens, self.anchor, &stop) {
+            Ok(r) => r,
+            Err(CalibrateError::Model(ModelError::Interrupted)) => {
+                return Reply::GaveWay { source }
+            }
+            Err(e) => {
+                return Reply::Failed {
+                    source,
+                    reason: e.to_string(),
+                }
+            }
+        };
+        let pair = ConversationPair {
+            tokens: &tokens,
+            src: &read.src,
+            tgt: &read.tgt,
+            queries: &read.queries,
+            probes: &read.probes,
+            from: 0,
+        };
+        let outcome = match opened.learner.learn(&src, &tgt, &pair) {
+            Ok(o) => o,
+            Err(e) => {
+                return Reply::Failed {
+                    source,
+                    reason: e.to_string(),
+                }
+            }
+        };
+        windows.advance();
+        let (read_so_far, full) = windows.progress();
+        let mut kept = None;
+        let mut mapper = None;
+        if let Some(o) = outcome.as_ref().filter(|o| o.accepted) {
+            mapper = Some(Box::new(opened.learner.mapper().clone()));
+            if self.setup.keep {
+                let label = format!("{}{number}", calibration::LABEL);
+                kept = match opened.keep(&label, o) {
+                    Ok(Some(path)) => Some(Ok(path)),
+                    Ok(None) => None,
+                    Err(e) => Some(Err(e.to_string())),
+                };
+            } else {
+                opened.learner.take_update();
+            }
+        }
+        Reply::Calibrated {
+            source,
+            windows: read_so_far,
+            full,
+            outcome: outcome.map(Box::new),
+            mapper,
+            kept,
+        }
+    }
+
+    fn open(&mut self, src: &Model, tgt: &Model) -> Result<Opened, String> {
+        let anchor = self.anchor;
+        let opened = self.docs().and_then(|docs| {
+            learn::calibration_slices(src, tgt, docs, anchor).map_err(|e| e.to_string())
+        });
+        let opened = opened.and_then(|slices| {
+            let (art, mapper) =
+                artifact::open_for(Some(&self.mapper_dir), src, tgt).map_err(|e| e.to_string())?;
             learn::open(
                 src,
                 tgt,
@@ -344,11 +500,10 @@ impl State {
                 &self.mapper_dir,
                 self.setup.use_learned,
                 slices,
-                self.anchor,
+                anchor,
             )
             .map_err(|e| e.to_string())
-        };
-        let opened = open();
+        });
         if let Err(e) = &opened {
             tracing::warn!("learning off for {}: {e}", src.identity.name);
         }

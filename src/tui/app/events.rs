@@ -102,6 +102,28 @@ impl App {
                 repaired, total, ..
             } => self.repaired = Some((*repaired, *total)),
             Event::CacheRepaired { .. } => self.cache_repaired(e),
+            Event::BackgroundCalibration {
+                from,
+                to,
+                windows,
+                full,
+                accepted,
+                before,
+                after,
+                ..
+            } => {
+                self.calibration.insert(from.to_string(), (*windows, *full));
+                // Said when the mapper in use changed, between turns; the status line
+                // counts the windows read.
+                if *accepted {
+                    self.say(
+                        Level::Info,
+                        format!(
+                            "mapper {from} -> {to} improved in the background: calibration window {windows} of {full} taken (held-out cosine {before:.3} -> {after:.3})"
+                        ),
+                    );
+                }
+            }
             Event::MapperLearned { .. } => {
                 if let Some(line) = crate::protocol::summary::line(e) {
                     self.say(Level::Info, line);

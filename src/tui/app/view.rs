@@ -162,6 +162,12 @@ impl App {
             reference: self.reference,
             repair: self.repair,
             repaired: self.repaired,
+            calibration: self
+                .calibration
+                .values()
+                .filter(|(read, full)| read < full)
+                .min()
+                .copied(),
             tail: self.info.tail,
             reread: self.reread.as_deref(),
             record_path: self.info.record_path.as_deref(),

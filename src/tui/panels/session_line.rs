@@ -32,6 +32,9 @@ pub(crate) struct Session<'a> {
     pub repair: bool,
     /// The active model's cache repaired so far, of its length, since the last switch.
     pub repaired: Option<(usize, usize)>,
+    /// Calibration windows read in the background so far, of the full calibration's
+    /// (the direction furthest from done), while it goes on.
+    pub calibration: Option<(usize, usize)>,
     /// Newest tokens the target reads itself at a switch (0: all mapped).
     pub tail: usize,
     /// The re-read setting (`20%:source-attention:word`), if any.
@@ -54,6 +57,7 @@ enum Shorten {
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Priority {
     Mappers,
+    Calibration,
     Device,
     Tail,
     Reread,
@@ -266,6 +270,15 @@ fn items(s: &Session, shorten: Shorten) -> Vec<Item> {
     if let Some(span) = repair {
         items.push(sep_item(Priority::Repair, vec![span]));
     }
+    if let Some((read, full)) = s.calibration {
+        items.push(Item {
+            compact: Some(vec![Span::styled(format!("cal {read}/{full}"), DIM)]),
+            ..sep_item(
+                Priority::Calibration,
+                vec![Span::styled(format!("calibrating {read}/{full}"), DIM)],
+            )
+        });
+    }
     if s.tail > 0 {
         // The handoff time includes the target reading these itself.
         items.push(sep_item(
@@ -365,6 +378,7 @@ mod tests {
             reference: false,
             repair: true,
             repaired: Some((512, 900)),
+            calibration: None,
             tail: 32,
             reread: Some("20%:source-attention:word"),
             record_path: Some("sessions/a-rather-long-session-name-2025-06-01.jsonl"),
@@ -379,6 +393,22 @@ mod tests {
             .split(SEPARATOR)
             .map(|s| s.trim().to_string())
             .collect()
+    }
+
+    #[test]
+    fn background_calibration_shows_how_far_it_got_and_yields_first_when_narrow() {
+        let models = [model("qwen2.5-coder-0.5b"), model("qwen2.5-coder-1.5b")];
+        let s = Session {
+            calibration: Some((30, 128)),
+            ..session(&models, &[])
+        };
+        let wide = shown(&status_line(&s, 300));
+        assert!(wide.contains(&"calibrating 30/128".to_string()), "{wide:?}");
+        let narrow = shown(&status_line(&s, 80));
+        assert!(
+            !narrow.iter().any(|i| i.contains("30/128")),
+            "least important after the mappers: {narrow:?}"
+        );
     }
 
     #[test]
