@@ -29,7 +29,7 @@ fn map_apply(c: &mut Criterion) {
             continue;
         };
         for tokens in [256usize, 1024] {
-            let ids = baton::bench::decoder::bench_tokens(tokens, 150_000, 7);
+            let ids = baton::lab::bench::decoder::bench_tokens(tokens, 150_000, 7);
             let mut cache = src.decoder.new_cache();
             let opts = ForwardOptions {
                 logits: Logits::None,

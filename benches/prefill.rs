@@ -16,7 +16,7 @@ fn prefill(c: &mut Criterion) {
     let mut group = c.benchmark_group("prefill");
     group.sample_size(10);
     for tokens in [128usize, 512] {
-        let ids = baton::bench::decoder::bench_tokens(tokens, model.config().vocab_size, 7);
+        let ids = baton::lab::bench::decoder::bench_tokens(tokens, model.config().vocab_size, 7);
         let opts = ForwardOptions {
             logits: Logits::None,
             probe_positions: vec![],

@@ -5,26 +5,23 @@
 // Re-read spans are lists of ranges: a list of one span is a list of one range.
 #![allow(clippy::single_range_in_vec_init)]
 
-pub mod bench;
 pub mod calibrate;
 pub mod console;
 pub mod data;
 pub mod engine;
-pub mod eval;
 pub mod fetch;
 pub mod gate;
 pub mod handoff;
 pub mod headless;
 pub mod kernels;
+pub mod lab;
 pub mod learn;
 pub mod logging;
 pub mod mapper;
 pub mod metrics;
 pub mod model;
-pub mod plot;
 pub mod protocol;
 pub mod session;
-pub mod study;
 pub mod text;
 pub mod tui;
 pub mod workbench;

@@ -5,8 +5,8 @@
 
 mod common;
 
-use baton::eval::gate_study;
 use baton::gate::fit::{self, GateFit};
+use baton::lab::eval::gate_study;
 use baton::mapper::artifact::{self, ModelRef};
 use baton::protocol::{CacheOrigin, Command, EstimateBasis, Event};
 use common::engine_rig::{models, rig_with, tiny, write_pair};

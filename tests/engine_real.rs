@@ -337,7 +337,7 @@ fn the_gate_reprefills_below_its_threshold_and_premapping_reports_its_cost() {
 
 #[test]
 fn the_handoff_bench_times_every_stage_on_the_real_pair() {
-    use baton::bench::{bench_point, mapper_cost, BenchOptions};
+    use baton::lab::bench::{bench_point, mapper_cost, BenchOptions};
     // Starting an engine makes sure the test mappers exist.
     start(config(4, None)).shutdown();
     let src = baton::fetch::open_model(

@@ -7,10 +7,10 @@ mod common;
 
 use baton::data::corpus::{windows, Document, Split};
 use baton::data::tasks::{task_def, TaskItem};
-use baton::eval::reread::RereadModels;
-use baton::eval::tasks::{eval_task_with, TaskEvalOptions};
-use baton::eval::text::{eval_text_with, TextEvalOptions};
 use baton::handoff::reread::RereadSetting;
+use baton::lab::eval::reread::RereadModels;
+use baton::lab::eval::tasks::{eval_task_with, TaskEvalOptions};
+use baton::lab::eval::text::{eval_text_with, TextEvalOptions};
 use baton::mapper::CacheMapper;
 use baton::model::Model;
 use common::engine_rig::{models_and_mappers, tiny, write_pair};

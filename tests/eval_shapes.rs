@@ -3,7 +3,7 @@
 
 mod common;
 
-use baton::eval::tasks::question_start;
+use baton::lab::eval::tasks::question_start;
 use baton::text::TextTokenizer;
 
 #[test]

@@ -6,8 +6,8 @@ mod common;
 use baton::calibrate::{calibrate, CalibrateOptions, Direction, NoProgress, SelectBy};
 use baton::data::corpus::{self, Split};
 use baton::data::recall::load_conversations;
-use baton::eval::recall::{eval_recall, Oracle, RecallOptions};
-use baton::eval::text::{eval_text, TextEvalOptions};
+use baton::lab::eval::recall::{eval_recall, Oracle, RecallOptions};
+use baton::lab::eval::text::{eval_text, TextEvalOptions};
 use candle_core::Device;
 use std::sync::atomic::AtomicBool;
 

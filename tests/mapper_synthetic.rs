@@ -453,7 +453,7 @@ fn a_cancelled_calibration_returns_cancelled() {
 #[test]
 fn task_retention_of_a_model_mapped_to_itself_is_complete() {
     use baton::data::tasks::{task_def, Choice, TaskItem};
-    use baton::eval::tasks::{eval_task, TaskEvalOptions};
+    use baton::lab::eval::tasks::{eval_task, TaskEvalOptions};
     let (_dir, tiny, a, b) = same_model_twice();
     let f = run(&a, &b, vec![usize::MAX], &tiny);
     let mapper = f.cache_mapper(&a, &b).unwrap();
@@ -518,7 +518,7 @@ fn task_retention_of_a_model_mapped_to_itself_is_complete() {
 #[test]
 fn a_context_the_target_rereads_whole_matches_its_own_prefill() {
     use baton::data::tasks::{task_def, TaskItem};
-    use baton::eval::tasks::{eval_task, TaskEvalOptions};
+    use baton::lab::eval::tasks::{eval_task, TaskEvalOptions};
     // Unrelated models and one source layer per target layer: a poor map, so only the
     // target's own reading of the context can make the two paths agree.
     let (_dir, tiny, a, b) = two_unrelated_models();
@@ -669,7 +669,7 @@ fn int8_agrees_with_f32(token_features: bool) {
 #[test]
 fn a_text_evaluation_with_the_whole_prefix_as_tail_is_the_targets_own_reading() {
     use baton::data::corpus::{windows, Split};
-    use baton::eval::text::{eval_text, TextEvalOptions};
+    use baton::lab::eval::text::{eval_text, TextEvalOptions};
     let (_dir, tiny, a, b) = two_unrelated_models();
     let f = run(&a, &b, vec![1], &tiny);
     let mapper = f.cache_mapper(&a, &b).unwrap();

@@ -258,9 +258,9 @@ fn a_trained_mapper_is_stored_read_back_whole_and_maps_as_its_weights_say() {
             .chain(&art.values)
             .map(|m| m.weight.len())
             .sum();
-        let cost = baton::bench::mapper_cost(&mapper).flops_per_token;
-        let alone =
-            baton::bench::mapper_cost(&mapper.clone().without_heads().unwrap()).flops_per_token;
+        let cost = baton::lab::bench::mapper_cost(&mapper).flops_per_token;
+        let alone = baton::lab::bench::mapper_cost(&mapper.clone().without_heads().unwrap())
+            .flops_per_token;
         let expected = match kind {
             MapperKind::Mlp => alone + 2.0 * (head_macs as f64 - ridge_macs as f64),
             _ => alone + 2.0 * head_macs as f64,

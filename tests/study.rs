@@ -340,7 +340,7 @@ fn a_second_run_of_a_shard_is_refused_naming_the_first_and_a_dead_runs_leftovers
     study_in(d);
     ok(&baton(&["study", "plan", "study.toml", "--out", "out"], d));
     let out = d.join("out");
-    let manifest = baton::study::read_manifest(&out).unwrap().unwrap();
+    let manifest = baton::lab::study::read_manifest(&out).unwrap().unwrap();
     std::fs::create_dir_all(out.join("items")).unwrap();
     let leftover = out
         .join("items")
@@ -348,7 +348,7 @@ fn a_second_run_of_a_shard_is_refused_naming_the_first_and_a_dead_runs_leftovers
     std::fs::write(&leftover, "{\"cut").unwrap();
 
     // The first run holds the shard: the second records nothing and touches nothing.
-    let first = baton::study::lock::acquire(&out, baton::study::Shard::WHOLE).unwrap();
+    let first = baton::lab::study::lock::acquire(&out, baton::lab::study::Shard::WHOLE).unwrap();
     let o = baton(&["study", "run", "study.toml", "--out", "out"], d);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(!o.status.success(), "{err}");

@@ -2,7 +2,7 @@
 
 use super::common::{at_least_one, human, print_json, DirectionArgs, PairArgs, PrecisionArgs};
 use anyhow::Result;
-use baton::bench::{check_plan, sweep, BenchOptions, SweepPlan};
+use baton::lab::bench::{check_plan, sweep, BenchOptions, SweepPlan};
 use candle_core::Device;
 use clap::Args;
 
@@ -71,12 +71,12 @@ pub fn bench(a: BenchArgs, dev: &Device) -> Result<()> {
         let series: Vec<_> = doc
             .results
             .iter()
-            .map(|d| baton::plot::BenchSeries {
+            .map(|d| baton::lab::plot::BenchSeries {
                 direction: &d.direction,
                 points: &d.points,
             })
             .collect();
-        baton::plot::write_bench_plot(&series, p)?;
+        baton::lab::plot::write_bench_plot(&series, p)?;
         eprintln!("plot written to {}", p.display());
     }
     if a.json {

@@ -3,8 +3,8 @@
 
 use super::common::{at_least_one, human, print_json};
 use anyhow::Result;
-use baton::bench::decoder;
 use baton::fetch::{self, BarProgress};
+use baton::lab::bench::decoder;
 use clap::Args;
 
 #[derive(Debug, Args)]

@@ -5,8 +5,8 @@ use super::common::{at_least_one, DirectionArgs, PairArgs, PrecisionArgs};
 use anyhow::{bail, Result};
 use baton::data::recall::RecallConversation;
 use baton::data::tasks;
-use baton::eval::{evaluate, recall, EvalPlan};
 use baton::fetch::BarProgress;
+use baton::lab::eval::{evaluate, recall, EvalPlan};
 use candle_core::Device;
 use clap::Args;
 
@@ -74,6 +74,11 @@ pub struct EvalArgs {
     /// calibration and keeps nothing.
     #[arg(long)]
     pub learn: bool,
+    /// Measure the mapper as the workbench starts it: its calibration with what it
+    /// learned and kept beside it (from conversations, and from calibration text read
+    /// while the workbench was idle), instead of the calibration alone.
+    #[arg(long)]
+    pub learned: bool,
     /// A diagnosis of the recall suite, not a handoff: the mapped cache gets the
     /// target's own keys (true-keys) or values (true-values), to tell which half loses
     /// the facts.
@@ -146,6 +151,9 @@ impl EvalArgs {
         if self.learn && self.conversations == 0 {
             bail!("--learn learns from the recall suite's conversations: give --conversations N");
         }
+        if self.learned && (self.key_gain != 1.0 || self.value_gain != 1.0) {
+            bail!("--learned solves the maps again with the gains they were calibrated with: leave out --key-gain and --value-gain");
+        }
         if self.learn && (self.key_gain != 1.0 || self.value_gain != 1.0) {
             bail!("--learn solves the maps again with the gains they were calibrated with: leave out --key-gain and --value-gain");
         }
@@ -163,12 +171,12 @@ impl EvalArgs {
     pub fn options(
         &self,
     ) -> (
-        baton::eval::text::TextEvalOptions,
-        baton::eval::tasks::TaskEvalOptions,
+        baton::lab::eval::text::TextEvalOptions,
+        baton::lab::eval::tasks::TaskEvalOptions,
         recall::RecallOptions,
     ) {
         (
-            baton::eval::text::TextEvalOptions {
+            baton::lab::eval::text::TextEvalOptions {
                 prefix: self.prefix,
                 continuation: self.continuation,
                 anchor: self.anchor,
@@ -176,7 +184,7 @@ impl EvalArgs {
                 reread: self.reread.and_then(|r| r.0),
                 ..Default::default()
             },
-            baton::eval::tasks::TaskEvalOptions {
+            baton::lab::eval::tasks::TaskEvalOptions {
                 anchor: self.anchor,
                 tail: self.tail,
                 target_reads_question: self.target_reads_question,
@@ -247,11 +255,12 @@ pub fn eval(a: EvalArgs, dev: &Device) -> Result<()> {
         handoffs: &a.handoffs,
         mapper_dir: a.pair.mapper_dir(),
         precision: a.precision.precision.into(),
-        gains: baton::eval::Gains {
+        gains: baton::lab::eval::Gains {
             key: a.key_gain,
             value: a.value_gain,
         },
         learn: a.learn,
+        learned: a.learned,
     };
     let report = evaluate(
         &a.direction.pairs(&first, &second),

@@ -3,8 +3,8 @@
 
 use super::common::{at_least_one, print_json, PairArgs};
 use anyhow::Result;
-use baton::eval::gate_study::{self, GateStudy, StudySwitch};
 use baton::gate::fit;
+use baton::lab::eval::gate_study::{self, GateStudy, StudySwitch};
 use baton::mapper::artifact::{self, ModelRef};
 use candle_core::Device;
 use clap::Args;
@@ -74,7 +74,7 @@ pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
         None => eprintln!("no gate line: too few switches to fit one"),
     }
     if let Some(p) = &a.plot {
-        baton::plot::gate::write_gate_plot(&study, p)?;
+        baton::lab::plot::gate::write_gate_plot(&study, p)?;
         eprintln!("plot written to {}", p.display());
     }
     if a.json {

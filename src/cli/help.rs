@@ -249,6 +249,7 @@ const LAYOUTS: &[Layout] = &[
                     "key_gain",
                     "value_gain",
                     "learn",
+                    "learned",
                     "oracle",
                     "reread",
                     "handoffs",

@@ -2,7 +2,7 @@
 
 use super::common::print_json;
 use anyhow::Result;
-use baton::plot;
+use baton::lab::plot;
 use baton::session::{read_session, Report};
 use clap::Args;
 

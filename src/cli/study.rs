@@ -3,8 +3,8 @@
 
 use super::common::print_json;
 use anyhow::{bail, Result};
-use baton::study::run::Outcome;
-use baton::study::{self, Shard, Study};
+use baton::lab::study::run::Outcome;
+use baton::lab::study::{self, Shard, Study};
 use candle_core::Device;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
@@ -104,7 +104,7 @@ pub fn study(a: StudyArgs, dev: &Device) -> Result<()> {
 }
 
 fn recall_scripts(a: RecallScriptsArgs) -> Result<()> {
-    use baton::study::recall_scripts::{script_name, script_text};
+    use baton::lab::study::recall_scripts::{script_name, script_text};
     let skip = a.skip_conversations;
     let all = super::common::recall_conversations(skip, a.conversations)?;
     std::fs::create_dir_all(&a.out)?;
@@ -138,7 +138,7 @@ fn report(a: ReportArgs) -> Result<()> {
         eprintln!("warning: item {} skipped: {}", u.id, u.reason);
     }
     if let Some(path) = &a.plot {
-        baton::plot::study::write_study_plot(&r, path)?;
+        baton::lab::plot::study::write_study_plot(&r, path)?;
         eprintln!("drift curves drawn to {}", path.display());
     }
     if a.json {

@@ -1,7 +1,6 @@
 //! One progress bar per phase on stderr, with elapsed time and ETA; lines printed while a
 //! bar is up go above it so neither garbles the other.
 
-use crate::eval::EvalProgress;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::cell::{Cell, RefCell};
 use std::io::IsTerminal;
@@ -140,24 +139,6 @@ impl PhaseBars {
                 None => println!("{msg}"),
             }
         }
-    }
-}
-
-impl EvalProgress for PhaseBars {
-    fn status(&self, line: &str) {
-        self.note(line);
-    }
-    fn result(&self, line: &str) {
-        PhaseBars::result(self, line);
-    }
-    fn task_started(&self, label: &str, items: usize) {
-        self.phase(label, items as u64);
-    }
-    fn task_advanced(&self, done: usize) {
-        self.set_position(done as u64);
-    }
-    fn task_finished(&self) {
-        self.finish(true);
     }
 }
 

@@ -215,6 +215,16 @@ mod tests {
                 seconds: 2.5,
                 kept: true,
             },
+            Event::BackgroundCalibration {
+                from: "a".into(),
+                to: "b".into(),
+                windows: 30,
+                full: 128,
+                accepted: true,
+                before: 0.8,
+                after: 0.81,
+                kept: true,
+            },
             Event::RepairProgress {
                 model: "b".into(),
                 repaired: 256,

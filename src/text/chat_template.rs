@@ -36,65 +36,14 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::{Content, Value as GgufValue};
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
-use serde::{Deserialize, Serialize};
 
 use super::error::TokenizerError;
 use super::gguf_meta::{meta, meta_str, meta_u32};
 use super::literal::{self, Segment};
+pub use super::message::{ChatMessage, Role};
 use super::tokenizer::{config_token, TextTokenizer};
 
 const TEMPLATE_NAME: &str = "chat_template";
-
-/// Who wrote a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    System,
-    User,
-    Assistant,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One message of a conversation, as chat templates see it (`message.role`,
-/// `message.content`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: Role,
-    pub content: String,
-}
-
-impl ChatMessage {
-    pub fn new(role: Role, content: impl Into<String>) -> Self {
-        Self {
-            role,
-            content: content.into(),
-        }
-    }
-    pub fn system(content: impl Into<String>) -> Self {
-        Self::new(Role::System, content)
-    }
-    pub fn user(content: impl Into<String>) -> Self {
-        Self::new(Role::User, content)
-    }
-    pub fn assistant(content: impl Into<String>) -> Self {
-        Self::new(Role::Assistant, content)
-    }
-}
 
 /// Errors from loading or rendering a chat template.
 #[derive(Debug, thiserror::Error)]

@@ -14,8 +14,8 @@
 
 use tokenizers::{OffsetReferential, OffsetType};
 
-use super::chat_template::ChatMessage;
 use super::error::TokenizerError;
+use super::message::ChatMessage;
 use super::tokenizer::TextTokenizer;
 
 /// The stand-in of the special token at index `k` of [`TextTokenizer::special_tokens`] is

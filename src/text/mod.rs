@@ -7,12 +7,14 @@ mod fingerprint;
 mod gguf_meta;
 mod gguf_tokenizer;
 mod literal;
+mod message;
 mod pre_tokenizer;
 mod special_tokens;
 pub mod stream;
 pub mod tokenizer;
 
-pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, PrefixStability, Role};
+pub use chat_template::{ChatTemplate, ChatTemplateError, PrefixStability};
 pub use error::TokenizerError;
+pub use message::{ChatMessage, Role};
 pub use stream::TokenStream;
 pub use tokenizer::{ensure_same_tokenizer, PreTokenizerKind, TextTokenizer};

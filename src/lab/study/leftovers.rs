@@ -6,10 +6,12 @@
 
 use super::lock::ShardLock;
 use super::plan::{Manifest, Shard};
-use super::run::ITEMS_DIR;
 use super::StudyError;
 use std::collections::HashSet;
 use std::path::Path;
+
+/// Where the items' sessions go in a study's output directory.
+pub const ITEMS_DIR: &str = "items";
 
 /// The item a partial session's file name is of, if it is one: `<id>.jsonl.<pid>.partial`.
 fn partial_of(name: &str) -> Option<&str> {

@@ -202,7 +202,7 @@ pub fn task_line(direction: &str, r: &TaskResult) -> String {
 mod tests {
     use super::*;
     use crate::data::tasks::TaskKind;
-    use crate::eval::tasks::{Generations, ItemOutcome};
+    use crate::lab::eval::tasks::{Generations, ItemOutcome};
     use crate::metrics::interval::Estimate;
     use crate::test_support::json_shape;
 
@@ -267,9 +267,9 @@ mod tests {
                 ..TextEval::default()
             }),
             tasks: vec![task],
-            conversations: Some(crate::eval::recall::summarise(
+            conversations: Some(crate::lab::eval::recall::summarise(
                 1,
-                vec![crate::eval::recall::TurnOutcome {
+                vec![crate::lab::eval::recall::TurnOutcome {
                     conversation: 0,
                     question_number: 1,
                     question_id: "q".into(),
@@ -288,7 +288,7 @@ mod tests {
                     reread_positions: 40,
                 }],
                 (0.08, 2.0),
-                &crate::eval::recall::RecallOptions::default(),
+                &crate::lab::eval::recall::RecallOptions::default(),
             )),
             handoffs: Vec::new(),
         }])
@@ -334,7 +334,7 @@ mod tests {
 
     #[test]
     fn the_recall_line_says_what_was_learned_only_when_learning_was_on() {
-        use crate::eval::recall::ConversationLearning;
+        use crate::lab::eval::recall::ConversationLearning;
         use crate::learn::{HeldOutScores, LearnOutcome};
         let r = report();
         let mut recall = r.results[0].conversations.clone().unwrap();

@@ -16,8 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// Where the items' sessions go in a study's output directory.
-pub const ITEMS_DIR: &str = "items";
+pub use super::leftovers::ITEMS_DIR;
 
 /// The session file of `item` under `out`.
 pub fn session_path(out: &Path, item: &WorkItem) -> PathBuf {

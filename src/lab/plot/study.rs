@@ -3,8 +3,8 @@
 //! scripts expect none), with each turn's 95% interval as a bar.
 
 use super::{drawing_error, register_font, write_svg_or_png, PlotError, FAMILY, SIZE};
+use crate::lab::study::report::{StudyReport, TurnStats};
 use crate::metrics::interval::Estimate;
-use crate::study::report::{StudyReport, TurnStats};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;

@@ -5,9 +5,9 @@
 //! device-synchronised, repeated with the variants interleaved so machine noise hits
 //! them alike; rows report the median and the spread (min–max).
 
-use crate::bench::decoder::bench_tokens;
 use crate::handoff::reread::{decide, RereadSetting, SelectInputs};
 use crate::handoff::{HandoffInputs, HandoffPlan};
+use crate::lab::bench::decoder::bench_tokens;
 use crate::mapper::CacheMapper;
 use crate::model::{ForwardOptions, KvCache, Model, ModelError};
 use serde::{Deserialize, Serialize};

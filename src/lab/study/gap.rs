@@ -49,8 +49,8 @@ pub(super) fn gap_recovered(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::study::items::ItemTurn;
-    use crate::study::plan::WorkItem;
+    use crate::lab::study::items::ItemTurn;
+    use crate::lab::study::plan::WorkItem;
     use std::collections::BTreeMap;
 
     fn item(script: &str, variant: &str) -> WorkItem {

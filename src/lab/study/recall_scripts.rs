@@ -4,7 +4,7 @@
 //! answers are known; these are the ones `baton eval --conversations` asks.
 
 use crate::data::recall::RecallConversation;
-use crate::eval::recall::{ANSWER_STYLE, PASSAGE_INTRO};
+use crate::lab::eval::recall::{ANSWER_STYLE, PASSAGE_INTRO};
 
 /// Answers are short: a few words, as the question asks.
 const MAX_TOKENS: i64 = 32;

@@ -3,7 +3,7 @@
 //! at a glance.
 
 use super::{drawing_error, register_font, write_svg_or_png, PlotError, FAMILY, SIZE};
-use crate::bench::BenchPoint;
+use crate::lab::bench::BenchPoint;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
@@ -131,7 +131,7 @@ fn draw<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::Spread;
+    use crate::lab::bench::Spread;
 
     fn point(tokens: usize, map: f64, reprefill: f64) -> BenchPoint {
         let s = |ms: f64| Spread {

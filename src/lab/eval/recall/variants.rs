@@ -4,10 +4,10 @@
 //! the same re-prefill.
 
 use super::{Oracle, RecallOptions};
-use crate::eval::reread::{RereadModels, RereadTurn};
-use crate::eval::EvalError;
 use crate::handoff::reread::{PlanKind, RereadSetting};
 use crate::handoff::{HandoffInputs, HandoffPlan};
+use crate::lab::eval::reread::{RereadModels, RereadTurn};
+use crate::lab::eval::EvalError;
 use crate::mapper::CacheMapper;
 use crate::model::{KvCache, LayerKv, Model, ModelError};
 use serde::{Deserialize, Serialize};

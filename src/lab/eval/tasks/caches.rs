@@ -3,9 +3,9 @@
 
 use super::TaskEvalOptions;
 use crate::data::tasks::{TaskDef, TaskItem};
-use crate::eval::reread::{RereadDone, RereadModels, RereadTurn};
-use crate::eval::EvalError;
 use crate::handoff::{HandoffInputs, HandoffPlan};
+use crate::lab::eval::reread::{RereadDone, RereadModels, RereadTurn};
+use crate::lab::eval::EvalError;
 use crate::mapper::CacheMapper;
 use crate::model::{ForwardOptions, KvCache, Model};
 use std::collections::HashMap;

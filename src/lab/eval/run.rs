@@ -35,6 +35,8 @@ pub struct EvalPlan<'a> {
     /// The recall suite's mapper learns from each conversation after answering it,
     /// starting from its calibration (see [`crate::learn`]); nothing learned is kept.
     pub learn: bool,
+    /// Measure the mapper with what it learned and kept (as the workbench starts it).
+    pub learned: bool,
 }
 
 /// Gains for the mapped keys and values.
@@ -97,14 +99,15 @@ fn apply_gains(
     Ok(())
 }
 
-/// A learner from the artifact's calibration alone, judged on the default corpus's
-/// held-out text.
+/// A learner from the artifact's calibration (with what it learned and kept, when
+/// `learned`), judged on the default corpus's held-out text.
 fn open_learner(
     s: &Model,
     t: &Model,
     art: &artifact::MapperArtifact,
     mapper: &crate::mapper::CacheMapper,
     plan: &EvalPlan<'_>,
+    learned: bool,
 ) -> Result<crate::learn::Learner, EvalError> {
     if plan.gains != Gains::default() {
         return Err(EvalError::Input(
@@ -116,7 +119,7 @@ fn open_learner(
     let docs = crate::data::corpus::read_documents(&crate::data::corpus::default_files()?)?;
     let anchor = plan.recall.anchor;
     let slices = crate::learn::calibration_slices(s, t, &docs, anchor)?;
-    let opened = crate::learn::open(s, t, art, mapper.clone(), dir, false, slices, anchor)?;
+    let opened = crate::learn::open(s, t, art, mapper.clone(), dir, learned, slices, anchor)?;
     Ok(opened.learner)
 }
 
@@ -132,6 +135,16 @@ fn evaluate_direction(
     }
     let mapper = art.cache_mapper(s, t)?.with_precision(plan.precision)?;
     let direction = format!("{} -> {}", s.identity.name, t.identity.name);
+    let mapper = if plan.learned {
+        let learner = open_learner(s, t, &art, &mapper, plan, true)?;
+        progress.status(&format!(
+            "{direction}: with {} positions learned",
+            learner.learned_tokens()
+        ));
+        learner.mapper().clone()
+    } else {
+        mapper
+    };
     progress.status(&format!(
         "{direction}: the map runs in {:?}",
         mapper.precision()
@@ -188,7 +201,7 @@ fn evaluate_direction(
             progress.status(&format!(
                 "{direction}: reading the calibration's statistics to learn from the conversations"
             ));
-            Some(open_learner(s, t, &art, &mapper, plan)?)
+            Some(open_learner(s, t, &art, &mapper, plan, plan.learned)?)
         } else {
             None
         };
@@ -247,4 +260,23 @@ fn reverse_mapper(
     Ok(Some(
         art.cache_mapper(t, s)?.with_precision(plan.precision)?,
     ))
+}
+
+/// The command line's bars, for an evaluation.
+impl EvalProgress for crate::console::PhaseBars {
+    fn status(&self, line: &str) {
+        self.note(line);
+    }
+    fn result(&self, line: &str) {
+        crate::console::PhaseBars::result(self, line);
+    }
+    fn task_started(&self, label: &str, items: usize) {
+        self.phase(label, items as u64);
+    }
+    fn task_advanced(&self, done: usize) {
+        self.set_position(done as u64);
+    }
+    fn task_finished(&self) {
+        self.finish(true);
+    }
 }

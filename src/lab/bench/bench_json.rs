@@ -134,7 +134,7 @@ pub fn table_row(p: &BenchPoint) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::Spread;
+    use crate::lab::bench::Spread;
     use crate::mapper::MapPrecision;
     use crate::test_support::json_shape;
 

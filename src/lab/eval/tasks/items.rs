@@ -4,8 +4,8 @@
 use super::caches::{prepare, question_start, Prepared, Shared};
 use super::{Generations, ItemOutcome, TaskEvalOptions};
 use crate::data::tasks::{extract_number, normalize_number, Choice};
-use crate::eval::reread::{RereadDone, RereadModels};
-use crate::eval::EvalError;
+use crate::lab::eval::reread::{RereadDone, RereadModels};
+use crate::lab::eval::EvalError;
 use crate::model::decoder::log_softmax;
 use crate::model::sampler::argmax;
 use crate::model::{ForwardOptions, KvCache, Logits, Model};

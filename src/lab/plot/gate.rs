@@ -2,7 +2,7 @@
 //! one point per switch, with each estimate's fitted line (the gate's drawn thicker).
 
 use super::{drawing_error, register_font, write_svg_or_png, PlotError, FAMILY, SIZE};
-use crate::eval::gate_study::GateStudy;
+use crate::lab::eval::gate_study::GateStudy;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;

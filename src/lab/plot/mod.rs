@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 pub(crate) const SIZE: (u32, u32) = (960, 720);
-const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans-subset.ttf");
+const FONT: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans-subset.ttf");
 pub(crate) const FAMILY: &str = "sans-serif";
 
 #[derive(Debug, thiserror::Error)]
