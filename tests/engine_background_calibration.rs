@@ -54,6 +54,11 @@ fn an_idle_engine_reads_more_calibration_text_and_stops_by_itself() {
         seen.push(e);
     }
     assert!(answered, "the message was answered");
+    assert!(
+        seen.iter().any(|e| matches!(e, Event::Notice { message }
+            if message.contains("is a quick one") && message.contains("while the workbench is idle"))),
+        "the quick mapper's notice says it grows while idle"
+    );
     for from in ["a", "b"] {
         let progress: Vec<(usize, usize)> = seen
             .iter()

@@ -245,9 +245,16 @@ pub fn build(
             });
         }
         if m.sequences < full {
+            // With background calibration the quick mapper grows while idle; the
+            // notice says so, so a newcomer knows what the status line's count is.
+            let grows = if config.settings.learn && config.learning.background_calibration {
+                "; it reads more calibration text while the workbench is idle, or"
+            } else {
+                ";"
+            };
             out.emit(Event::Notice {
                 message: format!(
-                    "mapper {} -> {} is a quick one ({} calibration windows); `baton calibrate` fits the full one ({full})",
+                    "mapper {} -> {} is a quick one ({} calibration windows){grows} `baton calibrate` fits the full one ({full})",
                     m.info.source, m.info.target, m.sequences
                 ),
             });
