@@ -332,28 +332,7 @@ mod tests {
 
     #[test]
     fn a_plans_reread_is_printed_with_what_it_read_and_dropped() {
-        let mut events = fixtures::events();
-        let at = events
-            .iter()
-            .position(|e| matches!(e, Event::Switch(s) if s.index == 0))
-            .expect("a switch");
-        events.insert(
-            at + 1,
-            Event::SwitchReread {
-                index: 0,
-                turn: 2,
-                setting: "drop:20%".into(),
-                positions: 7,
-                context_tokens: 30,
-                spans: vec![[1, 8]],
-                texts: vec!["x".into()],
-                select_ms: 1.5,
-                reread_ms: 10.0,
-                dropped: vec![[10, 13]],
-                reprefilled: false,
-                parts: Vec::new(),
-            },
-        );
+        let events = fixtures::with_reread(fixtures::events(), "drop:20%", vec![[10, 13]]);
         let got = lines(&events);
         let line = got
             .iter()

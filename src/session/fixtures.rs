@@ -286,3 +286,30 @@ pub fn session_of(events: Vec<Event>) -> Session {
 pub fn session() -> Session {
     session_of(events())
 }
+
+/// `events` with switch 0's plan re-reading positions 1..8 of 30 (7) at its next
+/// message, choosing in 1.5 ms and re-reading in 10, and dropping `dropped`.
+pub fn with_reread(mut events: Vec<Event>, setting: &str, dropped: Vec<[usize; 2]>) -> Vec<Event> {
+    let at = events
+        .iter()
+        .position(|e| matches!(e, Event::Switch(s) if s.index == 0))
+        .expect("a first switch");
+    events.insert(
+        at + 1,
+        Event::SwitchReread {
+            index: 0,
+            turn: 2,
+            setting: setting.into(),
+            positions: 7,
+            context_tokens: 30,
+            spans: vec![[1, 8]],
+            texts: vec!["x".into()],
+            select_ms: 1.5,
+            reread_ms: 10.0,
+            dropped,
+            reprefilled: false,
+            parts: Vec::new(),
+        },
+    );
+    events
+}

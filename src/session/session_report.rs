@@ -545,33 +545,8 @@ mod tests {
 
     #[test]
     fn a_reread_lands_on_the_switch_it_belongs_to_with_its_time() {
-        let mut events = fixtures::events();
-        let at = events
-            .iter()
-            .position(|e| {
-                matches!(
-                    e,
-                    Event::Switch(crate::protocol::SwitchEvent { index: 0, .. })
-                )
-            })
-            .unwrap();
-        events.insert(
-            at + 1,
-            Event::SwitchReread {
-                index: 0,
-                turn: 2,
-                setting: "20%:source-attention:word".into(),
-                positions: 7,
-                context_tokens: 30,
-                spans: vec![[1, 8]],
-                texts: vec!["x".into()],
-                select_ms: 1.5,
-                reread_ms: 10.0,
-                dropped: Vec::new(),
-                reprefilled: false,
-                parts: Vec::new(),
-            },
-        );
+        let events =
+            fixtures::with_reread(fixtures::events(), "20%:source-attention:word", Vec::new());
         let r = Report::from_session(&fixtures::session_of(events));
         assert_eq!(r.switches[0].reread.as_ref().map(|r| r.positions), Some(7));
         assert_eq!(r.switches[0].reread.as_ref().map(|r| r.ms), Some(11.5));

@@ -48,8 +48,8 @@ pub fn llama3_tokenizer_json() -> PathBuf {
     artifact("BATON_TEST_LLAMA3_TOKENIZER_JSON", "llama3-tokenizer-json")
 }
 
-/// Says that `test` did not run and why, past the test harness's output capture (see the
-/// README's list of tests that can be skipped).
+/// Says that `test` did not run and why, past the test harness's output capture (see
+/// docs/testing.md's list of tests that can be skipped).
 /// Whether the int8 kernels run on this CPU (AVX-512 VNNI), so an int8 map is not the
 /// f32 one under another name.
 pub fn int8_kernels() -> bool {

@@ -13,7 +13,7 @@
 use crate::calibrate::{capture_until, CalibrateOptions};
 use crate::data::corpus::{self, Document, Split};
 use crate::learn::store::LearnedMeta;
-use crate::mapper::artifact::MapperArtifact;
+use crate::mapper::artifact::CorpusInfo;
 use crate::metrics::probe_positions;
 use crate::model::{KvCache, Model};
 use candle_core::Tensor;
@@ -33,15 +33,15 @@ pub(super) struct Windows {
 }
 
 impl Windows {
-    /// The windows left after the first run's and what earlier sessions read; `None`
-    /// when the mapper was calibrated on as much text as the full calibration already.
+    /// The windows left after those the mapper was calibrated on (`c`) and those earlier
+    /// sessions read; `None` when it was calibrated on as much text as the full
+    /// calibration already.
     pub fn open(
-        art: &MapperArtifact,
+        c: &CorpusInfo,
         learned: &LearnedMeta,
         tgt: &Model,
         docs: &[Document],
     ) -> Result<Option<Self>, String> {
-        let c = &art.meta.corpus;
         let full = full_windows(c.seq_len);
         if c.sequences >= full {
             return Ok(None);

@@ -7,7 +7,7 @@ use crate::calibrate::CalibrateError;
 use crate::data::corpus::{self, Document};
 use crate::engine::config::LearnSetup;
 use crate::learn::{self, ConversationPair, LearnOutcome, Opened};
-use crate::mapper::artifact;
+use crate::mapper::artifact::{self, CorpusInfo};
 use crate::mapper::CacheMapper;
 use crate::model::{KvCache, Model, ModelError};
 use candle_core::Tensor;
@@ -155,6 +155,7 @@ impl Worker {
             learned_to: [0, 0],
             docs: None,
             windows: [None, None],
+            corpora: [None, None],
             give_way: Arc::clone(&give_way),
         };
         std::thread::Builder::new()
@@ -281,6 +282,9 @@ struct State {
     /// Per source slot: the calibration windows left to read in the background (`None`:
     /// not looked at yet, or none).
     windows: [Option<Windows>; 2],
+    /// Per source slot: the corpus its artifact was calibrated on, from when it was
+    /// opened (where background calibration goes on from).
+    corpora: [Option<CorpusInfo>; 2],
     give_way: Arc<AtomicBool>,
 }
 
@@ -294,7 +298,10 @@ impl State {
 
     fn opened(&mut self, source: usize) -> Reply {
         let (src, tgt) = self.pair(source);
-        let opened = self.open(&src, &tgt);
+        let opened = self.open(&src, &tgt).map(|(opened, corpus)| {
+            self.corpora[source] = Some(corpus);
+            opened
+        });
         let reply = match &opened {
             Ok(o) => Reply::Opened {
                 source,
@@ -392,25 +399,17 @@ impl State {
     fn calibrate(&mut self, source: usize) -> Reply {
         let (src, tgt) = self.pair(source);
         if self.windows[source].is_none() {
-            let opened = match self.learners[source].as_ref() {
-                Some(Ok(o)) => o,
-                _ => return Reply::CalibrationDone { source },
-            };
-            let art = match artifact::open_for(Some(&self.mapper_dir), &src, &tgt) {
-                Ok((art, _)) => art,
-                Err(e) => {
-                    return Reply::Failed {
-                        source,
-                        reason: e.to_string(),
-                    }
-                }
+            let (Some(Ok(opened)), Some(corpus)) =
+                (self.learners[source].as_ref(), self.corpora[source].clone())
+            else {
+                return Reply::CalibrationDone { source };
             };
             let learned = opened.meta.clone();
             let docs = match self.docs() {
                 Ok(d) => d,
                 Err(reason) => return Reply::Failed { source, reason },
             };
-            match Windows::open(&art, &learned, &tgt, docs) {
+            match Windows::open(&corpus, &learned, &tgt, docs) {
                 Ok(Some(w)) => self.windows[source] = Some(w),
                 Ok(None) => return Reply::CalibrationDone { source },
                 Err(reason) => return Reply::Failed { source, reason },
@@ -484,7 +483,8 @@ impl State {
         }
     }
 
-    fn open(&mut self, src: &Model, tgt: &Model) -> Result<Opened, String> {
+    /// The learner of `src -> tgt`, and the corpus its artifact was calibrated on.
+    fn open(&mut self, src: &Model, tgt: &Model) -> Result<(Opened, CorpusInfo), String> {
         let anchor = self.anchor;
         let opened = self.docs().and_then(|docs| {
             learn::calibration_slices(src, tgt, docs, anchor).map_err(|e| e.to_string())
@@ -502,6 +502,7 @@ impl State {
                 slices,
                 anchor,
             )
+            .map(|o| (o, art.meta.corpus.clone()))
             .map_err(|e| e.to_string())
         });
         if let Err(e) = &opened {
