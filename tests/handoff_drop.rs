@@ -225,3 +225,18 @@ fn dropping_nothing_changes_nothing() {
     assert_eq!(dropped.dropped(), &[2..10]);
     assert!(max_diff(&plain, &dropped, 10..20) > 1e-4);
 }
+
+#[test]
+fn what_the_source_had_dropped_stays_dropped_unless_re_read() {
+    let mut pair = Pair::new(60, 15);
+    let n = pair.ids.len();
+    pair.src_cache.drop_positions(8..16).unwrap();
+    pair.src_cache.drop_positions(30..34).unwrap();
+    let inputs = pair.inputs();
+    let (mapped, _) = HandoffPlan::new(n).anchor(1).build_new(&inputs).unwrap();
+    assert_eq!(mapped.dropped(), &[8..16, 30..34]);
+    // A re-read over one of them takes it back; the other stays out.
+    let plan = HandoffPlan::new(n).anchor(1).rereading(vec![28..36]);
+    let (repaired, _) = plan.build_new(&inputs).unwrap();
+    assert_eq!(repaired.dropped(), &[8..16]);
+}

@@ -137,6 +137,14 @@ impl HandoffPlan {
                 edit(&mut layers, mapped.clone())?;
             }
             dst.extend_with(&layers)?;
+            // A position the source itself had dropped holds nothing it read: its map
+            // stays out of attention too, until a re-read takes it back.
+            for r in inputs.source_cache.dropped() {
+                let (start, end) = (r.start.max(mapped.start), r.end.min(mapped.end));
+                if start < end {
+                    dst.drop_positions(start..end)?;
+                }
+            }
             timings.map_ms = synced_ms(tgt, t);
             timings.reread_ms = self.reread_in(tgt, tokens, dst)?;
         }

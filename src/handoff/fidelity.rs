@@ -76,7 +76,8 @@ pub fn layer_fidelity(
     let attention_cosine = match queries {
         Some(q) if !probes.is_empty() => {
             let (a, b) = (truth.layer_range(l, 0, n)?, mapped.layer_range(l, 0, n)?);
-            metrics::attention_output_cosine(q, probes, &a.k, &a.v, &b.k, &b.v)?
+            let hidden = mapped.dropped();
+            metrics::attention_output_cosine_hiding(q, probes, &a.k, &a.v, &b.k, &b.v, hidden)?
         }
         _ => f64::NAN,
     };

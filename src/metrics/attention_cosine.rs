@@ -17,6 +17,29 @@ pub fn attention_output_cosine(
     k_mapped: &Tensor,
     v_mapped: &Tensor,
 ) -> Result<f64> {
+    attention_output_cosine_hiding(
+        queries,
+        probe_positions,
+        k_true,
+        v_true,
+        k_mapped,
+        v_mapped,
+        &[],
+    )
+}
+
+/// [`attention_output_cosine`] where the mapped cache keeps `hidden` positions out of
+/// attention (a plan dropped them), as every forward over it does: what their slots
+/// hold must not count for or against the handoff.
+pub fn attention_output_cosine_hiding(
+    queries: &Tensor,
+    probe_positions: &[usize],
+    k_true: &Tensor,
+    v_true: &Tensor,
+    k_mapped: &Tensor,
+    v_mapped: &Tensor,
+    hidden: &[std::ops::Range<usize>],
+) -> Result<f64> {
     let (nh, p, hd) = queries.dims3()?;
     let (nkv, len, khd) = k_true.dims3()?;
     if p != probe_positions.len() || khd != hd || nh % nkv != 0 {
@@ -48,8 +71,13 @@ pub fn attention_output_cosine(
         f(v_mapped)?,
     );
     let mask = probe_mask(probe_positions, len, q.device())?;
-    let out = |k: &Tensor, v: &Tensor| attention_output(&q, k, v, &mask);
-    let (ot, om) = (out(&kt, &vt)?, out(&km, &vm)?);
+    let ot = attention_output(&q, &kt, &vt, &mask)?;
+    let om = if hidden.is_empty() {
+        attention_output(&q, &km, &vm, &mask)?
+    } else {
+        let hiding = probe_mask_hiding(probe_positions, len, hidden, q.device())?;
+        attention_output(&q, &km, &vm, &hiding)?
+    };
     let dot = (&ot * &om)?.sum(D::Minus1)?;
     let nt = ot.sqr()?.sum(D::Minus1)?.sqrt()?;
     let nm = om.sqr()?.sum(D::Minus1)?.sqrt()?;
@@ -65,6 +93,24 @@ pub fn probe_mask(probes: &[usize], len: usize, device: &Device) -> candle_core:
             // Large but finite, so the output is differentiable (a softmax's gradient
             // through -inf is NaN); exp of it is exactly 0 in f32 all the same.
             mask[i * len + j] = -1e9;
+        }
+    }
+    Tensor::from_vec(mask, (probes.len(), len), device)
+}
+
+/// [`probe_mask`] with the `hidden` positions masked for every probe as well.
+fn probe_mask_hiding(
+    probes: &[usize],
+    len: usize,
+    hidden: &[std::ops::Range<usize>],
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let mut mask = vec![0f32; probes.len() * len];
+    for (i, &pos) in probes.iter().enumerate() {
+        let row = &mut mask[i * len..(i + 1) * len];
+        row[(pos + 1).min(len)..].fill(-1e9);
+        for r in hidden {
+            row[r.start.min(len)..r.end.min(len)].fill(-1e9);
         }
     }
     Tensor::from_vec(mask, (probes.len(), len), device)
@@ -178,6 +224,30 @@ mod tests {
         let noisy_v = (&v + Tensor::randn(0f32, 1.0, (2, 10, 8), &dev)?)?;
         let lower = attention_output_cosine(&q, &probes, &k, &v, &k, &noisy_v)?;
         assert!(lower < 0.95, "{lower}");
+        Ok(())
+    }
+
+    #[test]
+    fn hidden_positions_of_the_mapped_cache_count_for_nothing() -> Result<()> {
+        let (dev, q, k, v) = queries_keys_values()?;
+        let probes = [4, 7, 9];
+        // What hidden slots hold does not matter: garbage there scores like anything else.
+        let garbage = Tensor::randn(0f32, 9.0, (2, 3, 8), &dev)?;
+        let put = |t: &Tensor| {
+            Tensor::cat(
+                &[t.narrow(1, 0, 2)?, garbage.clone(), t.narrow(1, 5, 5)?],
+                1,
+            )
+        };
+        let (kg, vg) = (put(&k)?, put(&v)?);
+        let hid = [2..5];
+        let a = attention_output_cosine_hiding(&q, &probes, &k, &v, &kg, &vg, &hid)?;
+        let b = attention_output_cosine_hiding(&q, &probes, &k, &v, &k, &v, &hid)?;
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        // Hiding is a real loss against the truth, which saw those positions.
+        assert!(b < 0.9999, "{b}");
+        // Not hidden, the garbage is read.
+        assert!(attention_output_cosine(&q, &probes, &k, &v, &kg, &vg)? < a);
         Ok(())
     }
 

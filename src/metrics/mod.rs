@@ -10,7 +10,8 @@ pub mod logits;
 pub mod regression;
 
 pub use attention_cosine::{
-    attention_output, attention_output_cosine, probe_mask, probe_positions,
+    attention_output, attention_output_cosine, attention_output_cosine_hiding, probe_mask,
+    probe_positions,
 };
 pub use concentration::{key_error_concentration, QueryGram};
 pub use logits::{continuation_scores, ContinuationScores, NextTokenAgreement};
