@@ -11,6 +11,9 @@ fn main() {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     let cli = cli::parse();
+    // The library reads the activations' dtype where it loads a model; the flag wins over
+    // the environment it came from. Set before any thread starts.
+    std::env::set_var(baton::model::ACTIVATIONS_ENV, &cli.activations);
     // A log file that cannot be written (a shared cache's logs/ owned by someone else)
     // is said once and never stops the command.
     let log = baton::logging::init_logging_or_warn(&baton::logging::default_log_dir());

@@ -78,7 +78,10 @@ impl WindowFeatures {
 }
 
 fn flat(t: &Tensor) -> Result<Vec<f32>, CalibrateError> {
-    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+    // Activations may be bf16 (a GPU's); statistics are accumulated in f32 all the same.
+    Ok(t.flatten_all()?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?)
 }
 
 /// Source-side key and value rows, borrowed when there is nothing to append.

@@ -459,6 +459,12 @@ pub fn shape(cmd: Command) -> Command {
                 .long_help(paragraph)
                 .help_heading(PAIR)
                 .hide_env_values(true)
+        })
+        // A test and debugging setting: in `--help`, not in `-h`.
+        .mut_arg("activations", |a| {
+            a.help_heading(PAIR)
+                .hide_short_help(true)
+                .hide_env_values(true)
         });
     let mut cmd = cmd;
     for layout in LAYOUTS {

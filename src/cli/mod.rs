@@ -40,6 +40,14 @@ pub struct Cli {
     /// Where to run: `cpu`, or `cuda` / `cuda:N` (needs a build with --features cuda).
     #[arg(long, global = true, env = "BATON_DEVICE", default_value = "cpu")]
     pub device: DeviceArg,
+    /// The activations' dtype: `auto` (f32 on the CPU, bf16 on a GPU), `f32`, `bf16` or
+    /// `f16`. `bf16` on the CPU runs the arithmetic a GPU runs, slowly.
+    #[arg(long, global = true, env = "BATON_ACTIVATIONS", default_value = "auto", value_name = "DTYPE", value_parser = activations)]
+    pub activations: String,
+}
+
+fn activations(s: &str) -> Result<String, String> {
+    baton::model::parse_activations(s).map(|_| s.trim().to_ascii_lowercase())
 }
 
 #[derive(Debug, Subcommand)]

@@ -17,12 +17,37 @@ pub enum ModelFormat {
     Safetensors,
 }
 
-/// Activations are f32 on the CPU and bf16 on a GPU.
+/// The environment variable that overrides the activations' dtype (`f32`, `bf16`,
+/// `f16`, or `auto`), read once per process: with `bf16` a CPU runs the path a GPU runs,
+/// so that a machine without one can test it.
+pub const ACTIVATIONS_ENV: &str = "BATON_ACTIVATIONS";
+
+/// Activations are f32 on the CPU and bf16 on a GPU, unless [`ACTIVATIONS_ENV`] says
+/// otherwise.
 pub fn activation_dtype(device: &Device) -> DType {
-    if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
+    static CHOSEN: std::sync::OnceLock<Option<DType>> = std::sync::OnceLock::new();
+    let chosen = CHOSEN.get_or_init(|| {
+        std::env::var(ACTIVATIONS_ENV)
+            .ok()
+            .and_then(|v| parse_activations(&v).ok().flatten())
+    });
+    match chosen {
+        Some(d) => *d,
+        None if device.is_cpu() => DType::F32,
+        None => DType::BF16,
+    }
+}
+
+/// `auto` (None: the device's own), `f32`, `bf16` or `f16`.
+pub fn parse_activations(s: &str) -> std::result::Result<Option<DType>, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "" | "auto" => Ok(None),
+        "f32" => Ok(Some(DType::F32)),
+        "bf16" => Ok(Some(DType::BF16)),
+        "f16" => Ok(Some(DType::F16)),
+        other => Err(format!(
+            "unknown activation dtype `{other}`: use auto, f32, bf16 or f16"
+        )),
     }
 }
 

@@ -25,7 +25,9 @@ pub use generate::{
 };
 pub use kv_cache::{KvCache, KvShape, LayerKv};
 pub use layer_zero::LayerZero;
-pub use load::{load_decoder, LoadedDecoder, ModelFormat};
+pub use load::{
+    activation_dtype, load_decoder, parse_activations, LoadedDecoder, ModelFormat, ACTIVATIONS_ENV,
+};
 pub use loaded::{DigestCheck, Model, ModelIdentity, ResolvedModel};
 pub use sampler::{Sampler, Sampling};
 pub use weights::LoadOptions;

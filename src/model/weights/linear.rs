@@ -157,7 +157,13 @@ impl Linear {
     /// quantizes without loss, which makes this the dequantized weight up to the f32
     /// rounding of the activation scale. For instruments, not for the forward pass.
     pub fn dense_weight(&self, in_features: usize, device: &Device) -> Result<Tensor> {
-        let eye = Tensor::eye(in_features, DType::F32, device)?;
+        // A dense weight takes activations of its own dtype (bf16 where they are).
+        let dtype = match &self.w {
+            LinearWeight::Candle(QMatMul::Tensor(t))
+            | LinearWeight::Candle(QMatMul::TensorF16(t)) => t.dtype(),
+            _ => DType::F32,
+        };
+        let eye = Tensor::eye(in_features, dtype, device)?;
         let y = self.forward(&eye)?.to_dtype(DType::F32)?;
         let y = match &self.b {
             Some(b) => y.broadcast_sub(&b.to_dtype(DType::F32)?)?,
