@@ -17,18 +17,79 @@ use std::ops::Range;
 /// [n_kv_head, start + t, hd] with unit stride in the last dim. Returns [t, n_head * hd].
 /// No row attends to a position in `hidden` (increasing, disjoint; what lies at or past
 /// `start` is ignored, since the rows attend causally and are never hidden themselves).
+/// `masks` keeps the batched path's mask from one layer to the next: every layer of a
+/// chunk attends under the same one.
 pub fn causal_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     start: usize,
     hidden: &[Range<usize>],
+    masks: &mut Masks,
 ) -> Result<Tensor> {
     let hidden = before(hidden, start);
     if q.device().is_cpu() && q.dtype() == DType::F32 && k.dtype() == DType::F32 {
         cpu_exact(q, k, v, start, &hidden)
     } else {
-        batched(q, k, v, start, &hidden)
+        batched(q, k, v, start, &hidden, masks)
+    }
+}
+
+/// The additive masks of a forward pass (one per run of rows: a prefill chunk has one,
+/// a re-read one per span), built on the device once per pass instead of once per layer,
+/// and never on the host: at 16K positions a host-built mask is 32 MB a layer to fill
+/// and upload.
+#[derive(Default)]
+pub struct Masks {
+    built: Vec<(MaskKey, Tensor)>,
+}
+
+#[derive(PartialEq)]
+struct MaskKey {
+    start: usize,
+    t: usize,
+    hidden: Vec<Range<usize>>,
+    dtype: DType,
+    device: candle_core::DeviceLocation,
+}
+
+impl Masks {
+    /// The [t, start + t] additive mask: 0 where row i (at `start + i`) may attend, -inf
+    /// past it and at `hidden` positions.
+    fn get(
+        &mut self,
+        start: usize,
+        t: usize,
+        hidden: &[Range<usize>],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<&Tensor> {
+        let key = MaskKey {
+            start,
+            t,
+            hidden: hidden.to_vec(),
+            dtype,
+            device: device.location(),
+        };
+        if let Some(i) = self.built.iter().position(|(k, _)| *k == key) {
+            return Ok(&self.built[i].1);
+        }
+        let total = (start + t) as u32;
+        let cols = Tensor::arange(0u32, total, device)?.reshape((1, total as usize))?;
+        let rows = Tensor::arange(start as u32, total, device)?.reshape((t, 1))?;
+        let mut blocked = cols.broadcast_gt(&rows)?;
+        for r in hidden {
+            let inside = (cols.ge(r.start as u32)? * cols.lt(r.end as u32)?)?;
+            blocked = blocked.broadcast_maximum(&inside)?;
+        }
+        let shape = (t, total as usize);
+        let ninf = Tensor::full(f32::NEG_INFINITY, shape, device)?.to_dtype(dtype)?;
+        let zero = Tensor::zeros(shape, dtype, device)?;
+        self.built.push((key, blocked.where_cond(&ninf, &zero)?));
+        match self.built.last() {
+            Some((_, m)) => Ok(m),
+            None => Err(ModelError::Cache("no attention mask".into())),
+        }
     }
 }
 
@@ -109,39 +170,34 @@ fn cpu_exact(
 }
 
 /// Masked batched matmul: the GPU path (bf16 there, so bit-exactness is not on offer).
+/// The keys and values are read where the cache holds them: a view of a larger buffer
+/// with a batch stride of its capacity, which the strided batched products take as it is
+/// (a copy of the whole cache per layer and chunk is what they would cost otherwise).
 fn batched(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     start: usize,
     hidden: &[Range<usize>],
+    masks: &mut Masks,
 ) -> Result<Tensor> {
     let (nh, t, hd) = q.dims3()?;
     let (nkv, total, _) = k.dims3()?;
     let group = nh / nkv;
     let scale = 1.0 / (hd as f64).sqrt();
     let q = q.contiguous()?.reshape((nkv, group * t, hd))?;
-    let scores = (q.matmul(&k.contiguous()?.t()?)? * scale)?;
+    let scores = (q.matmul(&k.t()?)? * scale)?;
     let scores = if t > 1 || !hidden.is_empty() {
-        let mut m = vec![0f32; t * total];
-        for i in 0..t {
-            for j in (start + i + 1)..total {
-                m[i * total + j] = f32::NEG_INFINITY;
-            }
-            for r in hidden {
-                m[i * total + r.start..i * total + r.end].fill(f32::NEG_INFINITY);
-            }
-        }
-        let mask = Tensor::from_vec(m, (t, total), q.device())?.to_dtype(q.dtype())?;
+        let mask = masks.get(start, t, hidden, scores.dtype(), scores.device())?;
         scores
             .reshape((nkv, group, t, total))?
-            .broadcast_add(&mask)?
+            .broadcast_add(mask)?
             .reshape((nkv, group * t, total))?
     } else {
         scores
     };
     let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-    let o = probs.matmul(&v.contiguous()?)?;
+    let o = probs.matmul(v)?;
     Ok(o.reshape((nh, t, hd))?
         .transpose(0, 1)?
         .reshape((t, nh * hd))?)
@@ -159,7 +215,7 @@ mod tests {
         let k = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
         let v = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
         let exact = cpu_exact(&q, &k, &v, 0, &[])?;
-        let reference = batched(&q, &k, &v, 0, &[])?;
+        let reference = batched(&q, &k, &v, 0, &[], &mut Masks::default())?;
         let err = (&exact - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(err < 1e-5, "{err}");
         // The last 7 rows computed as an extension give the very same bits.
@@ -189,7 +245,7 @@ mod tests {
             let k = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
             let v = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
             let whole = cpu_exact(&q, &k, &v, 0, &[])?;
-            let reference = batched(&q, &k, &v, 0, &[])?;
+            let reference = batched(&q, &k, &v, 0, &[], &mut Masks::default())?;
             let err = (&whole - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(err < 1e-4, "{nh}/{nkv}/{hd}: {err}");
             // prefill 17, extend 27, decode 1: the same bits.
@@ -222,14 +278,58 @@ mod tests {
         let hidden = [1..4, 9..15, 25..40];
         for (start, t) in [(20, 10), (29, 1)] {
             let q = Tensor::randn(0f32, 1.0, (nh, t, hd), &dev)?;
-            let exact = causal_attention(&q, &k, &v, start, &hidden)?;
-            let masked = batched(&q, &k, &v, start, &before(&hidden, start))?;
+            let exact = causal_attention(&q, &k, &v, start, &hidden, &mut Masks::default())?;
+            let masked = batched(
+                &q,
+                &k,
+                &v,
+                start,
+                &before(&hidden, start),
+                &mut Masks::default(),
+            )?;
             let err = (&exact - &masked)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(err < 1e-5, "{start}+{t}: {err}");
-            let plain = causal_attention(&q, &k, &v, start, &[])?;
+            let plain = causal_attention(&q, &k, &v, start, &[], &mut Masks::default())?;
             let moved = (&exact - plain)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(moved > 1e-3, "hiding changed nothing at {start}+{t}");
         }
+        Ok(())
+    }
+
+    /// The batched path reads keys and values as the cache holds them (views of a
+    /// buffer larger than the positions written), and one mask memo serves a chunk's
+    /// layers and is rebuilt when the chunk or the hidden positions change.
+    #[test]
+    fn the_batched_path_reads_cache_views_and_rebuilds_its_mask_when_it_must() -> Result<()> {
+        let dev = Device::Cpu;
+        let (nh, nkv, hd, cap) = (4, 2, 16, 48);
+        let kb = Tensor::randn(0f32, 1.0, (nkv, cap, hd), &dev)?;
+        let vb = Tensor::randn(0f32, 1.0, (nkv, cap, hd), &dev)?;
+        let mut masks = Masks::default();
+        for (start, t, hidden) in [
+            (20, 10, vec![]),
+            (20, 10, vec![]),
+            (20, 10, vec![2..6]),
+            (29, 1, vec![2..6]),
+            (0, 12, vec![]),
+        ] {
+            let n = start + t;
+            let q = Tensor::randn(0f32, 1.0, (nh, t, hd), &dev)?;
+            let (k, v) = (kb.narrow(1, 0, n)?, vb.narrow(1, 0, n)?);
+            assert!(!k.is_contiguous());
+            let viewed = batched(&q, &k, &v, start, &hidden, &mut masks)?;
+            let exact = cpu_exact(&q, &k.contiguous()?, &v.contiguous()?, start, &hidden)?;
+            let err = (&exact - &viewed)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(err < 1e-5, "{start}+{t} hiding {hidden:?}: {err}");
+        }
+        // In bf16, as on a GPU: within bf16's rounding of the f32 result.
+        let q = Tensor::randn(0f32, 1.0, (nh, 10, hd), &dev)?;
+        let (k, v) = (kb.narrow(1, 0, 30)?, vb.narrow(1, 0, 30)?);
+        let exact = cpu_exact(&q, &k.contiguous()?, &v.contiguous()?, 20, &[])?;
+        let b = |x: &Tensor| x.to_dtype(DType::BF16);
+        let half = batched(&b(&q)?, &b(&k)?, &b(&v)?, 20, &[], &mut masks)?.to_dtype(DType::F32)?;
+        let err = (&exact - &half)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(err < 0.05, "{err}");
         Ok(())
     }
 
@@ -243,7 +343,7 @@ mod tests {
         let q = Tensor::randn(0f32, 1.0, (nh, n, hd), &dev)?;
         let k = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
         let good = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
-        assert!(causal_attention(&q, &k, &good, 0, &[]).is_ok());
+        assert!(causal_attention(&q, &k, &good, 0, &[], &mut Masks::default()).is_ok());
         for v in [
             good.narrow(1, 0, n - 1)?,
             good.narrow(2, 0, hd / 2)?,
@@ -252,7 +352,7 @@ mod tests {
             good.to_dtype(DType::BF16)?,
             Tensor::randn(0f32, 1.0, (nkv + 1, n, hd), &dev)?,
         ] {
-            let e = causal_attention(&q, &k, &v, 0, &[]);
+            let e = causal_attention(&q, &k, &v, 0, &[], &mut Masks::default());
             assert!(
                 matches!(e, Err(ModelError::Cache(_))),
                 "value {:?} {:?}: {e:?}",

@@ -252,8 +252,18 @@ impl Decoder {
         let mut queries = Vec::new();
         let span = start..start + t;
         let run = std::slice::from_ref(&span);
+        let mut masks = attention::Masks::default();
         for l in 0..self.weights.layers.len() {
-            h = self.layer(l, h, run, cache, probe_idx.as_ref(), &mut queries, stop)?;
+            h = self.layer(
+                l,
+                h,
+                run,
+                cache,
+                probe_idx.as_ref(),
+                &mut queries,
+                &mut masks,
+                stop,
+            )?;
         }
         cache.advance(t);
         let rows = match want {
@@ -286,6 +296,7 @@ impl Decoder {
         cache: &mut KvCache,
         probe_idx: Option<&Tensor>,
         queries: &mut Vec<Tensor>,
+        masks: &mut attention::Masks,
         stop: &dyn Fn() -> bool,
     ) -> Result<Tensor> {
         let cfg = &self.cfg;
@@ -326,7 +337,7 @@ impl Decoder {
                 queries.push(q.index_select(idx, 1)?);
             }
             let kv = cache.write_at(l, run.start, &k, &v)?;
-            attention::causal_attention(&q, &kv.k, &kv.v, run.start, &hidden)?
+            attention::causal_attention(&q, &kv.k, &kv.v, run.start, &hidden, masks)?
         } else {
             let mut outs = Vec::with_capacity(runs.len());
             let mut row = 0;
@@ -336,7 +347,7 @@ impl Decoder {
                 let k = self.rope.rotate(&k.narrow(1, row, n)?, run.start)?;
                 let kv = cache.write_at(l, run.start, &k, &v.narrow(1, row, n)?)?;
                 outs.push(attention::causal_attention(
-                    &q, &kv.k, &kv.v, run.start, &hidden,
+                    &q, &kv.k, &kv.v, run.start, &hidden, masks,
                 )?);
                 row += n;
             }

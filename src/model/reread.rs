@@ -82,8 +82,9 @@ impl Decoder {
         let ids = Tensor::new(ids.as_slice(), self.device())?;
         let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
         let mut no_queries = Vec::new();
+        let mut masks = super::attention::Masks::default();
         for l in 0..self.config().n_layer {
-            h = self.layer(l, h, chunk, cache, None, &mut no_queries, stop)?;
+            h = self.layer(l, h, chunk, cache, None, &mut no_queries, &mut masks, stop)?;
         }
         Ok(())
     }
@@ -105,8 +106,10 @@ impl Decoder {
             let span = start..start + chunk.len();
             let run = std::slice::from_ref(&span);
             let mut no_queries = Vec::new();
+            let mut masks = super::attention::Masks::default();
             for l in 0..n_layers {
-                h = self.layer(l, h, run, &mut cache, None, &mut no_queries, &|| false)?;
+                let (q, m) = (&mut no_queries, &mut masks);
+                h = self.layer(l, h, run, &mut cache, None, q, m, &|| false)?;
             }
             cache.advance(chunk.len());
         }
