@@ -21,52 +21,11 @@ const PROMPT: &str = "def quicksort(xs):\n    \"\"\"Sort a list of numbers.\"\"\
      if len(xs) <= 1:\n        return xs\n    pivot = xs[len(xs) // 2]\n";
 
 fn python() -> String {
-    std::env::var("BATON_PYTHON")
-        .ok()
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| "python3".into())
+    common::python::python()
 }
 
-/// A folder holding the script's packages, installed by pip on first use.
 fn python_packages() -> PathBuf {
-    let dir = baton::fetch::cache_root()
-        .join("test-python")
-        .join(PIP_PACKAGES.join("+").replace(['=', '>', '<'], ""));
-    let done = dir.join(".complete");
-    if done.exists() {
-        return dir;
-    }
-    let tmp = dir.with_extension(format!("{}.tmp", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let out = Command::new(python())
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--quiet",
-            "--target",
-        ])
-        .arg(&tmp)
-        .args(PIP_PACKAGES)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {} (install Python 3 with pip, or set BATON_PYTHON): {e}",
-                python()
-            )
-        });
-    assert!(
-        out.status.success(),
-        "pip could not install {PIP_PACKAGES:?} (check access to the package index):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::write(tmp.join(".complete"), PIP_PACKAGES.join("\n")).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
-    std::fs::rename(&tmp, &dir).unwrap();
-    dir
+    common::python::packages(PIP_PACKAGES)
 }
 
 /// Runs the converter on `gguf`, writing the model directory `out`.

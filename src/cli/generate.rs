@@ -29,6 +29,10 @@ pub struct GenerateArgs {
     pub top_p: f64,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Also write the prompt's token ids and the logits of its last position to FILE
+    /// (JSON), to compare the runtime with another on the same ids.
+    #[arg(long, value_name = "FILE")]
+    pub logits_out: Option<std::path::PathBuf>,
 }
 
 impl GenerateArgs {
@@ -72,9 +76,37 @@ pub fn generate(a: GenerateArgs, dev: &Device) -> Result<()> {
         let _ = out.write_all(text.as_bytes());
         let _ = out.flush();
     };
+    if let Some(path) = &a.logits_out {
+        write_logits(&m, &a.prompt, a.chat, path)?;
+    }
     let cancel = AtomicBool::new(false);
     let g = model::complete(&m, &a.prompt, a.chat, &opts, &cancel, &mut show)?;
     println!();
     eprintln!("\n[{}] {}", m.identity.name, g.summary_line());
+    Ok(())
+}
+
+/// The prompt's ids (encoded as `complete` encodes them) and its last position's logits,
+/// as JSON at `path`.
+fn write_logits(m: &model::Model, prompt: &str, chat: bool, path: &std::path::Path) -> Result<()> {
+    use anyhow::Context;
+    let ids = if chat {
+        m.chat_template()?.render_ids(
+            &m.tokenizer,
+            &[baton::text::ChatMessage::user(prompt.to_string())],
+            true,
+        )?
+    } else {
+        m.tokenizer.encode_text(prompt)?
+    };
+    let mut cache = m.decoder.new_cache();
+    let logits: Vec<f32> = m
+        .decoder
+        .next_logits(&ids, &mut cache)?
+        .flatten_all()?
+        .to_vec1()?;
+    let doc = serde_json::json!({ "ids": ids, "logits": logits });
+    std::fs::write(path, doc.to_string())
+        .with_context(|| format!("cannot write the logits to {}", path.display()))?;
     Ok(())
 }

@@ -133,6 +133,7 @@ const LAYOUTS: &[Layout] = &[
                     "seed",
                 ],
             ),
+            (OUTPUT, &["logits_out"]),
         ],
         brief: &[
             ("model", "model name, path or hub reference"),

@@ -6,6 +6,7 @@ pub mod engine_rig;
 pub mod fuzz;
 pub mod handoff_pair;
 pub mod learn_rig;
+pub mod python;
 pub mod study_rig;
 pub mod synthetic;
 

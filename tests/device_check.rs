@@ -1,0 +1,62 @@
+//! The GPU check (`scripts/device-check`) dry-run on the CPU: tiny random-weight models
+//! of the real vocabulary, bf16 activations, every step the GPU machine runs. A step the
+//! binary or the scripts no longer support fails here, not on a lent GPU with minutes of
+//! time on it.
+
+mod common;
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+/// The same packages as the safetensors test: one install serves both.
+const PIP_PACKAGES: &[&str] = &["gguf==0.19.0", "safetensors==0.8.0", "numpy"];
+
+#[test]
+fn the_device_check_dry_runs_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = dir.path().join("tokenizer");
+    std::fs::create_dir_all(&tok).unwrap();
+    std::fs::copy(common::qwen_tokenizer_json(), tok.join("tokenizer.json")).unwrap();
+    std::fs::copy(
+        common::qwen_tokenizer_config(),
+        tok.join("tokenizer_config.json"),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run = Command::new(root.join("scripts/device-check"))
+        .arg("--dry-run")
+        .arg(env!("CARGO_BIN_EXE_baton"))
+        .arg(&tok)
+        .arg(&out)
+        .env("PYTHONPATH", common::python::packages(PIP_PACKAGES))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let log = std::fs::read_to_string(out.join("check.log")).unwrap();
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("check.json")).unwrap()).unwrap();
+    assert_eq!(doc["format"], "baton.device-check");
+    for (name, step) in doc["steps"].as_object().unwrap() {
+        assert_eq!(step["exit"], 0, "{name}: {step}\n{log}");
+    }
+    let steps = &doc["steps"];
+    assert!(steps["generate"]["decode_tok_s"].as_f64().unwrap() > 0.0);
+    // Either PyTorch ran the same ids, or the check says why it did not.
+    let logits = &steps["logits"]["result"];
+    assert!(
+        logits["cosine"].is_number() || logits["skipped"].is_string(),
+        "{logits}"
+    );
+    let bench = steps["bench"]["result"]["results"].as_array().unwrap();
+    assert!(!bench.is_empty(), "{}", steps["bench"]);
+    let eval = &steps["eval"]["result"]["results"][0]["text"];
+    assert!(eval["cosine_continuation"].is_array(), "{eval}");
+    // The map in bf16 against the same mapper in f32 on the CPU: per-layer attention
+    // cosines within bf16's reach (0.002 in the tiny test of bf16 activations).
+    let diff = &doc["map_device_vs_cpu"]["max_abs_difference"];
+    let cos = diff["attention_cosine"].as_f64().unwrap_or(f64::NAN);
+    assert!(cos < 0.02, "{}", doc["map_device_vs_cpu"]);
+}
