@@ -77,6 +77,18 @@ pub fn map_layers(
     start: usize,
     end: usize,
 ) -> Result<Vec<LayerKv>, ModelError> {
+    if let Some(b) = input.batched {
+        return b.map(input, start, end);
+    }
+    map_layers_one_by_one(input, start, end)
+}
+
+/// [`map_layers`] a target layer at a time: for maps that cannot be stacked.
+pub fn map_layers_one_by_one(
+    input: &MapInput<'_>,
+    start: usize,
+    end: usize,
+) -> Result<Vec<LayerKv>, ModelError> {
     let feats = source_features(input, start, end)?;
     let (keys, values) = input.maps;
     let dtype = keys[0].weight.dtype();

@@ -7,6 +7,7 @@
 //! tensor products in the target's dtype, [`int8`] on the CPU's int8 kernels with the
 //! features conditioned by the source's [`SourceScales`].
 
+mod batched;
 pub mod dense;
 pub mod int8;
 mod packed_head;
@@ -59,6 +60,9 @@ pub struct CacheMapper {
     requested: MapPrecision,
     /// The int8 form, when it runs here and was asked for.
     int8: Option<Arc<PackedMapper>>,
+    /// The dense maps stacked for one product each across target layers, where they can
+    /// be (ridge maps of one k).
+    batched: Option<Arc<batched::BatchedMaps>>,
     /// The target's layer 0, when the maps read the token block
     /// ([`crate::mapper::token_block`]): source layers from `source.n_layer` on are its
     /// pieces.
@@ -102,6 +106,7 @@ impl CacheMapper {
             scales: scales.cloned().map(Arc::new),
             requested: MapPrecision::default(),
             int8: None,
+            batched: None,
             layer_zero,
         }
         .with_precision(MapPrecision::default())
@@ -182,8 +187,10 @@ impl CacheMapper {
             .any(|m| m.head.is_some())
     }
 
-    /// Derives the int8 form from the maps, the scales and the precision asked for.
+    /// Derives the int8 and the batched forms from the maps, the scales and the
+    /// precision asked for.
     fn rebuild_int8(&mut self) -> Result<(), ModelError> {
+        self.batched = batched::BatchedMaps::new(&self.keys, &self.values)?.map(Arc::new);
         self.int8 = match (self.requested, &self.scales) {
             (MapPrecision::Int8, Some(sc)) => {
                 int8::pack(&self.keys, &self.values, sc, self.source)?.map(Arc::new)
@@ -347,6 +354,7 @@ impl CacheMapper {
     ) -> MapInput<'a> {
         MapInput {
             maps: (&self.keys, &self.values),
+            batched: self.batched.as_deref(),
             target: self.target,
             layer_zero: self.layer_zero.as_ref(),
             tokens,
@@ -361,6 +369,8 @@ impl CacheMapper {
 /// arithmetic runs it.
 pub struct MapInput<'a> {
     pub maps: (&'a [TargetLayerMap], &'a [TargetLayerMap]),
+    /// The same maps stacked across layers, where they could be.
+    pub batched: Option<&'a batched::BatchedMaps>,
     pub target: KvShape,
     /// The target's layer 0 when the maps read the token block, and the tokens of every
     /// source position.
