@@ -78,7 +78,7 @@ def step(work, name):
 def summary(work, device, activations):
     work = Path(work)
     doc = {"format": "baton.device-check", "device": device, "activations": activations, "steps": {}}
-    for name in ("models", "generate", "logits", "calibrate", "bench", "eval", "switch", "switch-cpu"):
+    for name in ("libraries", "models", "generate", "logits", "calibrate", "bench", "eval", "switch", "switch-cpu"):
         got = step(work, name)
         if got == {"ran": False}:
             doc["steps"][name] = got
