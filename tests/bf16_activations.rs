@@ -1,6 +1,6 @@
 //! The reduced-precision path a GPU runs (bf16 activations), run on the CPU through the
 //! binary with `--activations bf16`, on two tiny chat models generated here: calibrate,
-//! a scripted conversation with a switch (a 30% re-read plan, learning on), and eval all
+//! a scripted conversation with a switch (a 30% re-read plan, learning and repair on), and eval all
 //! complete, and what they measure stays near the f32 run's. Without this, only a GPU would show a bf16 tensor read as
 //! f32 (calibration's capture once failed that way on CUDA, after 6 s).
 
@@ -114,6 +114,7 @@ fn calibrate_a_switch_and_eval_run_with_bf16_activations() {
             dtype,
             &[
                 "run", "-f", "s.toml", "-s", "a", "-t", "b", "-M", &mappers, "-r", &session,
+                "--repair",
             ],
         ));
         assert!(transcript.contains("[turn 2]"), "{transcript}");
