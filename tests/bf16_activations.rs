@@ -1,8 +1,9 @@
 //! The reduced-precision path a GPU runs (bf16 activations), run on the CPU through the
 //! binary with `--activations bf16`, on two tiny chat models generated here: calibrate,
-//! a scripted conversation with a switch (a 30% re-read plan, learning and repair on), and eval all
-//! complete, and what they measure stays near the f32 run's. Without this, only a GPU would show a bf16 tensor read as
-//! f32 (calibration's capture once failed that way on CUDA, after 6 s).
+//! a scripted conversation with a switch (a 30% re-read plan, learning and repair on),
+//! and eval all complete, and what they measure stays near the f32 run's. Without this,
+//! only a GPU would show a bf16 tensor read as f32 (calibration's capture once failed
+//! that way on CUDA, after 6 s).
 
 mod common;
 
