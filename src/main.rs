@@ -14,6 +14,10 @@ fn main() {
     // The library reads the activations' dtype where it loads a model; the flag wins over
     // the environment it came from. Set before any thread starts.
     std::env::set_var(baton::model::ACTIVATIONS_ENV, &cli.activations);
+    // candle's quantized kernels take their own switch down to AVX2.
+    if baton::kernels::avx2_only() {
+        std::env::set_var("MISTRALRS_FORCE_AVX2", "1");
+    }
     // A log file that cannot be written (a shared cache's logs/ owned by someone else)
     // is said once and never stops the command.
     let log = baton::logging::init_logging_or_warn(&baton::logging::default_log_dir());

@@ -47,6 +47,8 @@ pub enum KernelPath {
     Avx512Vnni,
     /// AVX-512 F: the attention kernel.
     Avx512,
+    /// AVX2 with FMA (Haswell on, Zen 1 to 3): the attention kernel where AVX-512 is not.
+    Avx2,
     /// Plain Rust, every CPU.
     Portable,
 }
@@ -59,16 +61,24 @@ impl KernelPath {
             #[cfg(target_arch = "x86_64")]
             KernelPath::Avx512 => {
                 static OK: OnceLock<bool> = OnceLock::new();
-                *OK.get_or_init(|| is_x86_feature_detected!("avx512f"))
+                *OK.get_or_init(|| !avx2_only() && is_x86_feature_detected!("avx512f"))
             }
             #[cfg(target_arch = "x86_64")]
             KernelPath::Avx512Vnni => {
                 static OK: OnceLock<bool> = OnceLock::new();
                 *OK.get_or_init(|| {
-                    is_x86_feature_detected!("avx512f")
+                    !avx2_only()
+                        && is_x86_feature_detected!("avx512f")
                         && is_x86_feature_detected!("avx512bw")
                         && is_x86_feature_detected!("avx512vl")
                         && is_x86_feature_detected!("avx512vnni")
+                })
+            }
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx2 => {
+                static OK: OnceLock<bool> = OnceLock::new();
+                *OK.get_or_init(|| {
+                    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
                 })
             }
             #[cfg(not(target_arch = "x86_64"))]
@@ -81,6 +91,7 @@ impl KernelPath {
         match self {
             KernelPath::Avx512Vnni => "avx512f, avx512bw, avx512vl and avx512vnni",
             KernelPath::Avx512 => "avx512f",
+            KernelPath::Avx2 => "avx2 and fma",
             KernelPath::Portable => "nothing",
         }
     }
@@ -92,6 +103,20 @@ pub const PORTABLE_ENV: &str = "BATON_PORTABLE_KERNELS";
 /// Whether `BATON_PORTABLE_KERNELS` asks for the portable path (any value but empty or
 /// `0`). Read once: a path must not change under a running model, or a decode step would
 /// stop reproducing its prefill's bits.
+/// The environment variable that caps the CPU instructions the kernels use: `avx2` runs
+/// an AVX-512 machine as a machine without AVX-512 runs (baton's kernels, and candle's
+/// through its own switch, which the binary sets), so that both kinds can be measured
+/// on one. Read once.
+pub const CPU_LEVEL_ENV: &str = "BATON_CPU_LEVEL";
+
+/// Whether [`CPU_LEVEL_ENV`] caps the kernels at AVX2.
+pub fn avx2_only() -> bool {
+    static CAPPED: OnceLock<bool> = OnceLock::new();
+    *CAPPED.get_or_init(|| {
+        std::env::var(CPU_LEVEL_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("avx2"))
+    })
+}
+
 pub fn portable_forced() -> bool {
     static FORCED: OnceLock<bool> = OnceLock::new();
     *FORCED

@@ -4,11 +4,13 @@
 //! extend(B) + decode give bit-identical outputs. (A masked batched matmul blocks its
 //! reductions differently for different lengths.)
 //!
-//! Paths: [`KernelPath::Avx512`] (head sizes a multiple of 16, up to 256) and
-//! [`KernelPath::Portable`]. Each is chunking-invariant on its own; they differ from each
+//! Paths: [`KernelPath::Avx512`] (head sizes a multiple of 16, up to 256),
+//! [`KernelPath::Avx2`] (a multiple of 8, up to 256) and [`KernelPath::Portable`]. Each is chunking-invariant on its own; they differ from each
 //! other in the last bits (different summation trees and exp), so a model runs one of them
 //! throughout.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
@@ -18,7 +20,7 @@ use rayon::prelude::*;
 use std::ops::Range;
 
 /// The paths this kernel has, fastest first.
-pub const PATHS: [KernelPath; 2] = [KernelPath::Avx512, KernelPath::Portable];
+pub const PATHS: [KernelPath; 3] = [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Portable];
 
 /// One attention call. `q`: [n_head, t, head_dim] contiguous (rows at absolute positions
 /// start..start+t); `k`, `v`: element (g, j, d) at `g * stride.0 + j * stride.1 + d` for
@@ -94,16 +96,24 @@ impl Causal<'_> {
 }
 
 /// The path a call takes by default: AVX-512 where the CPU has it, the head size suits
-/// it and `BATON_PORTABLE_KERNELS` does not say otherwise; else portable.
+/// it and `BATON_PORTABLE_KERNELS` does not say otherwise; else AVX2 on the same terms;
+/// else portable.
 pub fn path_for(head_dim: usize) -> KernelPath {
     match choose(KernelPath::Avx512) {
         KernelPath::Avx512 if avx512_takes(head_dim) => KernelPath::Avx512,
-        _ => KernelPath::Portable,
+        _ => match choose(KernelPath::Avx2) {
+            KernelPath::Avx2 if avx2_takes(head_dim) => KernelPath::Avx2,
+            _ => KernelPath::Portable,
+        },
     }
 }
 
 fn avx512_takes(head_dim: usize) -> bool {
     head_dim.is_multiple_of(16) && head_dim <= 256
+}
+
+fn avx2_takes(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(8) && head_dim <= 256
 }
 
 /// The attention of `a` into `out` on the default path.
@@ -133,6 +143,20 @@ pub fn causal_on(path: KernelPath, a: &Causal<'_>, out: &mut [f32]) -> Result<()
             // SAFETY: AVX-512 F is available (checked above), every read index lies
             // inside its slice (validate), and the head size suits the kernel.
             unsafe { avx512::attend(a, dst) };
+            Ok(())
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => {
+            if !avx2_takes(a.head_dim) {
+                return Err(KernelError::Unavailable {
+                    path,
+                    reason: "head sizes must be a multiple of 8, at most 256",
+                });
+            }
+            let dst = SendPtr::new(out);
+            // SAFETY: AVX2 and FMA are available (checked above), every read index lies
+            // inside its slice (validate), and the head size suits the kernel.
+            unsafe { avx2::attend(a, dst) };
             Ok(())
         }
         KernelPath::Portable => {
