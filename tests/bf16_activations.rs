@@ -70,7 +70,7 @@ fn calibrate_a_switch_and_eval_run_with_bf16_activations() {
         &script,
         format!(
             "max_tokens = 6\nreread = \"0.3\"\n\n[[step]]\nuser = \"{}\"\n\n[[step]]\nswitch = true\n\n[[step]]\nuser = \"{}\"\n",
-            tiny().chat_text(40, 3),
+            tiny().chat_text(150, 3),
             tiny().chat_text(8, 4),
         ),
     )

@@ -84,9 +84,19 @@ fn a_text_window_whose_middle_is_re_read_whole_is_the_targets_own_reading() {
         tail_only.scores
     );
     // A share re-reads that share of the history (the anchor and tail included in what
-    // the share is of), never more.
-    let part = eval(8, Some("0.25:source-attention:token"));
-    assert_eq!(part.reread_positions, 8.0, "25% of 32 history positions");
+    // the share is of), never more, where the history is long enough for the plan to
+    // cost less than the re-prefill.
+    let long = windows(&docs, &p.a.tokenizer, Split::Whole, 176, 2).unwrap();
+    let opts = TextEvalOptions {
+        prefix: 160,
+        ..text_options(8, Some("0.25:source-attention:token"))
+    };
+    let part = eval_text_with(p.models(), &long, &opts).unwrap();
+    assert_eq!(part.reread_positions, 38.0, "25% of 152 history positions");
+    // On 32, the plan's two forward calls would cost more than the one re-prefill: the
+    // guard has the target read the whole mapped part instead.
+    let short = eval(8, Some("0.25:source-attention:token"));
+    assert_eq!(short.reread_positions, 31.0);
 
     // The tail alone: measured on the same windows whatever the handoff, and a tail of
     // the whole prefix alone is the target's own reading of it.

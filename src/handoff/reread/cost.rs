@@ -11,14 +11,34 @@
 //!   two of the target's layers for every candidate; the round trip and recency cost
 //!   next to nothing;
 //! - the re-prefill it replaces reads every mapped position once (where the target
-//!   already holds a prefix as its own, only the rest: the suffix re-prefill).
+//!   already holds a prefix as its own, only the rest: the suffix re-prefill);
+//! - every forward call, whatever its rows, streams all of its model's weights once:
+//!   [`CALL_POSITIONS`] a call, for the plan's calls (choosing, re-reading) and the
+//!   re-prefill's one. On histories of a few hundred tokens that is what made plans
+//!   cost more than their positions say;
+//! - the round trip (the trusted plan's estimate of each mapped position's error) maps
+//!   every candidate there and back: [`ROUND_TRIP_PER_POSITION`] a candidate.
+//!
+//! Both constants were measured on the recall suite's switches down (a 0.5B target, 95
+//! to 491 tokens: a 30% re-read took 63% of the re-prefill, the trusted plan's round trip
+//! another 26%, 0.3 positions a candidate). Predictions still err, so a plan predicted
+//! to cost [`MARGIN`] of the re-prefill or more re-prefills instead.
 
 use super::scores::cheaper_reader;
-use super::{RereadError, RereadSetting, SelectInputs, Selector};
+use super::{PlanKind, RereadError, RereadSetting, SelectInputs, Selector};
 use std::ops::Range;
 
 /// A re-read position's cost in prefill positions (see the module doc).
 pub const REREAD_OVERHEAD: f64 = 1.5;
+
+/// A forward call's cost beyond its rows, in prefill positions (see the module doc).
+pub const CALL_POSITIONS: f64 = 32.0;
+
+/// The round trip's cost a candidate position, in prefill positions.
+pub const ROUND_TRIP_PER_POSITION: f64 = 0.3;
+
+/// The share of the re-prefill's predicted cost at which a plan re-prefills instead.
+pub const MARGIN: f64 = 0.9;
 
 /// A plan's predicted cost against the re-prefill's, in target positions.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -33,7 +53,7 @@ impl PlanCost {
     /// Whether the plan is predicted to cost at least the re-prefill: then the target
     /// re-prefills instead.
     pub fn reaches_reprefill(&self) -> bool {
-        self.plan >= self.reprefill
+        self.plan >= MARGIN * self.reprefill
     }
 }
 
@@ -51,28 +71,110 @@ pub fn predict(
         .positions(inputs.history, ms_per_position)?
         .max(opening_in)
         .min(candidates.len());
-    let reread = if setting.kind.rereads() {
-        budget as f64 * REREAD_OVERHEAD
-    } else {
-        0.0
-    };
-    let message = inputs.tokens.len().saturating_sub(inputs.history) as f64;
-    let target_w = inputs.target.config().weights_per_token().max(1) as f64;
-    let source_w = inputs.source.config().weights_per_token() as f64;
     let selector = match setting.selector {
         Selector::CheaperAttention => cheaper_reader(inputs),
         s => s,
     };
-    let choose = match selector {
-        Selector::SourceAttention => message * source_w / target_w,
-        Selector::TargetAttention | Selector::CheaperAttention => message,
-        Selector::Deviation => {
-            candidates.end as f64 * 2.0 / inputs.target.config().n_layer.max(1) as f64
-        }
-        Selector::RoundTrip | Selector::Recency => 0.0,
+    let parts = PlanParts {
+        rereads: if setting.kind.rereads() { budget } else { 0 },
+        message: inputs.tokens.len().saturating_sub(inputs.history),
+        reader_weights: match selector {
+            Selector::SourceAttention => {
+                inputs.source.config().weights_per_token() as f64
+                    / inputs.target.config().weights_per_token().max(1) as f64
+            }
+            _ => 1.0,
+        },
+        selector,
+        round_trip: setting.kind == PlanKind::Trusted,
+        candidates: candidates.clone(),
+        target_layers: inputs.target.config().n_layer,
     };
-    Ok(PlanCost {
-        plan: reread + choose,
-        reprefill: candidates.len() as f64,
-    })
+    Ok(parts.cost())
+}
+
+/// What a plan does, in sizes: all its cost depends on.
+#[derive(Debug, Clone)]
+pub struct PlanParts {
+    /// Positions re-read.
+    pub rereads: usize,
+    /// The message's length, which an attention selector reads.
+    pub message: usize,
+    /// The reading model's weights per token against the target's.
+    pub reader_weights: f64,
+    pub selector: Selector,
+    /// Whether the plan estimates each candidate's error by the round trip.
+    pub round_trip: bool,
+    pub candidates: Range<usize>,
+    pub target_layers: usize,
+}
+
+impl PlanParts {
+    /// The plan's cost and the re-prefill's, in target positions (see the module doc).
+    pub fn cost(&self) -> PlanCost {
+        let n = self.candidates.len() as f64;
+        let mut calls = 0.0;
+        let mut plan = 0.0;
+        if self.rereads > 0 {
+            plan += self.rereads as f64 * REREAD_OVERHEAD;
+            calls += 1.0;
+        }
+        match self.selector {
+            Selector::SourceAttention | Selector::TargetAttention | Selector::CheaperAttention => {
+                plan += self.message as f64 * self.reader_weights;
+                calls += self.reader_weights;
+            }
+            Selector::Deviation => {
+                plan += self.candidates.end as f64 * 2.0 / self.target_layers.max(1) as f64;
+                calls += 1.0;
+            }
+            Selector::RoundTrip | Selector::Recency => {}
+        }
+        if self.round_trip || self.selector == Selector::RoundTrip {
+            plan += n * ROUND_TRIP_PER_POSITION;
+        }
+        PlanCost {
+            plan: plan + calls * CALL_POSITIONS,
+            reprefill: n + CALL_POSITIONS,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(rereads: usize, selector: Selector, round_trip: bool, n: usize) -> PlanParts {
+        PlanParts {
+            rereads,
+            message: 16,
+            reader_weights: 1.0,
+            selector,
+            round_trip,
+            candidates: 1..n + 1,
+            target_layers: 24,
+        }
+    }
+
+    #[test]
+    fn a_plan_pays_for_its_calls_and_round_trip_and_short_histories_re_prefill() {
+        // 40% of 1,000 positions re-read, the message read once: two calls.
+        let c = parts(400, Selector::TargetAttention, false, 1000).cost();
+        assert_eq!(c.plan, 400.0 * 1.5 + 16.0 + 2.0 * CALL_POSITIONS);
+        assert_eq!(c.reprefill, 1000.0 + CALL_POSITIONS);
+        assert!(!c.reaches_reprefill());
+        // The same share of 80 positions: the calls outweigh the saving.
+        assert!(parts(32, Selector::TargetAttention, false, 80)
+            .cost()
+            .reaches_reprefill());
+        // The trusted plan's round trip: 30% re-read of 260 positions, as measured down
+        // (63% + 25% of the re-prefill), is near enough to the re-prefill to give way.
+        let trusted = parts(78, Selector::TargetAttention, true, 260).cost();
+        let plain = parts(78, Selector::TargetAttention, false, 260).cost();
+        assert_eq!(trusted.plan - plain.plan, 260.0 * ROUND_TRIP_PER_POSITION);
+        assert!(trusted.reaches_reprefill() && !plain.reaches_reprefill());
+        // Recency chooses for free: only the re-read call.
+        let tail = parts(100, Selector::Recency, false, 1000).cost();
+        assert_eq!(tail.plan, 150.0 + CALL_POSITIONS);
+    }
 }
