@@ -240,3 +240,45 @@ fn what_the_source_had_dropped_stays_dropped_unless_re_read() {
     let (repaired, _) = plan.build_new(&inputs).unwrap();
     assert_eq!(repaired.dropped(), &[8..16]);
 }
+
+#[test]
+fn a_handed_caches_fit_is_measured_on_the_positions_it_keeps() {
+    use baton::handoff::fidelity::{layer_fidelity, query_grams};
+    let pair = Pair::new(50, 16);
+    let n = pair.ids.len();
+    let fills = pair.fills(1);
+    let (mapped, garbage) = (&fills[0].1, &fills[1].1);
+    // The mapped fill with positions 5..15 (fill rows 4..14) taken from the garbage one.
+    let spliced: Vec<LayerKv> = mapped
+        .iter()
+        .zip(garbage)
+        .map(|(m, g)| {
+            let part = |a: &Tensor, b: &Tensor| {
+                Tensor::cat(
+                    &[
+                        a.narrow(1, 0, 4)?,
+                        b.narrow(1, 4, 10)?,
+                        a.narrow(1, 14, a.dim(1)? - 14)?,
+                    ],
+                    1,
+                )
+            };
+            LayerKv {
+                k: part(&m.k, &g.k).unwrap(),
+                v: part(&m.v, &g.v).unwrap(),
+            }
+        })
+        .collect();
+    let grams = query_grams(&pair.b).unwrap();
+    let fit = |fill: &[LayerKv], drop: bool| {
+        let mut c = pair.cache_with(1, fill);
+        if drop {
+            c.drop_positions(5..15).unwrap();
+        }
+        let f = layer_fidelity(&pair.b, &grams[1], &pair.truth, &c, n, None, &[], 1).unwrap();
+        (f.r2_k, f.r2_v, f.key_error_concentration)
+    };
+    // Dropped, what the slots hold does not count; kept, it does.
+    assert_eq!(fit(mapped, true), fit(&spliced, true));
+    assert_ne!(fit(mapped, false), fit(&spliced, false));
+}

@@ -11,7 +11,7 @@
 //! - key-error concentration: how much of the key error lies in the directions the
 //!   layer's query projection reads, from its Gram `W_qᵀ W_q` (1 = as much as chance).
 
-use crate::mapper::features::{layer_features, rows_to_heads};
+use crate::mapper::features::{layer_features, rows_to_heads, LayerFeatures};
 use crate::metrics::{self, QueryGram};
 use crate::model::{KvCache, Model, ModelError};
 use candle_core::Tensor;
@@ -70,6 +70,20 @@ pub fn layer_fidelity(
     let rope = model.decoder.rope();
     let ft = layer_features(truth, rope, l, 0, n, 1)?;
     let fm = layer_features(mapped, rope, l, 0, n, 1)?;
+    // A dropped position's slot holds nothing attention reads: the fit is measured on
+    // the positions the handed cache keeps.
+    let (ft, fm) = match kept_rows(mapped, n)? {
+        None => (ft, fm),
+        Some(idx) => {
+            let pick = |f: LayerFeatures| -> candle_core::Result<LayerFeatures> {
+                Ok(LayerFeatures {
+                    k: f.k.index_select(&idx, 0)?,
+                    v: f.v.index_select(&idx, 0)?,
+                })
+            };
+            (pick(ft)?, pick(fm)?)
+        }
+    };
     let err = rows_to_heads(&(&ft.k - &fm.k)?, cfg.n_kv_head)?;
     let key_error_concentration = gram.concentration(&err)?;
     let r = metrics::r2_per_layer(&[ft.k, ft.v], &[fm.k, fm.v])?;
@@ -87,4 +101,18 @@ pub fn layer_fidelity(
         r2_v: r[1],
         key_error_concentration,
     })
+}
+
+/// The rows of positions `0..n` that `cache` does not drop, as an index tensor; None
+/// when it drops none of them.
+fn kept_rows(cache: &KvCache, n: usize) -> Result<Option<Tensor>, FidelityError> {
+    let dropped = cache.dropped();
+    if !dropped.iter().any(|r| r.start < n) {
+        return Ok(None);
+    }
+    let kept: Vec<u32> = (0..n)
+        .filter(|p| !dropped.iter().any(|r| r.contains(p)))
+        .map(|p| p as u32)
+        .collect();
+    Ok(Some(Tensor::new(kept.as_slice(), cache.device())?))
 }
