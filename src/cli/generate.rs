@@ -86,19 +86,10 @@ pub fn generate(a: GenerateArgs, dev: &Device) -> Result<()> {
     Ok(())
 }
 
-/// The prompt's ids (encoded as `complete` encodes them) and its last position's logits,
-/// as JSON at `path`.
+/// The prompt's ids and its last position's logits, as JSON at `path`.
 fn write_logits(m: &model::Model, prompt: &str, chat: bool, path: &std::path::Path) -> Result<()> {
     use anyhow::Context;
-    let ids = if chat {
-        m.chat_template()?.render_ids(
-            &m.tokenizer,
-            &[baton::text::ChatMessage::user(prompt.to_string())],
-            true,
-        )?
-    } else {
-        m.tokenizer.encode_text(prompt)?
-    };
+    let ids = model::prompt_ids(m, prompt, chat)?;
     let mut cache = m.decoder.new_cache();
     let logits: Vec<f32> = m
         .decoder

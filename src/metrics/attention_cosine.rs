@@ -75,7 +75,7 @@ pub fn attention_output_cosine_hiding(
     let om = if hidden.is_empty() {
         attention_output(&q, &km, &vm, &mask)?
     } else {
-        let hiding = probe_mask_hiding(probe_positions, len, hidden, q.device())?;
+        let hiding = masked(probe_positions, len, hidden, q.device())?;
         attention_output(&q, &km, &vm, &hiding)?
     };
     let dot = (&ot * &om)?.sum(D::Minus1)?;
@@ -87,30 +87,25 @@ pub fn attention_output_cosine_hiding(
 
 /// The causal mask of probes over `len` positions: probe `i` sees keys `0..=probes[i]`.
 pub fn probe_mask(probes: &[usize], len: usize, device: &Device) -> candle_core::Result<Tensor> {
-    let mut mask = vec![0f32; probes.len() * len];
-    for (i, &pos) in probes.iter().enumerate() {
-        for j in pos + 1..len {
-            // Large but finite, so the output is differentiable (a softmax's gradient
-            // through -inf is NaN); exp of it is exactly 0 in f32 all the same.
-            mask[i * len + j] = -1e9;
-        }
-    }
-    Tensor::from_vec(mask, (probes.len(), len), device)
+    masked(probes, len, &[], device)
 }
 
 /// [`probe_mask`] with the `hidden` positions masked for every probe as well.
-fn probe_mask_hiding(
+fn masked(
     probes: &[usize],
     len: usize,
     hidden: &[std::ops::Range<usize>],
     device: &Device,
 ) -> candle_core::Result<Tensor> {
+    // Large but finite, so the output is differentiable (a softmax's gradient through
+    // -inf is NaN); exp of it is exactly 0 in f32 all the same.
+    const OUT: f32 = -1e9;
     let mut mask = vec![0f32; probes.len() * len];
     for (i, &pos) in probes.iter().enumerate() {
         let row = &mut mask[i * len..(i + 1) * len];
-        row[(pos + 1).min(len)..].fill(-1e9);
+        row[(pos + 1).min(len)..].fill(OUT);
         for r in hidden {
-            row[r.start.min(len)..r.end.min(len)].fill(-1e9);
+            row[r.start.min(len)..r.end.min(len)].fill(OUT);
         }
     }
     Tensor::from_vec(mask, (probes.len(), len), device)

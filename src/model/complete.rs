@@ -19,15 +19,7 @@ pub fn complete(
     cancel: &AtomicBool,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Generation> {
-    let ids = if chat {
-        m.chat_template()?.render_ids(
-            &m.tokenizer,
-            &[ChatMessage::user(prompt.to_string())],
-            true,
-        )?
-    } else {
-        m.tokenizer.encode_text(prompt)?
-    };
+    let ids = prompt_ids(m, prompt, chat)?;
     let mut cache = m.decoder.new_cache();
     let mut stream = m.tokenizer.stream();
     let mut on_token = |id: u32| -> bool {
@@ -44,4 +36,18 @@ pub fn complete(
         on_text(&tail);
     }
     Ok(g)
+}
+
+/// `prompt`'s ids as [`complete`] reads them: a user turn of the chat template with
+/// `chat`, else raw text; either way a special token's text in it stays text.
+pub fn prompt_ids(m: &Model, prompt: &str, chat: bool) -> Result<Vec<u32>> {
+    Ok(if chat {
+        m.chat_template()?.render_ids(
+            &m.tokenizer,
+            &[ChatMessage::user(prompt.to_string())],
+            true,
+        )?
+    } else {
+        m.tokenizer.encode_text(prompt)?
+    })
 }

@@ -16,7 +16,7 @@ pub mod rope;
 pub mod sampler;
 pub mod weights;
 
-pub use complete::complete;
+pub use complete::{complete, prompt_ids};
 pub use config::{Arch, ModelConfig, RopeLayout};
 pub use decoder::{Decoder, ForwardOptions, ForwardOutput, Logits};
 pub use error::{ModelError, Result};

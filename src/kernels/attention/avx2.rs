@@ -10,6 +10,7 @@
 //! passed [`Causal::validate`](super::Causal) (every index the loops form lies inside
 //! its slice), with a head size that is a multiple of 8 and at most 256.
 
+use super::super::avx512_exp::{LN2_HI, LN2_LO, POLY};
 use super::super::send_ptr::SendPtr;
 use super::Causal;
 use std::arch::x86_64::*;
@@ -96,14 +97,12 @@ fn exp(x: __m256) -> __m256 {
         x,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
     ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm256_set1_ps(1.987_569_1e-4);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5e-1));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+    let mut p = _mm256_set1_ps(POLY[0]);
+    for c in &POLY[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+    }
     let r2 = _mm256_mul_ps(r, r);
     let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
     // n in [-126, 127]: 2^n built from its exponent bits.
@@ -199,23 +198,15 @@ unsafe fn softmax_visible(s: *mut f32, n: usize, hidden: &[std::ops::Range<usize
     }
     // SAFETY: every index written is below n, inside the caller's buffer.
     unsafe {
-        let scores = std::slice::from_raw_parts_mut(s, n);
-        for r in hidden {
-            let end = r.end.min(n);
-            if r.start < end {
-                scores[r.start..end].fill(f32::NEG_INFINITY);
-            }
-        }
+        super::fill_hidden(
+            std::slice::from_raw_parts_mut(s, n),
+            hidden,
+            f32::NEG_INFINITY,
+        );
         let inv = softmax(s, n);
         // The clamped exp leaves e^-87 for a hidden score: zero it, so a hidden value
         // row, whatever it holds, never reaches the output.
-        let scores = std::slice::from_raw_parts_mut(s, n);
-        for r in hidden {
-            let end = r.end.min(n);
-            if r.start < end {
-                scores[r.start..end].fill(0.0);
-            }
-        }
+        super::fill_hidden(std::slice::from_raw_parts_mut(s, n), hidden, 0.0);
         inv
     }
 }

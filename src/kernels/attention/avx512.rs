@@ -179,23 +179,15 @@ unsafe fn softmax_visible(s: *mut f32, n: usize, hidden: &[std::ops::Range<usize
     }
     // SAFETY: every index written is below n, inside the caller's buffer.
     unsafe {
-        let scores = std::slice::from_raw_parts_mut(s, n);
-        for r in hidden {
-            let end = r.end.min(n);
-            if r.start < end {
-                scores[r.start..end].fill(f32::NEG_INFINITY);
-            }
-        }
+        super::fill_hidden(
+            std::slice::from_raw_parts_mut(s, n),
+            hidden,
+            f32::NEG_INFINITY,
+        );
         let inv = softmax(s, n);
         // The clamped exp leaves e^-104 (below f32's smallest denormal or next to it):
         // zero it so a hidden value row, whatever it holds, never reaches the output.
-        let scores = std::slice::from_raw_parts_mut(s, n);
-        for r in hidden {
-            let end = r.end.min(n);
-            if r.start < end {
-                scores[r.start..end].fill(0.0);
-            }
-        }
+        super::fill_hidden(std::slice::from_raw_parts_mut(s, n), hidden, 0.0);
         inv
     }
 }

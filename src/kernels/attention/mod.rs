@@ -190,7 +190,7 @@ fn portable(a: &Causal<'_>, out: &mut [f32]) {
                     let krow = &a.k[g * ksh + j * ksr..g * ksh + j * ksr + hd];
                     *s = dot(qrow, krow) * scale;
                 }
-                hide(&mut scores, a.hidden);
+                fill_hidden(&mut scores, a.hidden, f32::NEG_INFINITY);
                 for s in scores.iter() {
                     max = max.max(*s);
                 }
@@ -215,14 +215,14 @@ fn portable(a: &Causal<'_>, out: &mut [f32]) {
         });
 }
 
-/// Scores of hidden positions become -inf, so their softmax weight is 0 (the row's own
-/// position is never hidden, so the maximum stays finite).
+/// Scores of hidden positions become `value` (-inf before a softmax, so the row's weight
+/// there is 0; the row's own position is never hidden, so the maximum stays finite).
 #[inline]
-fn hide(scores: &mut [f32], hidden: &[Range<usize>]) {
+fn fill_hidden(scores: &mut [f32], hidden: &[Range<usize>], value: f32) {
     for r in hidden {
         let end = r.end.min(scores.len());
         if r.start < end {
-            scores[r.start..end].fill(f32::NEG_INFINITY);
+            scores[r.start..end].fill(value);
         }
     }
 }
