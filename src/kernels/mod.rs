@@ -21,6 +21,8 @@
 
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
+mod avx2_exp;
+#[cfg(target_arch = "x86_64")]
 mod avx512_exp;
 pub mod int8;
 pub mod par;
@@ -47,7 +49,8 @@ pub enum KernelPath {
     Avx512Vnni,
     /// AVX-512 F: the attention kernel.
     Avx512,
-    /// AVX2 with FMA (Haswell on, Zen 1 to 3): the attention kernel where AVX-512 is not.
+    /// AVX2 with FMA and F16C (Haswell on, Zen 1 to 3): the attention kernel and the int8
+    /// matmuls where AVX-512 is not.
     Avx2,
     /// Plain Rust, every CPU.
     Portable,
@@ -78,7 +81,9 @@ impl KernelPath {
             KernelPath::Avx2 => {
                 static OK: OnceLock<bool> = OnceLock::new();
                 *OK.get_or_init(|| {
-                    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+                    is_x86_feature_detected!("avx2")
+                        && is_x86_feature_detected!("fma")
+                        && is_x86_feature_detected!("f16c")
                 })
             }
             #[cfg(not(target_arch = "x86_64"))]
@@ -91,7 +96,7 @@ impl KernelPath {
         match self {
             KernelPath::Avx512Vnni => "avx512f, avx512bw, avx512vl and avx512vnni",
             KernelPath::Avx512 => "avx512f",
-            KernelPath::Avx2 => "avx2 and fma",
+            KernelPath::Avx2 => "avx2, fma and f16c",
             KernelPath::Portable => "nothing",
         }
     }

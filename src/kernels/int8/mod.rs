@@ -12,12 +12,15 @@
 //! are built for); fused Q/K/V, gate/up with SiLU and residual epilogues save passes over
 //! the activations and outputs.
 //!
-//! Paths: [`KernelPath::Avx512Vnni`] and [`KernelPath::Portable`] (see [`PATHS`]). They
-//! quantize activations identically, form identical integer sums per block, and apply the
-//! same float steps (one fused multiply-add per block) in the same order, so their
-//! outputs agree bit for bit; the tests hold them to that.
+//! Paths: [`KernelPath::Avx512Vnni`], [`KernelPath::Avx2`] (for CPUs without AVX-512:
+//! `vpmaddubsw` pair sums where VNNI has `vpdpbusd`) and [`KernelPath::Portable`] (see
+//! [`PATHS`]). They quantize activations identically, form identical integer sums per
+//! block, and apply the same float steps (one fused multiply-add per block) in the same
+//! order, so their outputs agree bit for bit; the tests hold them to that.
 
 mod acts;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod packed;
 mod portable;
 #[cfg(test)]
@@ -34,18 +37,25 @@ use acts::Acts;
 use std::mem::MaybeUninit;
 
 /// The paths these kernels have, fastest first.
-pub const PATHS: [KernelPath; 2] = [KernelPath::Avx512Vnni, KernelPath::Portable];
+pub const PATHS: [KernelPath; 3] = [
+    KernelPath::Avx512Vnni,
+    KernelPath::Avx2,
+    KernelPath::Portable,
+];
 
-/// The path calls without an explicit one take: AVX-512 VNNI where the CPU has it and
-/// `BATON_PORTABLE_KERNELS` does not say otherwise, else portable.
+/// The path calls without an explicit one take: AVX-512 VNNI where the CPU has it, else
+/// AVX2, else portable (always where `BATON_PORTABLE_KERNELS` says so).
 pub fn path() -> KernelPath {
-    choose(KernelPath::Avx512Vnni)
+    match choose(KernelPath::Avx512Vnni) {
+        KernelPath::Portable => choose(KernelPath::Avx2),
+        p => p,
+    }
 }
 
 /// Whether weights should be packed for these kernels: where they run at SIMD speed, or
 /// where the portable path was asked for (elsewhere candle's own kernels are faster).
 pub fn enabled() -> bool {
-    KernelPath::Avx512Vnni.available() || portable_forced()
+    path() != KernelPath::Portable || portable_forced()
 }
 
 /// Output tiles (16 columns each) per work item.
@@ -289,6 +299,15 @@ pub(crate) fn matmul_split(
                     // `m`; items partition every job's output, so this item's rectangle
                     // is written by this call alone.
                     unsafe { vnni::item(r, &item, acts, work) };
+                }
+            }),
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx2 => avx2::with_work(|work| {
+                for it in range {
+                    let (r, item) = item_of(it);
+                    // SAFETY: as for the VNNI path: AVX2, FMA and F16C were checked
+                    // available, the shapes validated, and the item's rectangle is its own.
+                    unsafe { avx2::item(r, &item, acts, work) };
                 }
             }),
             _ => portable::with_work(|work| {

@@ -192,7 +192,14 @@ fn avx512vnni_path_matches_the_dequantized_reference_over_the_shape_sweep() {
     }
 }
 
-/// The two paths quantize activations to the same bytes and form the same integer sums
+#[test]
+fn avx2_path_matches_the_dequantized_reference_over_the_shape_sweep() {
+    if runs_here(KernelPath::Avx2) {
+        sweep(KernelPath::Avx2);
+    }
+}
+
+/// The paths quantize activations to the same bytes and form the same integer sums
 /// with the same float steps in the same order, so they must agree exactly, not within
 /// a tolerance: a difference here is a bug in one of them, however small.
 #[test]
@@ -216,7 +223,19 @@ fn avx512vnni_and_portable_paths_agree_bit_for_bit() {
     // SAFETY: as above.
     unsafe { super::acts::avx512::quantize_a256(&x, &mut v256) };
     assert_eq!(p256, v256);
+    agrees_with_portable(KernelPath::Avx512Vnni);
+}
 
+#[test]
+fn avx2_and_portable_paths_agree_bit_for_bit() {
+    if runs_here(KernelPath::Avx2) {
+        agrees_with_portable(KernelPath::Avx2);
+    }
+}
+
+/// `path` against the portable path on every kind, depth, width and row count, through
+/// all three epilogues.
+fn agrees_with_portable(path: KernelPath) {
     let mut seed = 500;
     for dt in KINDS {
         for &k in depths(dt) {
@@ -241,11 +260,11 @@ fn avx512vnni_and_portable_paths_agree_bit_for_bit() {
                             epilogue: Epilogue::SwiGlu,
                         },
                     ];
-                    let v = run(KernelPath::Avx512Vnni, &x, m, &jobs, Split::Pool);
+                    let v = run(path, &x, m, &jobs, Split::Pool);
                     let p = run(KernelPath::Portable, &x, m, &jobs, Split::Threads(3));
                     for (i, (a, b)) in v.iter().zip(&p).enumerate() {
                         let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                        assert!(same, "{dt:?} {n}x{k} m={m} job {i}: paths differ");
+                        assert!(same, "{path:?} {dt:?} {n}x{k} m={m} job {i}: paths differ");
                     }
                 }
             }
@@ -347,6 +366,14 @@ fn avx512vnni_packed_kernels_are_accurate_and_row_count_invariant() -> candle_co
         return Ok(());
     }
     accurate_and_row_count_invariant(KernelPath::Avx512Vnni)
+}
+
+#[test]
+fn avx2_packed_kernels_are_accurate_and_row_count_invariant() -> candle_core::Result<()> {
+    if !runs_here(KernelPath::Avx2) {
+        return Ok(());
+    }
+    accurate_and_row_count_invariant(KernelPath::Avx2)
 }
 
 /// Parts side by side are the joined row, on every path that runs here.
@@ -478,6 +505,34 @@ fn portable_silu_matches_the_avx512_one_bit_for_bit() {
         let mut lanes = [0f32; 16];
         lanes[..chunk.len()].copy_from_slice(chunk);
         let got = super::vnni::silu_lanes(lanes);
+        for (i, &x) in lanes.iter().enumerate() {
+            let want = super::portable::silu(x);
+            assert_eq!(
+                got[i].to_bits(),
+                want.to_bits(),
+                "silu({x}): {} vs {want}",
+                got[i]
+            );
+        }
+    }
+}
+
+/// The portable `silu` is the AVX2 one lane for lane, over the whole clamped range, past
+/// it, and where e^-x is subnormal (the AVX2 exp scales by two powers of two there).
+#[test]
+fn portable_silu_matches_the_avx2_one_bit_for_bit() {
+    if !runs_here(KernelPath::Avx2) {
+        return;
+    }
+    let xs: Vec<f32> = (-2000..2000)
+        .map(|i| i as f32 * 0.07)
+        .chain((0..200).map(|i| 87.0 + i as f32 * 0.1))
+        .chain([0.0, -0.0, 1e-30, -1e-30, 150.0, -150.0, 1e6, -1e6, f32::NAN])
+        .collect();
+    for chunk in xs.chunks(8) {
+        let mut lanes = [0f32; 8];
+        lanes[..chunk.len()].copy_from_slice(chunk);
+        let got = super::avx2::silu_lanes(lanes);
         for (i, &x) in lanes.iter().enumerate() {
             let want = super::portable::silu(x);
             assert_eq!(
