@@ -4,6 +4,8 @@
 //! the same arithmetic (round half to even, the same scale), so they see the same bytes.
 
 #[cfg(target_arch = "x86_64")]
+pub(super) mod avx2;
+#[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
 
 use super::super::send_ptr::SendPtr;
@@ -219,6 +221,12 @@ fn a32_on(path: KernelPath, x: &[f32], out: &mut [A32]) {
         unsafe { avx512::quantize_a32(x, out) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if path == KernelPath::Avx2 {
+        // SAFETY: the caller only picks this path where the CPU has AVX2.
+        unsafe { avx2::quantize_a32(x, out) };
+        return;
+    }
     let _ = path;
     quantize_a32(x, out)
 }
@@ -228,6 +236,12 @@ fn a256_on(path: KernelPath, x: &[f32], out: &mut [A256]) {
     if path == KernelPath::Avx512Vnni {
         // SAFETY: as in `a32_on`, with 256 values per block.
         unsafe { avx512::quantize_a256(x, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if path == KernelPath::Avx2 {
+        // SAFETY: as in `a32_on`.
+        unsafe { avx2::quantize_a256(x, out) };
         return;
     }
     let _ = path;

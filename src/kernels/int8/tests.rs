@@ -207,30 +207,44 @@ fn avx512vnni_and_portable_paths_agree_bit_for_bit() {
     if !runs_here(KernelPath::Avx512Vnni) {
         return;
     }
-    // Quantizers, on values that hit rounding ties (x·(1/d) = z + 0.5) and zero blocks.
-    let mut x = values(4096, 7);
-    for (i, v) in x.iter_mut().enumerate().take(256) {
-        *v = (i % 9) as f32 * 0.5 - 2.0;
-    }
-    x[256..288].fill(0.0);
-    let (mut p32, mut v32) = (vec![A32::default(); 128], vec![A32::default(); 128]);
-    quantize_a32(&x, &mut p32);
     // SAFETY: AVX-512 VNNI (so F/BW/VL) is available: checked above.
-    unsafe { super::acts::avx512::quantize_a32(&x, &mut v32) };
-    assert_eq!(p32, v32);
-    let (mut p256, mut v256) = (vec![A256::default(); 16], vec![A256::default(); 16]);
-    quantize_a256(&x, &mut p256);
-    // SAFETY: as above.
-    unsafe { super::acts::avx512::quantize_a256(&x, &mut v256) };
-    assert_eq!(p256, v256);
+    quantizers_agree(
+        |x, o| unsafe { super::acts::avx512::quantize_a32(x, o) },
+        |x, o| unsafe { super::acts::avx512::quantize_a256(x, o) },
+    );
     agrees_with_portable(KernelPath::Avx512Vnni);
 }
 
 #[test]
 fn avx2_and_portable_paths_agree_bit_for_bit() {
-    if runs_here(KernelPath::Avx2) {
-        agrees_with_portable(KernelPath::Avx2);
+    if !runs_here(KernelPath::Avx2) {
+        return;
     }
+    // SAFETY: AVX2 is available: checked above.
+    quantizers_agree(
+        |x, o| unsafe { super::acts::avx2::quantize_a32(x, o) },
+        |x, o| unsafe { super::acts::avx2::quantize_a256(x, o) },
+    );
+    agrees_with_portable(KernelPath::Avx2);
+}
+
+/// SIMD quantizers against the portable ones, on values that hit rounding ties
+/// (x·(1/d) = z + 0.5), zero blocks, and a block holding a NaN.
+fn quantizers_agree(q32: impl Fn(&[f32], &mut [A32]), q256: impl Fn(&[f32], &mut [A256])) {
+    let mut x = values(4096, 7);
+    for (i, v) in x.iter_mut().enumerate().take(256) {
+        *v = (i % 9) as f32 * 0.5 - 2.0;
+    }
+    x[256..288].fill(0.0);
+    x[1000] = f32::NAN;
+    let (mut p32, mut v32) = (vec![A32::default(); 128], vec![A32::default(); 128]);
+    quantize_a32(&x, &mut p32);
+    q32(&x, &mut v32);
+    assert_eq!(format!("{p32:?}"), format!("{v32:?}"));
+    let (mut p256, mut v256) = (vec![A256::default(); 16], vec![A256::default(); 16]);
+    quantize_a256(&x, &mut p256);
+    q256(&x, &mut v256);
+    assert_eq!(format!("{p256:?}"), format!("{v256:?}"));
 }
 
 /// `path` against the portable path on every kind, depth, width and row count, through
