@@ -14,8 +14,8 @@ const KINDS: [GgmlDType; 4] = [
     GgmlDType::Q6K,
 ];
 /// Row counts: one row (the decode kernels), register-block remainders (4 rows per
-/// block), and both sides of the 64-row work item.
-const ROWS: [usize; 7] = [1, 2, 3, 5, 64, 65, 130];
+/// block on the VNNI path, 8 on the AVX2 one), and both sides of the 64-row work item.
+const ROWS: [usize; 9] = [1, 2, 3, 5, 7, 14, 64, 65, 130];
 /// Output columns: one tile, and an odd tile count (a work item with a single tile).
 const COLS: [usize; 2] = [16, 48];
 const SPLITS: [Split; 4] = [
