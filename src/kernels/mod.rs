@@ -6,7 +6,7 @@
 //! in plain Rust that computes the same integer sums in the same float order. The SIMD
 //! path is chosen at run time when the CPU has the features it needs;
 //! `BATON_PORTABLE_KERNELS=1` forces the portable one everywhere (to check a result
-//! against the SIMD code, or to run the packed kernels on a CPU without AVX-512). Tests
+//! against the SIMD code, or to run the packed kernels on a CPU without AVX2). Tests
 //! pick a path explicitly through [`KernelPath`].
 //!
 //! Nothing here knows about models or mappers: inputs are slices, shapes and strides,

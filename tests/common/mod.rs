@@ -49,19 +49,10 @@ pub fn llama3_tokenizer_json() -> PathBuf {
     artifact("BATON_TEST_LLAMA3_TOKENIZER_JSON", "llama3-tokenizer-json")
 }
 
-/// Says that `test` did not run and why, past the test harness's output capture (see
-/// docs/testing.md's list of tests that can be skipped).
-/// Whether the int8 kernels run on this CPU (AVX-512 VNNI), so an int8 map is not the
-/// f32 one under another name.
+/// Whether the int8 kernels run on this CPU (AVX-512 VNNI or AVX2, or their portable
+/// path where asked for), so an int8 map is not the f32 one under another name.
 pub fn int8_kernels() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    baton::kernels::int8::enabled()
 }
 
 /// `m`'s cache of `ids`, as a prefill leaves it.
@@ -83,11 +74,13 @@ pub fn int8_or_skipped(mapper: &baton::mapper::CacheMapper, test: &str) -> bool 
     assert_eq!(mapper.precision(), MapPrecision::F32);
     skipped(
         test,
-        "no AVX-512 VNNI here: the int8 map falls back to f32, nothing to compare",
+        "no int8 kernels here (no AVX2): the int8 map falls back to f32, nothing to compare",
     );
     false
 }
 
+/// Says that `test` did not run and why, past the test harness's output capture (see
+/// docs/testing.md's list of tests that can be skipped).
 pub fn skipped(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");

@@ -38,7 +38,7 @@ pub const DEFAULT_ANCHOR: usize = 1;
 #[serde(rename_all = "lowercase")]
 pub enum MapPrecision {
     /// Q8_0 weights and features on the CPU's int8 kernels, where the CPU has them
-    /// (AVX-512 VNNI); elsewhere the same as `F32`.
+    /// (AVX-512 VNNI or AVX2); elsewhere the same as `F32`.
     #[default]
     Int8,
     /// Dense products in the target's dtype.

@@ -81,7 +81,8 @@ impl Linear {
 
     /// A dense f32 matrix `weight` ([out, in]) and bias, quantized to Q8_0 and packed
     /// for the CPU's int8 kernels. `None` where those kernels do not run (no AVX-512
-    /// VNNI and no `BATON_PORTABLE_KERNELS`, not on the CPU, or a shape they do not take).
+    /// VNNI, no AVX2 and no `BATON_PORTABLE_KERNELS`, not on the CPU, or a shape they do
+    /// not take).
     pub fn packed_q8_0(weight: &Tensor, bias: Option<&Tensor>) -> Result<Option<Self>> {
         let (n, k) = weight.dims2()?;
         if weight.device().is_cpu() && int8::enabled() && Packed::supports(GgmlDType::Q8_0, n, k) {

@@ -1,5 +1,5 @@
 //! Weights from GGUF (quantized) or Hugging Face safetensors (dense), into one layout the
-//! decoder runs. On CPUs with AVX-512 VNNI, Q8_0 / Q5_0 / Q4_K / Q6_K projections are
+//! decoder runs. On x86 CPUs with AVX-512 VNNI or AVX2, Q8_0 / Q5_0 / Q4_K / Q6_K projections are
 //! packed for baton's own kernels ([`crate::kernels::int8`]: row-count invariant, fused
 //! Q/K/V, gate/up + SiLU and residual epilogues); everything else goes through candle's
 //! QMatMul.
@@ -76,7 +76,7 @@ fn slow_on_cpu(t: GgmlDType) -> bool {
 }
 
 /// Whether weights on the CPU run on baton's own int8 kernels: where the CPU has AVX-512
-/// VNNI, or where `BATON_PORTABLE_KERNELS` asks for their portable path.
+/// VNNI or AVX2, or where `BATON_PORTABLE_KERNELS` asks for their portable path.
 pub fn fast_cpu_kernels() -> bool {
     crate::kernels::int8::enabled()
 }
