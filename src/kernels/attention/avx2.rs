@@ -10,7 +10,7 @@
 //! passed [`Causal::validate`](super::Causal) (every index the loops form lies inside
 //! its slice), with a head size that is a multiple of 8 and at most 256.
 
-use super::super::avx512_exp::{LN2_HI, LN2_LO, POLY};
+use super::super::avx2_exp::exp_normal as exp;
 use super::super::send_ptr::SendPtr;
 use super::Causal;
 use std::arch::x86_64::*;
@@ -85,32 +85,6 @@ pub(super) unsafe fn attend(c: &Causal<'_>, out: SendPtr<f32>) {
     } else {
         candle_core::utils::barrier_pool().execute_chunked(items, run);
     }
-}
-
-/// e^x (the AVX-512 kernel's polynomial), deterministic for a given input. Inputs are
-/// clamped at -87, where 2^n is still a normal float: e^-87 is 1.6e-38, nothing next to
-/// the row's largest weight of 1.
-#[target_feature(enable = "avx2,fma")]
-fn exp(x: __m256) -> __m256 {
-    let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        x,
-        _mm256_set1_ps(std::f32::consts::LOG2_E),
-    ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-    let mut p = _mm256_set1_ps(POLY[0]);
-    for c in &POLY[1..] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
-    }
-    let r2 = _mm256_mul_ps(r, r);
-    let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
-    // n in [-126, 127]: 2^n built from its exponent bits.
-    let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
-    ));
-    _mm256_mul_ps(y, _mm256_castsi256_ps(e))
 }
 
 /// Sums of 8 vectors, lane e = sum of all lanes of v[e], each by the same fixed tree.

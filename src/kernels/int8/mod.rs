@@ -223,6 +223,23 @@ impl JobRef<'_> {
             _ => [self.w; NT],
         }
     }
+
+    /// Where the packed data of item `it`'s tiles starts: gate's and up's tile t0 for
+    /// SwiGLU, else tiles t0 and t0 + 1 (t0 twice when the item has one). Addresses
+    /// only: they lie inside the weights for items the dispatcher derives.
+    pub(super) fn tile_starts(&self, it: &Item) -> [*const u8; NT] {
+        let ts = self.w.tile_bytes();
+        let [a, b] = self.tiles(it);
+        let second = if !it.swiglu && it.nt == 2 {
+            it.t0 + 1
+        } else {
+            it.t0
+        };
+        [
+            a.base().wrapping_add(it.t0 * ts),
+            b.base().wrapping_add(second * ts),
+        ]
+    }
 }
 
 pub(crate) fn matmul_split(

@@ -79,7 +79,9 @@ unsafe fn fifth_bits(p: *const u8) -> __m256i {
 /// Q8_0 block `b`, half `h`. Quants are stored +128; flipped back to signed bytes they
 /// are multiplied as |w| · (a · sign w), so each pair sums at most 2 · 128 · 127 < 2^15
 /// (activations are quantized into [-127, 127]), and the result is Σ w·a itself, which
-/// equals the VNNI path's Σ (w+128)·a − 128·Σa.
+/// equals the VNNI path's Σ (w+128)·a − 128·Σa. Only a NaN activation quantizes to -128,
+/// whose negation wraps: that row's outputs may then differ from the other paths', and
+/// are meaningless on every path.
 ///
 /// # Safety
 /// The module contract; b < w.kb(), h < 2.

@@ -84,26 +84,8 @@ fn silu(x: __m512) -> __m512 {
 /// the dispatcher derives from them, and no other thread writes its rectangle meanwhile.
 pub(super) unsafe fn item(r: &JobRef<'_>, it: &Item, acts: &Acts, work: &mut Work) {
     let w = r.w;
-    let ts = w.tile_bytes();
-    let [tw, tu] = r.tiles(it);
-    let (tiles, rows) = if it.swiglu {
-        (
-            [
-                tw.base().wrapping_add(it.t0 * ts),
-                tu.base().wrapping_add(it.t0 * ts),
-            ],
-            it.r1 - it.r0,
-        )
-    } else {
-        let second = if it.nt == 2 { it.t0 + 1 } else { it.t0 };
-        (
-            [
-                w.base().wrapping_add(it.t0 * ts),
-                w.base().wrapping_add(second * ts),
-            ],
-            it.r1 - it.r0,
-        )
-    };
+    let tiles = r.tile_starts(it);
+    let rows = it.r1 - it.r0;
     debug_assert!(rows <= RB && it.r1 <= acts.rows());
     // SAFETY: the tiles lie inside the weights (t0 + nt <= n/16, validated shapes), the
     // activation rows r0..r1 exist, and the caller's contract covers the rest.
