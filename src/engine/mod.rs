@@ -214,6 +214,11 @@ pub fn build(
     };
     let mut out = Outbox::new(events, recorder);
     out.emit(ready);
+    if let Some(caveat) = crate::protocol::unverified_baseline(config.device.is_cpu()) {
+        out.emit(Event::Notice {
+            message: caveat.to_string(),
+        });
+    }
     let full = crate::calibrate::CalibrateOptions::default().sequences;
     for m in &mappers {
         if let Some(problem) = &m.gate_problem {

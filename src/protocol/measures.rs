@@ -4,6 +4,18 @@ use super::float;
 use super::kinds::CacheOrigin;
 use serde::{Deserialize, Serialize};
 
+/// What a speedup measured away from the CPU is set against, said wherever one is
+/// printed: baton's own re-prefill on that device, which no GPU has yet timed beside a
+/// production prefill in this build. `None` on the CPU, where the re-prefill was timed
+/// beside llama.cpp's on AVX-512 and AVX2 and was the faster (docs/runtime.md).
+pub fn unverified_baseline(device_is_cpu: bool) -> Option<&'static str> {
+    (!device_is_cpu).then_some(
+        "speedups on this device are against baton's own re-prefill, not yet timed beside \
+         a production prefill (PyTorch's) in this build; an earlier build's was 8-25x slower \
+         than PyTorch's on an H200, which inflated its speedups as much (docs/gpu.md)",
+    )
+}
+
 /// Where the time of one generation went.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct GenerationTimings {
@@ -183,5 +195,20 @@ impl std::fmt::Display for MapperState {
                 self.updates, self.learned_tokens
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_speedup_off_the_cpu_names_its_unverified_baseline() {
+        assert_eq!(unverified_baseline(true), None);
+        let said = unverified_baseline(false).expect("said off the CPU");
+        assert!(
+            said.contains("re-prefill") && said.contains("PyTorch"),
+            "{said}"
+        );
     }
 }

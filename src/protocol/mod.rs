@@ -19,8 +19,8 @@ pub use events::{Event, SwitchEvent};
 pub use ids::ModelName;
 pub use kinds::{CacheOrigin, MapperInfo, ModelInfo, PathKind, PlanPart, PlanText, StopKind};
 pub use measures::{
-    finite_mean, EstimateBasis, GateDecision, GenerationTimings, MapperState, SwitchEstimate,
-    SwitchMetrics, SwitchTimings,
+    finite_mean, unverified_baseline, EstimateBasis, GateDecision, GenerationTimings, MapperState,
+    SwitchEstimate, SwitchMetrics, SwitchTimings,
 };
 pub use switch_row::{FollowUp, Measure, RereadDone, SwitchRow, SwitchRows};
 

@@ -38,6 +38,8 @@ pub struct SweepPlan<'a> {
     pub precision: MapPrecision,
     /// Where it runs, as the report names it.
     pub device: String,
+    /// Whether that is the CPU (elsewhere the sweep says what its speedups are against).
+    pub on_cpu: bool,
 }
 
 /// Times each (source, target) of `directions` at every length of `plan`; each line of
@@ -55,6 +57,9 @@ pub fn sweep(
     let lengths = check_plan(plan.lengths, &plan.options)?;
     check_lengths(&lengths, max)?;
     let opts = plan.options;
+    if let Some(caveat) = crate::protocol::unverified_baseline(plan.on_cpu) {
+        on_line(&format!("note: {caveat}"));
+    }
     let mut results = Vec::new();
     for &(s, t) in directions {
         let (art, mapper) = artifact::open_for(plan.mapper_dir, s, t)?;
