@@ -14,6 +14,39 @@ pub struct ModelSummary<'a> {
     /// Whether the sha256 was computed from the bytes now or trusted from its stamp.
     pub sha256_check: DigestCheck,
     pub load_conversions: Vec<Conversion<'a>>,
+    /// The CPU kernel paths this model runs on; `None` off the CPU.
+    pub kernels: Option<Kernels>,
+}
+
+/// Which implementation runs the quantized products and the attention on this CPU, as
+/// the CPU's features, `BATON_CPU_LEVEL` and `BATON_PORTABLE_KERNELS` decide.
+#[derive(Debug, Serialize)]
+pub struct Kernels {
+    /// "avx512vnni", "avx2" or "portable" (baton's int8 kernels), or "candle" (candle's
+    /// own quantized kernels, where baton's do not run).
+    pub int8: &'static str,
+    /// "avx512", "avx2" or "portable".
+    pub attention: &'static str,
+}
+
+impl Kernels {
+    fn here(head_dim: usize) -> Self {
+        use crate::kernels::{attention, int8, KernelPath};
+        let name = |p: KernelPath| match p {
+            KernelPath::Avx512Vnni => "avx512vnni",
+            KernelPath::Avx512 => "avx512",
+            KernelPath::Avx2 => "avx2",
+            KernelPath::Portable => "portable",
+        };
+        Self {
+            int8: if int8::enabled() {
+                name(int8::path())
+            } else {
+                "candle"
+            },
+            attention: name(attention::path_for(head_dim)),
+        }
+    }
 }
 
 /// Weights requantised at load for the CPU kernels.
@@ -49,6 +82,11 @@ impl<'a> ModelSummary<'a> {
                     bytes_after: *after,
                 })
                 .collect(),
+            kernels: m
+                .decoder
+                .device()
+                .is_cpu()
+                .then(|| Kernels::here(c.head_dim)),
         }
     }
 
@@ -105,6 +143,12 @@ impl<'a> ModelSummary<'a> {
             "chat template",
             if self.chat_template { "yes" } else { "no" }.into(),
         );
+        if let Some(k) = &self.kernels {
+            row(
+                "CPU kernels",
+                format!("int8 products {}, attention {}", k.int8, k.attention),
+            );
+        }
         for x in &self.load_conversions {
             row(
                 "converted",
