@@ -25,12 +25,15 @@ pub struct Kernels {
     /// "avx512vnni", "avx2" or "portable" (baton's int8 kernels), or "candle" (candle's
     /// own quantized kernels, where baton's do not run).
     pub int8: &'static str,
-    /// "avx512", "avx2" or "portable".
+    /// "avx512", "avx2" or "portable" (baton's), or "candle" (its batched products).
     pub attention: &'static str,
 }
 
 impl Kernels {
-    fn here(head_dim: usize) -> Self {
+    /// `packed`: whether the model's projections were packed for baton's int8 kernels;
+    /// `f32`: whether its activations are f32 (baton's attention kernels take only f32,
+    /// candle's batched products run the rest).
+    fn here(head_dim: usize, packed: bool, f32: bool) -> Self {
         use crate::kernels::{attention, int8, KernelPath};
         let name = |p: KernelPath| match p {
             KernelPath::Avx512Vnni => "avx512vnni",
@@ -39,12 +42,12 @@ impl Kernels {
             KernelPath::Portable => "portable",
         };
         Self {
-            int8: if int8::enabled() {
-                name(int8::path())
+            int8: if packed { name(int8::path()) } else { "candle" },
+            attention: if f32 {
+                name(attention::path_for(head_dim))
             } else {
                 "candle"
             },
-            attention: name(attention::path_for(head_dim)),
         }
     }
 }
@@ -82,11 +85,16 @@ impl<'a> ModelSummary<'a> {
                     bytes_after: *after,
                 })
                 .collect(),
-            kernels: m
-                .decoder
-                .device()
-                .is_cpu()
-                .then(|| Kernels::here(c.head_dim)),
+            kernels: m.decoder.device().is_cpu().then(|| {
+                let packed = m
+                    .decoder
+                    .weights()
+                    .layers
+                    .first()
+                    .is_some_and(|l| l.q.is_packed());
+                let f32 = m.decoder.dtype() == candle_core::DType::F32;
+                Kernels::here(c.head_dim, packed, f32)
+            }),
         }
     }
 

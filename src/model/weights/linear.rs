@@ -96,6 +96,11 @@ impl Linear {
         Ok(None)
     }
 
+    /// Whether this projection runs on baton's int8 kernels (else on candle's).
+    pub fn is_packed(&self) -> bool {
+        matches!(self.w, LinearWeight::Packed(..))
+    }
+
     /// `x Wᵀ + b` on the packed CPU kernels for `m` rows given as parts side by side
     /// (row `r` of the input is `parts[0][r] | parts[1][r] | …`, each part `width` wide,
     /// f32 row-major); `None` when this projection is not packed as Q8_0.
