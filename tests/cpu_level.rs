@@ -22,38 +22,35 @@ fn baton(cap: bool) -> Command {
     c
 }
 
-fn info(cap: bool, model: &Path) -> serde_json::Value {
-    let out = baton(cap)
-        .args(["info", "--json", "-m"])
-        .arg(model)
-        .output()
-        .expect("baton runs");
+/// `cmd`'s standard output, once it succeeded.
+fn ok(mut cmd: Command) -> Vec<u8> {
+    let out = cmd.output().expect("baton runs");
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("info --json")
+    out.stdout
+}
+
+fn info(cap: bool, model: &Path) -> serde_json::Value {
+    let mut c = baton(cap);
+    c.args(["info", "--json", "-m"]).arg(model);
+    serde_json::from_slice(&ok(c)).expect("info --json")
 }
 
 fn last_logits(cap: bool, model: &Path, dir: &Path) -> Vec<f32> {
     let path = dir.join(if cap { "capped.json" } else { "plain.json" });
-    let out = baton(cap)
-        .args(["generate", "--max-tokens", "1", "--logits-out"])
+    let mut c = baton(cap);
+    c.args(["generate", "--max-tokens", "1", "--logits-out"])
         .arg(&path)
         .args([
             "-p",
             "fn fibonacci(n: u64) -> u64 {\n    // the n-th Fibonacci number, iteratively\n",
             "-m",
         ])
-        .arg(model)
-        .output()
-        .expect("baton runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg(model);
+    ok(c);
     let doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).expect("logits written")).expect("json");
     doc["logits"]
