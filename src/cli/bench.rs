@@ -63,8 +63,7 @@ pub fn bench(a: BenchArgs, dev: &Device) -> Result<()> {
         options: a.options(),
         mapper_dir: a.pair.mapper_dir(),
         precision: a.precision.precision.into(),
-        device: format!("{:?}", dev.location()).to_lowercase(),
-        on_cpu: dev.is_cpu(),
+        device: dev,
     };
     let directions = a.direction.pairs(&first, &second);
     let doc = sweep(&directions, &plan, &mut |line| human(a.json, line))?;

@@ -34,17 +34,15 @@ impl Kernels {
     /// `f32`: whether its activations are f32 (baton's attention kernels take only f32,
     /// candle's batched products run the rest).
     fn here(head_dim: usize, packed: bool, f32: bool) -> Self {
-        use crate::kernels::{attention, int8, KernelPath};
-        let name = |p: KernelPath| match p {
-            KernelPath::Avx512Vnni => "avx512vnni",
-            KernelPath::Avx512 => "avx512",
-            KernelPath::Avx2 => "avx2",
-            KernelPath::Portable => "portable",
-        };
+        use crate::kernels::{attention, int8};
         Self {
-            int8: if packed { name(int8::path()) } else { "candle" },
+            int8: if packed {
+                int8::path().name()
+            } else {
+                "candle"
+            },
             attention: if f32 {
-                name(attention::path_for(head_dim))
+                attention::path_for(head_dim).name()
             } else {
                 "candle"
             },

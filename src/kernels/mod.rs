@@ -23,6 +23,8 @@ pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx2_exp;
 #[cfg(target_arch = "x86_64")]
+mod avx2_lanes;
+#[cfg(target_arch = "x86_64")]
 mod avx512_exp;
 pub mod int8;
 pub mod par;
@@ -91,6 +93,16 @@ impl KernelPath {
         }
     }
 
+    /// The path's name, as `baton info` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelPath::Avx512Vnni => "avx512vnni",
+            KernelPath::Avx512 => "avx512",
+            KernelPath::Avx2 => "avx2",
+            KernelPath::Portable => "portable",
+        }
+    }
+
     /// The CPU features the path needs, for messages.
     pub fn needs(self) -> &'static str {
         match self {
@@ -105,9 +117,6 @@ impl KernelPath {
 /// The environment variable that forces [`KernelPath::Portable`].
 pub const PORTABLE_ENV: &str = "BATON_PORTABLE_KERNELS";
 
-/// Whether `BATON_PORTABLE_KERNELS` asks for the portable path (any value but empty or
-/// `0`). Read once: a path must not change under a running model, or a decode step would
-/// stop reproducing its prefill's bits.
 /// The environment variable that caps the CPU instructions the kernels use: `avx2` runs
 /// an AVX-512 machine as a machine without AVX-512 runs (baton's kernels, and candle's
 /// through its own switch, which the binary sets), so that both kinds can be measured
@@ -122,6 +131,9 @@ pub fn avx2_only() -> bool {
     })
 }
 
+/// Whether `BATON_PORTABLE_KERNELS` asks for the portable path (any value but empty or
+/// `0`). Read once: a path must not change under a running model, or a decode step would
+/// stop reproducing its prefill's bits.
 pub fn portable_forced() -> bool {
     static FORCED: OnceLock<bool> = OnceLock::new();
     *FORCED

@@ -10,80 +10,25 @@
 //! passed [`Causal::validate`](super::Causal) (every index the loops form lies inside
 //! its slice), with a head size that is a multiple of 8 and at most 256.
 
-use super::super::avx2_exp::exp_normal as exp;
 use super::super::send_ptr::SendPtr;
+use super::simd::{each_row, visible, Args, Buffers};
 use super::Causal;
+use crate::kernels::avx2_exp::exp_normal as exp;
+use crate::kernels::avx2_lanes::{max_ps, sum_ps};
 use std::arch::x86_64::*;
-
-struct Args<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    ksh: usize,
-    ksr: usize,
-    vsh: usize,
-    vsr: usize,
-    nh: usize,
-    nkv: usize,
-    t: usize,
-    hd: usize,
-    start: usize,
-    hidden: &'a [std::ops::Range<usize>],
-    scale: f32,
-}
-
-thread_local! {
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 /// # Safety
 /// The module contract; `out` views t * n_head * head_dim floats no one else touches
 /// during the call.
 pub(super) unsafe fn attend(c: &Causal<'_>, out: SendPtr<f32>) {
-    let a = Args {
-        q: c.q,
-        k: c.k,
-        v: c.v,
-        ksh: c.k_stride.0,
-        ksr: c.k_stride.1,
-        vsh: c.v_stride.0,
-        vsr: c.v_stride.1,
-        nh: c.n_head,
-        nkv: c.n_kv_head,
-        t: c.t,
-        hd: c.head_dim,
-        start: c.start,
-        hidden: c.hidden,
-        scale: 1.0 / (c.head_dim as f32).sqrt(),
-    };
-    let a = &a;
-    let items = a.nkv * a.t;
-    let group = a.nh / a.nkv;
-    let run = |range: std::ops::Range<usize>| {
-        SCORES.with(|cell| {
-            let mut scores = cell.borrow_mut();
-            for it in range {
-                // Latest (longest) rows first, so the dynamic schedule ends on short ones.
-                let i = a.t - 1 - it / a.nkv;
-                let g = it % a.nkv;
-                // SAFETY: item (g, i) alone writes the heads of group g at row i, which
-                // are contiguous in the output.
-                let o = unsafe { out.slice_mut((i * a.nh + g * group) * a.hd, group * a.hd) };
-                // SAFETY: the module contract, passed on from the caller.
-                unsafe {
-                    match a.hd / 8 {
-                        8 => row::<8>(a, g, i, &mut scores, o),
-                        16 => row::<16>(a, g, i, &mut scores, o),
-                        _ => row_any(a, g, i, &mut scores, o),
-                    }
-                }
-            }
+    let a = &Args::of(c);
+    // SAFETY: the caller's guarantee on `out`; each row runs under the module contract.
+    unsafe {
+        each_row(a, out, |g, i, bufs, o| match a.hd / 8 {
+            8 => row::<8>(a, g, i, bufs, o),
+            16 => row::<16>(a, g, i, bufs, o),
+            _ => row_any(a, g, i, bufs, o),
         })
-    };
-    if items * (a.start + a.t) < 4096 {
-        run(0..items);
-    } else {
-        candle_core::utils::barrier_pool().execute_chunked(items, run);
     }
 }
 
@@ -101,22 +46,6 @@ fn reduce8(v: &[__m256; 8]) -> __m256 {
         _mm256_permute2f128_ps::<0x20>(t0, t1),
         _mm256_permute2f128_ps::<0x31>(t0, t1),
     )
-}
-
-#[target_feature(enable = "avx2")]
-fn hmax(v: __m256) -> f32 {
-    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
-    _mm_cvtss_f32(m)
-}
-
-#[target_feature(enable = "avx2")]
-fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-    _mm_cvtss_f32(s)
 }
 
 /// The lanes below `rem` (1..=8) set.
@@ -144,7 +73,7 @@ unsafe fn softmax(s: *mut f32, n: usize) -> f32 {
         for b in 0..nb {
             mx = _mm256_max_ps(mx, _mm256_loadu_ps(s.add(8 * b)));
         }
-        let m = _mm256_set1_ps(hmax(mx));
+        let m = _mm256_set1_ps(max_ps(mx));
         let mut sum = _mm256_setzero_ps();
         for b in 0..nb {
             let mut e = exp(_mm256_sub_ps(_mm256_loadu_ps(s.add(8 * b)), m));
@@ -154,34 +83,7 @@ unsafe fn softmax(s: *mut f32, n: usize) -> f32 {
             _mm256_storeu_ps(s.add(8 * b), e);
             sum = _mm256_add_ps(sum, e);
         }
-        1.0 / hsum(sum)
-    }
-}
-
-/// [`softmax`] over the positions that are not hidden: their numerators come out exactly
-/// 0, so their value rows add nothing. With nothing hidden this is [`softmax`] itself.
-///
-/// # Safety
-/// As for [`softmax`]; `hidden` lies before the row's own position (validated), so the
-/// maximum stays finite.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_visible(s: *mut f32, n: usize, hidden: &[std::ops::Range<usize>]) -> f32 {
-    if hidden.is_empty() {
-        // SAFETY: the caller's guarantee.
-        return unsafe { softmax(s, n) };
-    }
-    // SAFETY: every index written is below n, inside the caller's buffer.
-    unsafe {
-        super::fill_hidden(
-            std::slice::from_raw_parts_mut(s, n),
-            hidden,
-            f32::NEG_INFINITY,
-        );
-        let inv = softmax(s, n);
-        // The clamped exp leaves e^-87 for a hidden score: zero it, so a hidden value
-        // row, whatever it holds, never reaches the output.
-        super::fill_hidden(std::slice::from_raw_parts_mut(s, n), hidden, 0.0);
-        inv
+        1.0 / sum_ps(sum)
     }
 }
 
@@ -245,7 +147,7 @@ unsafe fn scores(
 ) {
     let hd = a.hd;
     let nc = hd / 8;
-    let group = a.nh / a.nkv;
+    let group = a.group();
     // SAFETY: the query row and key rows j < n lie inside `q` and `k` (validated).
     unsafe {
         let kbase = a.k.as_ptr().add(g * a.ksh);
@@ -282,32 +184,24 @@ unsafe fn row<const NC: usize>(
     a: &Args<'_>,
     g: usize,
     i: usize,
-    buf: &mut Vec<f32>,
+    bufs: &mut Buffers,
     out: &mut [f32],
 ) {
-    let group = a.nh / a.nkv;
+    let group = a.group();
     let n = a.start + i + 1;
     let stride = n.div_ceil(8) * 8;
-    if buf.len() < group * stride {
-        buf.resize(group * stride, 0.0);
-    }
-    let sp = buf.as_mut_ptr();
+    bufs.fit(group, stride);
+    let sp = bufs.scores.as_mut_ptr();
     // SAFETY: the buffer is sized just above; the rest is the module contract.
     unsafe {
         for h in 0..group {
             scores(a, g, h, i, n, sp, stride);
         }
-        let mut inv = [0f32; 64];
-        let mut inv_v = Vec::new();
-        let inv: &mut [f32] = if group <= 64 {
-            &mut inv[..group]
-        } else {
-            inv_v.resize(group, 0.0);
-            &mut inv_v
-        };
+        let inv = &mut bufs.inv[..group];
         for (h, iv) in inv.iter_mut().enumerate() {
-            *iv = softmax_visible(sp.add(h * stride), n, a.hidden);
+            *iv = visible(sp.add(h * stride), n, a.hidden, |s, n| softmax(s, n));
         }
+        let inv = &*inv;
         // Sixteen ymm registers: one head's accumulators at a time past 32-wide heads.
         let hc = if NC <= 4 { 2 } else { 1 };
         let mut h0 = 0;
@@ -328,23 +222,21 @@ unsafe fn row<const NC: usize>(
 /// # Safety
 /// As for [`row`], with any head size the module takes.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn row_any(a: &Args<'_>, g: usize, i: usize, buf: &mut Vec<f32>, out: &mut [f32]) {
+unsafe fn row_any(a: &Args<'_>, g: usize, i: usize, bufs: &mut Buffers, out: &mut [f32]) {
     let hd = a.hd;
     let nc = hd / 8;
-    let group = a.nh / a.nkv;
+    let group = a.group();
     let n = a.start + i + 1;
     let stride = n.div_ceil(8) * 8;
-    if buf.len() < group * stride {
-        buf.resize(group * stride, 0.0);
-    }
+    bufs.fit(group, stride);
     assert!(out.len() >= group * hd);
-    let sp = buf.as_mut_ptr();
+    let sp = bufs.scores.as_mut_ptr();
     // SAFETY: as in `row`; values like keys; outputs inside `out` (asserted).
     unsafe {
         let vbase = a.v.as_ptr().add(g * a.vsh);
         for h in 0..group {
             scores(a, g, h, i, n, sp, stride);
-            let inv = softmax_visible(sp.add(h * stride), n, a.hidden);
+            let inv = visible(sp.add(h * stride), n, a.hidden, |s, n| softmax(s, n));
             let o = out.as_mut_ptr().add(h * hd);
             for c in 0..nc {
                 let mut acc = _mm256_setzero_ps();

@@ -11,84 +11,28 @@
 
 use super::super::avx512_exp::exp;
 use super::super::send_ptr::SendPtr;
+use super::simd::{each_row, visible, Args, Buffers};
 use super::Causal;
 use std::arch::x86_64::*;
-
-struct Args<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    ksh: usize,
-    ksr: usize,
-    vsh: usize,
-    vsr: usize,
-    nh: usize,
-    nkv: usize,
-    t: usize,
-    hd: usize,
-    start: usize,
-    hidden: &'a [std::ops::Range<usize>],
-    scale: f32,
-}
-
-thread_local! {
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 /// # Safety
 /// The module contract; `out` views t * n_head * head_dim floats no one else touches
 /// during the call.
 pub(super) unsafe fn attend(c: &Causal<'_>, out: SendPtr<f32>) {
-    let a = Args {
-        q: c.q,
-        k: c.k,
-        v: c.v,
-        ksh: c.k_stride.0,
-        ksr: c.k_stride.1,
-        vsh: c.v_stride.0,
-        vsr: c.v_stride.1,
-        nh: c.n_head,
-        nkv: c.n_kv_head,
-        t: c.t,
-        hd: c.head_dim,
-        start: c.start,
-        hidden: c.hidden,
-        scale: 1.0 / (c.head_dim as f32).sqrt(),
-    };
-    let a = &a;
-    let items = a.nkv * a.t;
-    let group = a.nh / a.nkv;
-    let run = |range: std::ops::Range<usize>| {
-        SCORES.with(|cell| {
-            let mut scores = cell.borrow_mut();
-            for it in range {
-                // Latest (longest) rows first, so the dynamic schedule ends on short ones.
-                let i = a.t - 1 - it / a.nkv;
-                let g = it % a.nkv;
-                // SAFETY: item (g, i) alone writes the heads of group g at row i, which
-                // are contiguous in the output.
-                let o = unsafe { out.slice_mut((i * a.nh + g * group) * a.hd, group * a.hd) };
-                // SAFETY: the module contract, passed on from the caller.
-                unsafe {
-                    match a.hd / 16 {
-                        1 => row::<1>(a, g, i, &mut scores, o),
-                        2 => row::<2>(a, g, i, &mut scores, o),
-                        3 => row::<3>(a, g, i, &mut scores, o),
-                        4 => row::<4>(a, g, i, &mut scores, o),
-                        5 => row::<5>(a, g, i, &mut scores, o),
-                        6 => row::<6>(a, g, i, &mut scores, o),
-                        7 => row::<7>(a, g, i, &mut scores, o),
-                        8 => row::<8>(a, g, i, &mut scores, o),
-                        _ => row_any(a, g, i, &mut scores, o),
-                    }
-                }
-            }
+    let a = &Args::of(c);
+    // SAFETY: the caller's guarantee on `out`; each row runs under the module contract.
+    unsafe {
+        each_row(a, out, |g, i, bufs, o| match a.hd / 16 {
+            1 => row::<1>(a, g, i, bufs, o),
+            2 => row::<2>(a, g, i, bufs, o),
+            3 => row::<3>(a, g, i, bufs, o),
+            4 => row::<4>(a, g, i, bufs, o),
+            5 => row::<5>(a, g, i, bufs, o),
+            6 => row::<6>(a, g, i, bufs, o),
+            7 => row::<7>(a, g, i, bufs, o),
+            8 => row::<8>(a, g, i, bufs, o),
+            _ => row_any(a, g, i, bufs, o),
         })
-    };
-    if items * (a.start + a.t) < 4096 {
-        run(0..items);
-    } else {
-        candle_core::utils::barrier_pool().execute_chunked(items, run);
     }
 }
 
@@ -164,34 +108,6 @@ unsafe fn softmax(s: *mut f32, n: usize) -> f32 {
     }
 }
 
-/// [`softmax`] over the positions that are not hidden: a hidden score goes in as -inf
-/// and its numerator comes out exactly 0, so its value row adds nothing. With nothing
-/// hidden this is [`softmax`] itself.
-///
-/// # Safety
-/// As for [`softmax`]; `hidden` lies before the row's own position (validated), so the
-/// maximum stays finite.
-#[target_feature(enable = "avx512f")]
-unsafe fn softmax_visible(s: *mut f32, n: usize, hidden: &[std::ops::Range<usize>]) -> f32 {
-    if hidden.is_empty() {
-        // SAFETY: the caller's guarantee.
-        return unsafe { softmax(s, n) };
-    }
-    // SAFETY: every index written is below n, inside the caller's buffer.
-    unsafe {
-        super::fill_hidden(
-            std::slice::from_raw_parts_mut(s, n),
-            hidden,
-            f32::NEG_INFINITY,
-        );
-        let inv = softmax(s, n);
-        // The clamped exp leaves e^-104 (below f32's smallest denormal or next to it):
-        // zero it so a hidden value row, whatever it holds, never reaches the output.
-        super::fill_hidden(std::slice::from_raw_parts_mut(s, n), hidden, 0.0);
-        inv
-    }
-}
-
 /// Output of query heads [h0, h0 + H) of group `g` at row `i`: sum_j p_j v_j in key
 /// order, then times 1/sum. `out` is the group's row of outputs.
 ///
@@ -248,18 +164,16 @@ unsafe fn row<const NC: usize>(
     a: &Args<'_>,
     g: usize,
     i: usize,
-    scores: &mut Vec<f32>,
+    bufs: &mut Buffers,
     out: &mut [f32],
 ) {
     let hd = a.hd;
-    let group = a.nh / a.nkv;
+    let group = a.group();
     let n = a.start + i + 1;
     let nb = n.div_ceil(16);
     let stride = nb * 16;
-    if scores.len() < group * stride {
-        scores.resize(group * stride, 0.0);
-    }
-    let sp = scores.as_mut_ptr();
+    bufs.fit(group, stride);
+    let sp = bufs.scores.as_mut_ptr();
     let scale = _mm512_set1_ps(a.scale);
     // SAFETY: query rows of the group's heads at row i lie inside `q`, key rows j < n
     // of head g inside `k` (validated), scores inside the buffer sized just above.
@@ -290,17 +204,11 @@ unsafe fn row<const NC: usize>(
                 );
             }
         }
-        let mut inv = [0f32; 64];
-        let mut inv_v = Vec::new();
-        let inv: &mut [f32] = if group <= 64 {
-            &mut inv[..group]
-        } else {
-            inv_v.resize(group, 0.0);
-            &mut inv_v
-        };
+        let inv = &mut bufs.inv[..group];
         for (h, iv) in inv.iter_mut().enumerate() {
-            *iv = softmax_visible(sp.add(h * stride), n, a.hidden);
+            *iv = visible(sp.add(h * stride), n, a.hidden, |s, n| softmax(s, n));
         }
+        let inv = &*inv;
         let hc = if NC <= 4 { 4 } else { 2 };
         let mut h0 = 0;
         while h0 < group {
@@ -320,18 +228,16 @@ unsafe fn row<const NC: usize>(
 /// # Safety
 /// As for [`row`], with any head size the module takes.
 #[target_feature(enable = "avx512f")]
-unsafe fn row_any(a: &Args<'_>, g: usize, i: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+unsafe fn row_any(a: &Args<'_>, g: usize, i: usize, bufs: &mut Buffers, out: &mut [f32]) {
     let hd = a.hd;
     let nc = hd / 16;
-    let group = a.nh / a.nkv;
+    let group = a.group();
     let n = a.start + i + 1;
     let nb = n.div_ceil(16);
     let stride = nb * 16;
-    if scores.len() < group * stride {
-        scores.resize(group * stride, 0.0);
-    }
+    bufs.fit(group, stride);
     assert!(out.len() >= group * hd);
-    let sp = scores.as_mut_ptr();
+    let sp = bufs.scores.as_mut_ptr();
     // SAFETY: as in `row`; values like keys; outputs inside `out` (asserted).
     unsafe {
         let kbase = a.k.as_ptr().add(g * a.ksh);
@@ -358,7 +264,7 @@ unsafe fn row_any(a: &Args<'_>, g: usize, i: usize, scores: &mut Vec<f32>, out: 
                     _mm512_mul_ps(reduce16(&acc), _mm512_set1_ps(a.scale)),
                 );
             }
-            let inv = softmax_visible(sp.add(h * stride), n, a.hidden);
+            let inv = visible(sp.add(h * stride), n, a.hidden, |s, n| softmax(s, n));
             let o = out.as_mut_ptr().add(h * hd);
             for c in 0..nc {
                 let mut acc = _mm512_setzero_ps();

@@ -5,14 +5,16 @@
 //! reductions differently for different lengths.)
 //!
 //! Paths: [`KernelPath::Avx512`] (head sizes a multiple of 16, up to 256),
-//! [`KernelPath::Avx2`] (a multiple of 8, up to 256) and [`KernelPath::Portable`]. Each is chunking-invariant on its own; they differ from each
-//! other in the last bits (different summation trees and exp), so a model runs one of them
-//! throughout.
+//! [`KernelPath::Avx2`] (a multiple of 8, up to 256) and [`KernelPath::Portable`]. Each
+//! is chunking-invariant on its own; they differ from each other in the last bits
+//! (different summation trees and exp), so a model runs one of them throughout.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
 use super::send_ptr::SendPtr;
 use super::{choose, KernelError, KernelPath};
@@ -99,21 +101,21 @@ impl Causal<'_> {
 /// it and `BATON_PORTABLE_KERNELS` does not say otherwise; else AVX2 on the same terms;
 /// else portable.
 pub fn path_for(head_dim: usize) -> KernelPath {
-    match choose(KernelPath::Avx512) {
-        KernelPath::Avx512 if avx512_takes(head_dim) => KernelPath::Avx512,
-        _ => match choose(KernelPath::Avx2) {
-            KernelPath::Avx2 if avx2_takes(head_dim) => KernelPath::Avx2,
-            _ => KernelPath::Portable,
-        },
-    }
+    [KernelPath::Avx512, KernelPath::Avx2]
+        .into_iter()
+        .find(|&p| choose(p) == p && takes(p, head_dim))
+        .unwrap_or(KernelPath::Portable)
 }
 
-fn avx512_takes(head_dim: usize) -> bool {
-    head_dim.is_multiple_of(16) && head_dim <= 256
-}
-
-fn avx2_takes(head_dim: usize) -> bool {
-    head_dim.is_multiple_of(8) && head_dim <= 256
+/// Whether `path` takes heads of `head_dim`: a SIMD path a multiple of its lanes (16 for
+/// AVX-512, 8 for AVX2), at most 256.
+fn takes(path: KernelPath, head_dim: usize) -> bool {
+    let lanes = match path {
+        KernelPath::Avx512 => 16,
+        KernelPath::Avx2 => 8,
+        _ => return true,
+    };
+    head_dim.is_multiple_of(lanes) && head_dim <= 256
 }
 
 /// The attention of `a` into `out` on the default path.
@@ -130,33 +132,24 @@ pub fn causal_on(path: KernelPath, a: &Causal<'_>, out: &mut [f32]) -> Result<()
             reason: "this CPU lacks the features it needs",
         });
     }
+    if !takes(path, a.head_dim) {
+        return Err(KernelError::Unavailable {
+            path,
+            reason: "head sizes must be a multiple of its lanes (16 for AVX-512, 8 for AVX2), at most 256",
+        });
+    }
     match path {
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512 => {
-            if !avx512_takes(a.head_dim) {
-                return Err(KernelError::Unavailable {
-                    path,
-                    reason: "head sizes must be a multiple of 16, at most 256",
-                });
-            }
-            let dst = SendPtr::new(out);
             // SAFETY: AVX-512 F is available (checked above), every read index lies
-            // inside its slice (validate), and the head size suits the kernel.
-            unsafe { avx512::attend(a, dst) };
+            // inside its slice (validate), and the head size suits the kernel (`takes`).
+            unsafe { avx512::attend(a, SendPtr::new(out)) };
             Ok(())
         }
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => {
-            if !avx2_takes(a.head_dim) {
-                return Err(KernelError::Unavailable {
-                    path,
-                    reason: "head sizes must be a multiple of 8, at most 256",
-                });
-            }
-            let dst = SendPtr::new(out);
-            // SAFETY: AVX2 and FMA are available (checked above), every read index lies
-            // inside its slice (validate), and the head size suits the kernel.
-            unsafe { avx2::attend(a, dst) };
+            // SAFETY: as above, with AVX2 and FMA.
+            unsafe { avx2::attend(a, SendPtr::new(out)) };
             Ok(())
         }
         KernelPath::Portable => {

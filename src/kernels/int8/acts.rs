@@ -66,13 +66,19 @@ fn sat_i8(q: i32) -> i8 {
     q.clamp(-128, 127) as i8
 }
 
-/// The block scale: amax / 127, and its inverse (0 for an all-zero block).
+/// The block scale of `x`: see [`step`].
 fn scales(x: &[f32]) -> (f32, f32) {
     // `vmaxps` semantics (the second operand when either is NaN), in any order: max is
     // exact, so the SIMD reduction tree gives the same value for finite inputs.
     let amax = x
         .iter()
         .fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+    step(amax)
+}
+
+/// The block scale for a block whose largest |x| is `amax`: amax / 127, and its inverse
+/// (0 for an all-zero block). Every path's quantizer takes it from here.
+pub(super) fn step(amax: f32) -> (f32, f32) {
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     (d, id)
@@ -214,36 +220,26 @@ impl Acts {
 }
 
 fn a32_on(path: KernelPath, x: &[f32], out: &mut [A32]) {
-    #[cfg(target_arch = "x86_64")]
-    if path == KernelPath::Avx512Vnni {
-        // SAFETY: the caller only picks this path where the CPU has AVX-512 VNNI (see
+    match path {
+        // SAFETY: the caller only picks a path where the CPU has its features (see
         // `matmul_on`); `x` holds 32 values per output block.
-        unsafe { avx512::quantize_a32(x, out) };
-        return;
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => unsafe { avx512::quantize_a32(x, out) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => unsafe { avx2::quantize_a32(x, out) },
+        _ => quantize_a32(x, out),
     }
-    #[cfg(target_arch = "x86_64")]
-    if path == KernelPath::Avx2 {
-        // SAFETY: the caller only picks this path where the CPU has AVX2.
-        unsafe { avx2::quantize_a32(x, out) };
-        return;
-    }
-    let _ = path;
-    quantize_a32(x, out)
 }
 
 fn a256_on(path: KernelPath, x: &[f32], out: &mut [A256]) {
-    #[cfg(target_arch = "x86_64")]
-    if path == KernelPath::Avx512Vnni {
+    match path {
         // SAFETY: as in `a32_on`, with 256 values per block.
-        unsafe { avx512::quantize_a256(x, out) };
-        return;
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => unsafe { avx512::quantize_a256(x, out) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => unsafe { avx2::quantize_a256(x, out) },
+        _ => quantize_a256(x, out),
     }
-    #[cfg(target_arch = "x86_64")]
-    if path == KernelPath::Avx2 {
-        // SAFETY: as in `a32_on`.
-        unsafe { avx2::quantize_a256(x, out) };
-        return;
-    }
-    let _ = path;
-    quantize_a256(x, out)
 }

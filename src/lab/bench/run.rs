@@ -7,6 +7,7 @@ use super::switch::{bench_point, mapper_cost, BenchOptions};
 use crate::mapper::artifact::{self, ArtifactError};
 use crate::mapper::MapPrecision;
 use crate::model::{Model, ModelError};
+use candle_core::Device;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -36,10 +37,9 @@ pub struct SweepPlan<'a> {
     /// Where the mappers are (the cache dir's mappers/ when `None`).
     pub mapper_dir: Option<&'a Path>,
     pub precision: MapPrecision,
-    /// Where it runs, as the report names it.
-    pub device: String,
-    /// Whether that is the CPU (elsewhere the sweep says what its speedups are against).
-    pub on_cpu: bool,
+    /// Where the models run (the report names it; off the CPU the sweep says what its
+    /// speedups are against).
+    pub device: &'a Device,
 }
 
 /// Times each (source, target) of `directions` at every length of `plan`; each line of
@@ -57,7 +57,7 @@ pub fn sweep(
     let lengths = check_plan(plan.lengths, &plan.options)?;
     check_lengths(&lengths, max)?;
     let opts = plan.options;
-    if let Some(caveat) = crate::protocol::unverified_baseline(plan.on_cpu) {
+    if let Some(caveat) = crate::protocol::unverified_baseline(plan.device.is_cpu()) {
         on_line(&format!("note: {caveat}"));
     }
     let mut results = Vec::new();
@@ -83,7 +83,7 @@ pub fn sweep(
     Ok(BenchReport {
         format: bench_json::FORMAT.into(),
         version: bench_json::VERSION,
-        device: plan.device.clone(),
+        device: format!("{:?}", plan.device.location()).to_lowercase(),
         repeats: opts.repeats,
         suffix: opts.suffix,
         results,

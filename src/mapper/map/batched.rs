@@ -5,9 +5,8 @@
 //! per chunk of positions. Ridge maps only: every target layer must read the same number
 //! of source layers, with no trained head.
 
-use super::dense::TargetLayerMap;
+use super::dense::{token_pieces, TargetLayerMap};
 use super::MapInput;
-use crate::mapper::token_block;
 use crate::model::{LayerKv, ModelError};
 use candle_core::{DType, Tensor, D};
 
@@ -205,18 +204,15 @@ fn source_features(
             .to_dtype(dtype)
     };
     let (mut k, mut v) = (rows(k)?, rows(v)?);
-    if let Some(lz) = input.layer_zero {
-        let (k0, v0) = lz.features(&input.tokens[start..end])?;
-        let pieces = token_block::pieces(&k0, &v0, heads * hd)?;
-        if !pieces.is_empty() {
-            let p: Vec<Tensor> = pieces
-                .into_iter()
-                .map(|p| p.to_device(src.device())?.to_dtype(dtype)?.unsqueeze(0))
-                .collect::<candle_core::Result<_>>()?;
-            let p = Tensor::cat(&p, 0)?;
-            k = Tensor::cat(&[k, p.clone()], 0)?;
-            v = Tensor::cat(&[v, p], 0)?;
-        }
+    let pieces = token_pieces(input, start, end)?;
+    if !pieces.is_empty() {
+        let p: Vec<Tensor> = pieces
+            .into_iter()
+            .map(|p| p.to_dtype(dtype)?.unsqueeze(0))
+            .collect::<candle_core::Result<_>>()?;
+        let p = Tensor::cat(&p, 0)?;
+        k = Tensor::cat(&[k, p.clone()], 0)?;
+        v = Tensor::cat(&[v, p], 0)?;
     }
     Ok((k, v))
 }

@@ -138,16 +138,30 @@ fn source_features(
     for s in input.source_layers().into_iter().filter(|&s| s < l_s) {
         feats.insert(s, layer_features(src, input.src_rope, s, start, end, 1)?);
     }
-    if let Some(lz) = input.layer_zero {
-        let (k0, v0) = lz.features(&input.tokens[start..end])?;
-        let d_s = src.shape().n_kv_head * src.shape().head_dim;
-        let dev = src.device();
-        for (i, p) in token_block::pieces(&k0, &v0, d_s)?.into_iter().enumerate() {
-            let p = p.to_device(dev)?;
-            feats.insert(l_s + i, LayerFeatures { k: p.clone(), v: p });
-        }
+    for (i, p) in token_pieces(input, start, end)?.into_iter().enumerate() {
+        feats.insert(l_s + i, LayerFeatures { k: p.clone(), v: p });
     }
     Ok(feats)
+}
+
+/// The token block's pieces at positions `start..end` ([n, D_s] each, on the source's
+/// device), which the maps read as source layers `n_layer..`; none when they read no
+/// token block.
+pub(super) fn token_pieces(
+    input: &MapInput<'_>,
+    start: usize,
+    end: usize,
+) -> Result<Vec<Tensor>, ModelError> {
+    let Some(lz) = input.layer_zero else {
+        return Ok(Vec::new());
+    };
+    let (k0, v0) = lz.features(&input.tokens[start..end])?;
+    let src = input.src;
+    let d_s = src.shape().n_kv_head * src.shape().head_dim;
+    Ok(token_block::pieces(&k0, &v0, d_s)?
+        .into_iter()
+        .map(|p| p.to_device(src.device()))
+        .collect::<candle_core::Result<_>>()?)
 }
 
 /// One map's product: its source layers' keys or values side by side, times W, plus b,

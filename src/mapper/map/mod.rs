@@ -141,7 +141,7 @@ impl CacheMapper {
     /// run here, or when the mapper has no source scales (artifacts made before them).
     pub fn with_precision(mut self, precision: MapPrecision) -> Result<Self, ModelError> {
         self.requested = precision;
-        self.rebuild_int8()?;
+        self.rebuild_forms()?;
         Ok(self)
     }
 
@@ -166,7 +166,7 @@ impl CacheMapper {
                 m.head = Some(h.tensors(m.weight.device(), m.weight.dtype())?);
             }
         }
-        self.rebuild_int8()?;
+        self.rebuild_forms()?;
         Ok(self)
     }
 
@@ -175,7 +175,7 @@ impl CacheMapper {
         for m in self.keys.iter_mut().chain(self.values.iter_mut()) {
             m.head = None;
         }
-        self.rebuild_int8()?;
+        self.rebuild_forms()?;
         Ok(self)
     }
 
@@ -187,15 +187,19 @@ impl CacheMapper {
             .any(|m| m.head.is_some())
     }
 
-    /// Derives the int8 and the batched forms from the maps, the scales and the
-    /// precision asked for.
-    fn rebuild_int8(&mut self) -> Result<(), ModelError> {
-        self.batched = batched::BatchedMaps::new(&self.keys, &self.values)?.map(Arc::new);
+    /// Derives the form the maps run in from the maps, the scales and the precision
+    /// asked for: int8 where its kernels run, else the dense maps, stacked across layers
+    /// where they can be (a copy of every weight, so only where the dense path runs).
+    fn rebuild_forms(&mut self) -> Result<(), ModelError> {
         self.int8 = match (self.requested, &self.scales) {
             (MapPrecision::Int8, Some(sc)) => {
                 int8::pack(&self.keys, &self.values, sc, self.source)?.map(Arc::new)
             }
             _ => None,
+        };
+        self.batched = match self.int8 {
+            Some(_) => None,
+            None => batched::BatchedMaps::new(&self.keys, &self.values)?.map(Arc::new),
         };
         Ok(())
     }

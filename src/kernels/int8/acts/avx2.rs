@@ -1,7 +1,8 @@
 //! AVX2 activation quantizers: the same bytes as the portable ones in the parent module,
 //! a block at a time in registers.
 
-use super::{A256, A32};
+use super::{step, A256, A32};
+use crate::kernels::avx2_lanes::{max_ps, sum_epi32};
 use std::arch::x86_64::*;
 
 /// The largest |x| of `v` lanes folded into `m`, as the portable fold does it: a NaN lane
@@ -10,24 +11,6 @@ use std::arch::x86_64::*;
 fn amax_into(m: __m256, v: __m256) -> __m256 {
     let abs = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
     _mm256_max_ps(abs, m)
-}
-
-/// The largest lane of `m` (max is exact, so any order gives the same value).
-#[target_feature(enable = "avx2")]
-fn hmax(m: __m256) -> f32 {
-    let x = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-    let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    let x = _mm_max_ss(x, _mm_shuffle_ps::<1>(x, x));
-    _mm_cvtss_f32(x)
-}
-
-/// The wrapping sum of the lanes of `v`.
-#[target_feature(enable = "avx2")]
-fn hsum(v: __m256i) -> i32 {
-    let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b01_00_11_10>(x));
-    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b10_11_00_01>(x));
-    _mm_cvtsi128_si32(x)
 }
 
 /// Four vectors of 8 i32 to 32 i8 with saturation, in order (`vpackssdw`/`vpacksswb`
@@ -40,12 +23,6 @@ fn pack32(q: [__m256i; 4]) -> __m256i {
         _mm256_packs_epi32(q[2], q[3]),
     );
     _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
-}
-
-/// d = amax/127 and its inverse (0 for an all-zero block), as the portable `scales`.
-fn scales(amax: f32) -> (f32, f32) {
-    let d = amax / 127.0;
-    (d, if d != 0.0 { 1.0 / d } else { 0.0 })
 }
 
 /// AVX2 quantization of `x` into per-32 blocks (bit-identical to the portable one).
@@ -63,12 +40,12 @@ pub(in crate::kernels::int8) unsafe fn quantize_a32(x: &[f32], out: &mut [A32]) 
         let v: [__m256; 4] =
             std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.as_ptr().add(b * 32 + 8 * i)) });
         let m = v.iter().fold(_mm256_setzero_ps(), |m, &v| amax_into(m, v));
-        let (d, id) = scales(hmax(m));
+        let (d, id) = step(max_ps(m));
         let idv = _mm256_set1_ps(id);
         let q: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv)));
         // SAFETY: `qs` is 32 bytes.
         unsafe { _mm256_storeu_si256(o.qs.as_mut_ptr() as *mut __m256i, pack32(q)) };
-        let s = hsum(_mm256_add_epi32(
+        let s = sum_epi32(_mm256_add_epi32(
             _mm256_add_epi32(q[0], q[1]),
             _mm256_add_epi32(q[2], q[3]),
         ));
@@ -96,7 +73,7 @@ pub(in crate::kernels::int8) unsafe fn quantize_a256(x: &[f32], out: &mut [A256]
             // SAFETY: p points at 256 values of `x`.
             m = amax_into(m, unsafe { _mm256_loadu_ps(p.add(8 * i)) });
         }
-        let (d, id) = scales(hmax(m));
+        let (d, id) = step(max_ps(m));
         let idv = _mm256_set1_ps(id);
         for g in 0..8 {
             // SAFETY: as above.
@@ -107,8 +84,8 @@ pub(in crate::kernels::int8) unsafe fn quantize_a256(x: &[f32], out: &mut [A256]
             unsafe {
                 _mm256_storeu_si256(o.qs.as_mut_ptr().add(32 * g) as *mut __m256i, pack32(q))
             };
-            o.b16[2 * g] = hsum(_mm256_add_epi32(q[0], q[1])) as i16;
-            o.b16[2 * g + 1] = hsum(_mm256_add_epi32(q[2], q[3])) as i16;
+            o.b16[2 * g] = sum_epi32(_mm256_add_epi32(q[0], q[1])) as i16;
+            o.b16[2 * g + 1] = sum_epi32(_mm256_add_epi32(q[2], q[3])) as i16;
         }
         for s in 0..8 {
             o.b32[s] = o.b16[2 * s].wrapping_add(o.b16[2 * s + 1]);

@@ -1,7 +1,7 @@
 //! AVX-512 activation quantizers: the same bytes as the portable ones in the parent
 //! module, a block at a time in registers.
 
-use super::{A256, A32};
+use super::{step, A256, A32};
 use std::arch::x86_64::*;
 
 /// AVX-512 quantization of `x` into per-32 blocks (bit-identical to the portable one).
@@ -23,9 +23,7 @@ pub(in crate::kernels::int8) unsafe fn quantize_a32(x: &[f32], out: &mut [A32]) 
         };
         let a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), absmask));
         let a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), absmask));
-        let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let (d, id) = step(_mm512_reduce_max_ps(_mm512_max_ps(a0, a1)));
         let idv = _mm512_set1_ps(id);
         let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, idv));
         let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, idv));
@@ -67,9 +65,7 @@ pub(in crate::kernels::int8) unsafe fn quantize_a256(x: &[f32], out: &mut [A256]
                 _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), absmask)),
             );
         }
-        let amax = _mm512_reduce_max_ps(m);
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let (d, id) = step(_mm512_reduce_max_ps(m));
         let idv = _mm512_set1_ps(id);
         for i in 0..16 {
             // SAFETY: as above for the load; the store writes 16 of the 256 `qs` bytes.

@@ -166,18 +166,38 @@ pub(super) unsafe fn finish32<const M: usize, const N: usize>(
     acc: &mut Accs<M, N>,
 ) {
     // SAFETY: the caller's contract.
-    unsafe {
-        let dw: [__m256; N] =
-            std::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(d[j] as *const __m128i)));
-        for i in 0..M {
-            let da = _mm256_set1_ps((*a[i]).d);
-            for j in 0..N {
-                acc[i][j][h] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(s[i][j]),
-                    _mm256_mul_ps(dw[j], da),
-                    acc[i][j][h],
-                );
-            }
+    let (dw, da) = unsafe {
+        (
+            std::array::from_fn(|j| f16x8(d[j])),
+            std::array::from_fn(|i| (*a[i]).d),
+        )
+    };
+    fold(&s, dw, da, h, false, acc);
+}
+
+/// acc += float(s) · (d_w · d_a) (or −= with `subtract`) for every row and tile of half
+/// `h`: one fused multiply-add a lane, as the portable path's `mul_add`. `d[j]` holds
+/// tile j's 8 weight scales, `da[i]` row i's activation scale.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn fold<const M: usize, const N: usize>(
+    s: &Sums<M, N>,
+    d: [__m256; N],
+    da: [f32; M],
+    h: usize,
+    subtract: bool,
+    acc: &mut Accs<M, N>,
+) {
+    for i in 0..M {
+        let da = _mm256_set1_ps(da[i]);
+        for j in 0..N {
+            let (x, scale) = (_mm256_cvtepi32_ps(s[i][j]), _mm256_mul_ps(d[j], da));
+            let a = &mut acc[i][j][h];
+            *a = if subtract {
+                _mm256_fnmadd_ps(x, scale, *a)
+            } else {
+                _mm256_fmadd_ps(x, scale, *a)
+            };
         }
     }
 }
@@ -260,20 +280,11 @@ pub(super) unsafe fn q4k<const M: usize, const N: usize>(
                 }
             }
         }
-        for j in 0..N {
-            let d = f16x8(units[j].add(k_off::Q4K_D + 16 * h));
-            let dm = f16x8(units[j].add(k_off::Q4K_DMIN + 16 * h));
-            for i in 0..M {
-                let da = _mm256_set1_ps((*a[i]).d);
-                let x = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(i1[i][j]),
-                    _mm256_mul_ps(d, da),
-                    acc[i][j][h],
-                );
-                acc[i][j][h] =
-                    _mm256_fnmadd_ps(_mm256_cvtepi32_ps(i2[i][j]), _mm256_mul_ps(dm, da), x);
-            }
-        }
+        let da = std::array::from_fn(|i| (*a[i]).d);
+        let d = std::array::from_fn(|j| f16x8(units[j].add(k_off::Q4K_D + 16 * h)));
+        let dm = std::array::from_fn(|j| f16x8(units[j].add(k_off::Q4K_DMIN + 16 * h)));
+        fold(&i1, d, da, h, false, acc);
+        fold(&i2, dm, da, h, true, acc);
     }
 }
 
@@ -345,16 +356,8 @@ pub(super) unsafe fn q6k<const M: usize, const N: usize>(
                 }
             }
         }
-        for j in 0..N {
-            let d = f16x8(units[j].add(k_off::Q6K_D + 16 * h));
-            for i in 0..M {
-                let da = _mm256_set1_ps((*a[i]).d);
-                acc[i][j][h] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(i1[i][j]),
-                    _mm256_mul_ps(d, da),
-                    acc[i][j][h],
-                );
-            }
-        }
+        let da = std::array::from_fn(|i| (*a[i]).d);
+        let d = std::array::from_fn(|j| f16x8(units[j].add(k_off::Q6K_D + 16 * h)));
+        fold(&i1, d, da, h, false, acc);
     }
 }
