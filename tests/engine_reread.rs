@@ -241,3 +241,128 @@ fn a_plan_that_would_cost_the_reprefill_reprefills_instead() {
     });
     assert_eq!(identical, Some(true), "the re-prefilled answer: {events:?}");
 }
+
+#[test]
+fn a_plan_waits_through_every_switch_before_the_message_and_reads_every_mapped_position() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    // Everything the target did not compute itself, re-read: the answer is the
+    // re-prefilled one only if no mapped position was left out.
+    let mut rig = rig_with(dir.path(), |c| {
+        c.settings.reread = RereadSetting::parse("1.0:recency:token").unwrap();
+    });
+    // a -> b (b maps the history), b -> a (a holds it all), a -> b (b holds it all, as
+    // it was mapped at the first switch): three switches and no message between them.
+    let events = rig.talk_and_switch(12);
+    let first_mapped = events
+        .iter()
+        .find_map(|e| match e {
+            Event::Switch(s) => Some(s.context_tokens),
+            _ => None,
+        })
+        .unwrap();
+    for _ in 0..2 {
+        let events = rig.handle(Command::Switch);
+        rig.engine.measure_pending(&rig.rx);
+        assert!(events.iter().any(|e| matches!(e, Event::Switch(_))));
+        assert!(reread_events(&events).is_empty());
+    }
+    let _ = rig.drain();
+    let events = rig.handle(Command::Submit {
+        text: tiny().chat_text(10, 13),
+    });
+    let rereads = reread_events(&events);
+    assert_eq!(rereads.len(), 1, "the plan ran at the message: {events:?}");
+    let Event::SwitchReread {
+        index,
+        context_tokens,
+        spans,
+        parts,
+        ..
+    } = rereads[0]
+    else {
+        unreachable!()
+    };
+    // The session says which plan ran: the one of the latest switch to this model.
+    assert_eq!(*index, 2);
+    assert_eq!(*context_tokens, first_mapped);
+    // It read what the first switch mapped, up to the end of the history.
+    assert_eq!(spans.last().map(|s| s[1]), Some(first_mapped), "{spans:?}");
+    assert!(
+        !parts
+            .iter()
+            .any(|p| p.part == baton::protocol::PlanPart::Mapped),
+        "nothing is left mapped: {parts:?}"
+    );
+    let identical = events.iter().find_map(|e| match e {
+        Event::TurnComparison { identical, .. } => Some(*identical),
+        _ => None,
+    });
+    assert_eq!(identical, Some(true), "the re-prefilled answer: {events:?}");
+
+    // Re-read, the positions are the target's own: a switch away and back leaves
+    // nothing for the next message to re-read.
+    let _ = rig.handle(Command::Switch);
+    rig.engine.measure_pending(&rig.rx);
+    let _ = rig.handle(Command::Submit {
+        text: tiny().chat_text(6, 14),
+    });
+    let _ = rig.handle(Command::Switch);
+    rig.engine.measure_pending(&rig.rx);
+    let events = rig.handle(Command::Submit {
+        text: tiny().chat_text(6, 15),
+    });
+    for e in reread_events(&events) {
+        let Event::SwitchReread { spans, .. } = e else {
+            unreachable!()
+        };
+        assert!(
+            spans.iter().all(|s| s[0] >= first_mapped),
+            "positions re-read before were read again: {spans:?}"
+        );
+    }
+}
+
+#[test]
+fn the_opening_is_the_targets_own_and_no_plan_reads_or_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let system = tiny().chat_text(6, 16);
+    let mut rig = rig_with(dir.path(), |c| {
+        c.settings.system_prompt = Some(system.clone());
+        c.settings.reread = RereadSetting::parse("drop:0.5:recency:token").unwrap();
+    });
+    let _ = rig.talk_and_switch(17);
+    let events = rig.handle(Command::Submit {
+        text: tiny().chat_text(10, 18),
+    });
+    let rereads = reread_events(&events);
+    assert_eq!(rereads.len(), 1, "{events:?}");
+    let Event::SwitchReread {
+        context_tokens: n,
+        spans,
+        dropped,
+        parts,
+        ..
+    } = rereads[0]
+    else {
+        unreachable!()
+    };
+    // The opening (the system turn) is kept as the target computed it when it loaded:
+    // more than the first position, and holding the system prompt.
+    let first = &parts[0];
+    assert_eq!(first.part, baton::protocol::PlanPart::Kept, "{parts:?}");
+    assert!(first.text.contains(system.trim()), "{first:?}");
+    let opening = dropped
+        .iter()
+        .chain(spans.iter())
+        .map(|s| s[0])
+        .min()
+        .unwrap();
+    assert!(opening > 1, "only the sink was held: {parts:?}");
+    // Nothing of it is re-read or dropped, and the budget is half of what follows it.
+    let count = |r: &[[usize; 2]]| r.iter().map(|s| s[1] - s[0]).sum::<usize>();
+    assert_eq!(count(spans) + count(dropped), n - opening);
+    let budget = ((n - opening) as f64 * 0.5).round() as usize;
+    assert_eq!(count(spans), budget, "{spans:?}");
+}

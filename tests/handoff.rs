@@ -321,7 +321,13 @@ fn every_selector_chooses_within_its_budget_inside_the_map_and_the_reread_change
                 kind: baton::handoff::reread::PlanKind::Map,
                 up_only: false,
             };
-            let choice = choose(&setting, &select, plan.mapped(), None).unwrap();
+            let choice = choose(
+                &setting,
+                &select,
+                &baton::model::position_set::PositionSet::of([plan.mapped()]),
+                None,
+            )
+            .unwrap();
             let what = format!("{} {}", selector.name(), spans.name());
             let budget = (0.25 * h as f64).round() as usize;
             assert!(
@@ -355,12 +361,24 @@ fn every_selector_chooses_within_its_budget_inside_the_map_and_the_reread_change
     }
     // Recency takes the newest positions, as a tail would.
     let setting = RereadSetting::parse("0.25:recency:token").unwrap().unwrap();
-    let choice = choose(&setting, &select, plan.mapped(), None).unwrap();
+    let choice = choose(
+        &setting,
+        &select,
+        &baton::model::position_set::PositionSet::of([plan.mapped()]),
+        None,
+    )
+    .unwrap();
     let budget = (0.25 * h as f64).round() as usize;
     assert_eq!(choice.runs, vec![h - budget..h]);
     // A time budget spends the given speed: 2 ms a position, 10 ms, 5 positions.
     let setting = RereadSetting::parse("10ms:recency:token").unwrap().unwrap();
-    let choice = choose(&setting, &select, plan.mapped(), Some(2.0)).unwrap();
+    let choice = choose(
+        &setting,
+        &select,
+        &baton::model::position_set::PositionSet::of([plan.mapped()]),
+        Some(2.0),
+    )
+    .unwrap();
     assert_eq!(choice.count(), 5);
 }
 
@@ -388,4 +406,36 @@ fn a_tail_mapped_first_and_re_read_with_the_spans_is_the_plan_built_in_one_pass(
     plan.reread_in(b, ids, &mut none).unwrap();
     let (read, _) = plan.build_new(&pair.inputs()).unwrap();
     assert!(max_diff(&none, &read, 0, n) < 1e-4);
+}
+
+#[test]
+fn a_handed_cache_says_which_positions_the_target_did_not_compute_until_it_re_reads_them() {
+    let pair = Pair::new(50, 23);
+    let n = pair.ids.len();
+    let plan = HandoffPlan::new(n).anchor(4).tail(5);
+    let (mut c, _) = plan.build_new(&pair.inputs()).unwrap();
+    // The anchor and the tail are the target's reading; only the middle was mapped.
+    assert_eq!(c.foreign().runs(), &[4..n - 5]);
+    let (whole, _) = HandoffPlan::new(n).build_new(&pair.inputs()).unwrap();
+    assert_eq!(
+        whole.foreign().runs(),
+        &[0..n],
+        "a whole map is all foreign"
+    );
+    // Re-read, positions are the target's own; the rest stays foreign.
+    pair.b.decoder.reread(&pair.ids, &[10..20], &mut c).unwrap();
+    assert_eq!(c.foreign().runs(), &[4..10, 20..n - 5]);
+    // A prefill past the end is the target's own too.
+    let mut longer = c.try_clone().unwrap();
+    longer.truncate(n - 3);
+    let more = pair.ids[n - 3..].to_vec();
+    pair.b
+        .decoder
+        .forward(
+            &more,
+            &mut longer,
+            &baton::model::ForwardOptions::cache_only(),
+        )
+        .unwrap();
+    assert_eq!(longer.foreign().runs(), &[4..10, 20..n - 5]);
 }

@@ -347,6 +347,9 @@ impl Engine {
         };
         self.switches += 1;
         self.follow_up = Some(FollowUp { index: h.index });
+        // Whatever the target holds that it did not compute itself (mapped now or at an
+        // earlier switch, and never re-read) waits for the next message's plan.
+        let foreign = !self.slots[h.target].primary.foreign().is_empty();
         self.out.emit(Event::Switch(crate::protocol::SwitchEvent {
             index: h.index,
             turn: h.turn,
@@ -364,7 +367,7 @@ impl Engine {
                 .settings
                 .reread
                 .filter(|r| {
-                    h.mapped.is_some()
+                    foreign
                         && r.applies(
                             self.slots[h.source].model.config(),
                             self.slots[h.target].model.config(),
@@ -372,10 +375,9 @@ impl Engine {
                 })
                 .map(|r| r.to_string()),
         }));
-        self.slots[h.target].pending_reread = h.mapped.clone().map(|mapped| PendingReread {
+        self.slots[h.target].pending_reread = foreign.then_some(PendingReread {
             index: h.index,
             source: h.source,
-            mapped,
         });
         if self.slots[h.target].origin == CacheOrigin::Mapped {
             self.repair = Some(Repair::new(h.target, h.index, h.turn, h.own_held));

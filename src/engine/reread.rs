@@ -6,6 +6,7 @@
 use super::core::Engine;
 use super::EngineError;
 use crate::handoff::reread::{decide, SelectInputs};
+use crate::model::position_set::PositionSet;
 use crate::protocol::{Event, PlanPart, PlanText};
 use std::ops::Range;
 use std::time::Instant;
@@ -25,10 +26,6 @@ impl Engine {
         let Some(setting) = self.settings.reread else {
             return Ok(());
         };
-        // A repair that finished made the cache the model's own: nothing is left mapped.
-        if self.slots[a].origin != crate::protocol::CacheOrigin::Mapped {
-            return Ok(());
-        }
         // A plan for switches up only leaves a switch down as handed over.
         if !setting.applies(
             self.slots[pending.source].model.config(),
@@ -36,10 +33,13 @@ impl Engine {
         ) {
             return Ok(());
         }
-        let history = pending.mapped.end.min(self.slots[a].primary.len());
-        let mapped = pending.mapped.start.min(history)..history;
-        let pending_mapped_start = mapped.start;
-        if mapped.is_empty() {
+        // Every position of the history the target did not compute itself: mapped at
+        // this switch or an earlier one, and not re-read or repaired since. The opening
+        // the handoff copied is its own.
+        let history = self.slots[a].primary.len().min(self.conv.len());
+        let mut candidates = self.slots[a].primary.foreign().clone();
+        candidates.truncate(history);
+        if candidates.is_empty() {
             return Ok(());
         }
         // A measurement of this switch measures the cache as it was handed over: it keeps
@@ -61,7 +61,7 @@ impl Engine {
             tokens,
             history,
         };
-        let choice = decide(&setting, &inputs, mapped, target.read_speed);
+        let choice = decide(&setting, &inputs, &candidates, target.read_speed);
         let choice = match choice {
             Ok(c) => c,
             Err(e) => {
@@ -91,7 +91,7 @@ impl Engine {
                     .unwrap_or_default()
             })
             .collect();
-        let parts = plan_parts(history, pending_mapped_start, &choice.runs, &choice.dropped)
+        let parts = plan_parts(history, &candidates, &choice.runs, &choice.dropped)
             .into_iter()
             .map(|(part, r)| PlanText {
                 part,
@@ -121,16 +121,16 @@ impl Engine {
     }
 }
 
-/// The history's positions `0..history` in runs of one part each, in order: before
-/// `mapped_start` the target's own (kept); after it re-read, dropped or left mapped.
+/// The history's positions `0..history` in runs of one part each, in order: outside
+/// `candidates` the target's own (kept); among them re-read, dropped or left mapped.
 fn plan_parts(
     history: usize,
-    mapped_start: usize,
+    candidates: &PositionSet,
     reread: &[Range<usize>],
     dropped: &[Range<usize>],
 ) -> Vec<(PlanPart, Range<usize>)> {
     let part_of = |p: usize| {
-        if p < mapped_start {
+        if !candidates.contains(p) {
             PlanPart::Kept
         } else if reread.iter().any(|r| r.contains(&p)) {
             PlanPart::Reread
@@ -157,7 +157,7 @@ mod tests {
 
     #[test]
     fn every_position_has_one_part_in_order() {
-        let got = plan_parts(12, 3, &[4..6, 9..10], &[6..8]);
+        let got = plan_parts(12, &PositionSet::of([3..12]), &[4..6, 9..10], &[6..8]);
         assert_eq!(
             got,
             vec![
@@ -170,6 +170,18 @@ mod tests {
                 (PlanPart::Mapped, 10..12),
             ]
         );
-        assert!(plan_parts(0, 0, &[], &[]).is_empty());
+        assert!(plan_parts(0, &PositionSet::new(), &[], &[]).is_empty());
+        // Candidates in pieces: what lies between them is the target's own.
+        let got = plan_parts(8, &PositionSet::of([1..3, 5..8]), &[2..3], &[]);
+        assert_eq!(
+            got,
+            vec![
+                (PlanPart::Kept, 0..1),
+                (PlanPart::Mapped, 1..2),
+                (PlanPart::Reread, 2..3),
+                (PlanPart::Kept, 3..5),
+                (PlanPart::Mapped, 5..8),
+            ]
+        );
     }
 }

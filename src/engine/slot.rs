@@ -10,21 +10,21 @@
 //!   reference path's cache and the yardstick for the mapped one.
 
 use super::conversation::Conversation;
+use crate::handoff::reread::opening_len_within;
 use crate::metrics::QueryGram;
 use crate::model::{ForwardOptions, KvCache, Model};
 use crate::protocol::{CacheOrigin, ModelInfo, ModelName};
-use std::ops::Range;
 use std::sync::Arc;
 
-/// What a switch left for the first message to re-read (see the engine's re-read).
+/// A switch to this model left positions it did not compute itself (mapped at this
+/// switch or an earlier one): the first message re-reads what it needs of them (see the
+/// engine's re-read). It waits through any switches made before that message.
 #[derive(Debug, Clone)]
 pub(super) struct PendingReread {
-    /// The switch's index.
+    /// The latest switch to this model.
     pub(super) index: u32,
     /// The slot handed away from.
     pub(super) source: usize,
-    /// The positions it mapped.
-    pub(super) mapped: Range<usize>,
 }
 
 pub struct Slot {
@@ -36,9 +36,9 @@ pub struct Slot {
     pub(super) truth: KvCache,
     pub(super) grams: Vec<QueryGram>,
     pub(super) info: ModelInfo,
-    /// The model's own cache of the conversation's first `anchor` ids (the template's
-    /// opening, the same in every conversation), computed once so that taking over never
-    /// waits for it.
+    /// The model's own cache of the conversation's opening (the template's system turn,
+    /// the same in every conversation, and at least the first `anchor` ids), computed
+    /// once when the model loads: every switch copies it, so no plan reads it again.
     pub(super) anchor_kv: Option<(Vec<u32>, KvCache)>,
     /// What the last switch to this model left for the next message to re-read.
     pub(super) pending_reread: Option<PendingReread>,
@@ -68,6 +68,14 @@ impl Slot {
         history.starts_with(ids).then_some(kv)
     }
 
+    /// The positions a handoff of `history` to this model computes (copies) as its own
+    /// before mapping: its precomputed opening where `history` starts with it, else the
+    /// first `anchor`.
+    pub(super) fn anchor_for(&self, history: &[u32], anchor: usize) -> usize {
+        self.opening(history)
+            .map_or(anchor, |kv| kv.len().max(anchor))
+    }
+
     pub(super) fn name(&self) -> ModelName {
         self.info.name.clone()
     }
@@ -83,17 +91,26 @@ pub(super) fn split(slots: &mut [Slot; 2], a: usize) -> (&mut Slot, &mut Slot) {
     }
 }
 
-/// The model's own cache of the first `anchor` ids every conversation starts with (the
-/// template rendered with any first message); `None` when it cannot be made.
+/// The model's own cache of the opening every conversation starts with: the template
+/// rendered with the system prompt, up to the end of its turn and the line break after
+/// it, and at least the first `anchor` ids. Found as the part two conversations with
+/// different first messages share, so a template's default system prompt counts as
+/// much as one the user set. `None` when it cannot be made.
 pub(super) fn opening(
     model: &Model,
     conv: &Conversation,
     anchor: usize,
 ) -> Option<(Vec<u32>, KvCache)> {
     let template = model.template.as_ref()?;
-    let mut probe = conv.clone();
-    probe.push_user(template, &model.tokenizer, "x").ok()?;
-    let ids = probe.history.get(..anchor)?.to_vec();
+    let rendered = |text: &str| {
+        let mut probe = conv.clone();
+        probe.push_user(template, &model.tokenizer, text).ok()?;
+        Some(probe.history)
+    };
+    let (x, y) = (rendered("x")?, rendered("y")?);
+    let shared = x.iter().zip(&y).take_while(|(a, b)| a == b).count();
+    let system_turn = opening_len_within(&model.tokenizer, &x, shared).min(shared);
+    let ids = x.get(..system_turn.max(anchor))?.to_vec();
     let mut kv = model.decoder.new_cache();
     model
         .decoder

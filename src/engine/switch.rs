@@ -42,9 +42,6 @@ pub(super) struct Handoff {
     pub suffix_tokens: usize,
     pub gate: Option<GateDecision>,
     pub estimate: Option<SwitchEstimate>,
-    /// The positions the target received mapped (`None` for a re-prefill): what a
-    /// re-read may choose from.
-    pub mapped: Option<std::ops::Range<usize>>,
 }
 
 /// What a switch may touch: both models' slots, the mappers between them, the
@@ -99,7 +96,7 @@ pub(super) fn hand_over(
     let reprefill = gate.is_some_and(|g| g.used == CacheOrigin::Reprefilled);
     let names = (slots[a].name(), slots[b].name());
     let (sa, sb) = split(slots, a);
-    let plan = plan_for(sb, n, reprefill, settings);
+    let plan = plan_for(sb, history, reprefill, settings);
     // What the target computed itself when it was last active, up to the tail: with
     // the reference path on it becomes the truth the measurement starts from.
     let held = sb.primary.len().min(n - settings.tail.min(n));
@@ -163,15 +160,15 @@ pub(super) fn hand_over(
         suffix_tokens: n - held,
         gate,
         estimate,
-        mapped: (!reprefill && !plan.mapped().is_empty()).then(|| plan.mapped()),
     }))
 }
 
-/// The target's cache after the switch. The newest `tail` positions are the target's to
-/// read; what it holds of them (a pre-map, an earlier handoff) is dropped and read again.
+/// The target's cache after the switch of `history`. The newest `tail` positions are the
+/// target's to read; what it holds of them (a pre-map, an earlier handoff) is dropped and read again.
 /// A re-prefill keeps only what the target computed itself and starts from its truth
 /// otherwise.
-fn plan_for(target: &Slot, n: usize, reprefill: bool, settings: &Settings) -> HandoffPlan {
+fn plan_for(target: &Slot, history: &[u32], reprefill: bool, settings: &Settings) -> HandoffPlan {
+    let n = history.len();
     if reprefill {
         let own = if target.origin == CacheOrigin::True {
             target.primary.len()
@@ -180,8 +177,9 @@ fn plan_for(target: &Slot, n: usize, reprefill: bool, settings: &Settings) -> Ha
         };
         return HandoffPlan::reprefill(n).holding(own);
     }
+    // The opening is the target's own, copied from what it computed when it loaded.
     let plan = HandoffPlan::new(n)
-        .anchor(settings.anchor)
+        .anchor(target.anchor_for(history, settings.anchor))
         .tail(settings.tail);
     let held = target.primary.len().min(plan.tail_start());
     plan.holding(held)

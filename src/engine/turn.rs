@@ -383,10 +383,10 @@ impl Engine {
             sb.truth = sb.primary.try_clone()?;
         }
         let from = sb.primary.len();
-        let plan = HandoffPlan::new(to)
-            .anchor(self.settings.anchor)
-            .holding(from);
         let history = &self.conv.history[..to];
+        let plan = HandoffPlan::new(to)
+            .anchor(sb.anchor_for(history, self.settings.anchor))
+            .holding(from);
         let mut primary = std::mem::replace(&mut sb.primary, sb.model.decoder.new_cache());
         let inputs = HandoffInputs {
             source: &sa.model,

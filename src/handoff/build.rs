@@ -137,6 +137,7 @@ impl HandoffPlan {
                 edit(&mut layers, mapped.clone())?;
             }
             dst.extend_with(&layers)?;
+            dst.mark_foreign(mapped.clone())?;
             // A position the source itself had dropped holds nothing it read: its map
             // stays out of attention too, until a re-read takes it back.
             for r in inputs.source_cache.dropped() {

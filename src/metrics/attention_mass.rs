@@ -20,6 +20,20 @@ pub fn received_by_position(queries: &Tensor, keys: &Tensor) -> Result<Vec<f64>>
 /// `keys` [n_kv_head, start + m, hd]: summed over heads and queries, one value per key
 /// position. What a message's tokens read of the context before them.
 pub fn received_from(queries: &Tensor, keys: &Tensor, start: usize) -> Result<Vec<f64>> {
+    let per_head = received_by_head(queries, keys, start)?;
+    let klen = per_head.first().map_or(0, |h| h.len());
+    let mut total = vec![0.0f64; klen];
+    for head in &per_head {
+        for (t, x) in total.iter_mut().zip(head) {
+            *t += x;
+        }
+    }
+    Ok(total)
+}
+
+/// [`received_from`] per query head: one row of key positions a head, each summed over
+/// the queries.
+pub fn received_by_head(queries: &Tensor, keys: &Tensor, start: usize) -> Result<Vec<Vec<f64>>> {
     let (nh, m, hd) = queries.dims3()?;
     let (nkv, klen, khd) = keys.dims3()?;
     if klen != start + m || khd != hd || nkv == 0 || nh % nkv != 0 {
@@ -48,9 +62,13 @@ pub fn received_from(queries: &Tensor, keys: &Tensor, start: usize) -> Result<Ve
         .reshape((nkv, group, m, klen))?
         .broadcast_add(&mask)?;
     let p = candle_nn::ops::softmax_last_dim(&s)?;
-    // Summed over heads and queries: [klen] of key positions.
-    let got = p.sum(D::Minus2)?.sum(1)?.sum(0)?;
-    Ok(got.to_vec1::<f32>()?.into_iter().map(f64::from).collect())
+    // Summed over queries: [query head, key position].
+    let got = p.sum(D::Minus2)?.reshape((nh, klen))?;
+    Ok(got
+        .to_vec2::<f32>()?
+        .into_iter()
+        .map(|h| h.into_iter().map(f64::from).collect())
+        .collect())
 }
 
 /// The attention `received` (summed over `heads` query heads, any number of layers

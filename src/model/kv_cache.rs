@@ -28,6 +28,13 @@ pub struct KvShape {
 /// A position may be dropped: it keeps its slot (so every later position keeps its own
 /// RoPE position and the cache its length), but no attention ever reads it, as if the
 /// model had never seen that token. Writing a position (a re-read of it) takes it back.
+///
+/// A position may also be foreign: its entries were put there from outside (mapped from
+/// another model) rather than computed by the model that reads the cache. A re-read of
+/// it makes it the model's own; positions the model computes as it reads are its own.
+/// Which positions are foreign travels with the entries (copies, truncation, splices),
+/// so a later plan can tell what the model never computed, however many switches ago
+/// it was mapped.
 #[derive(Debug)]
 pub struct KvCache {
     shape: KvShape,
@@ -37,6 +44,7 @@ pub struct KvCache {
     len: usize,
     capacity: usize,
     dropped: PositionSet,
+    foreign: PositionSet,
 }
 
 impl KvCache {
@@ -49,6 +57,7 @@ impl KvCache {
             len: 0,
             capacity: 0,
             dropped: PositionSet::new(),
+            foreign: PositionSet::new(),
         }
     }
 
@@ -107,6 +116,30 @@ impl KvCache {
         }
         self.dropped.insert(r);
         Ok(())
+    }
+
+    /// The positions whose entries came from outside the model (increasing, disjoint
+    /// spans inside the cache): what it has not computed itself.
+    pub fn foreign(&self) -> &PositionSet {
+        &self.foreign
+    }
+
+    /// Say that the positions of `r` (inside the cache) hold entries the model did not
+    /// compute (a map from another model wrote them).
+    pub fn mark_foreign(&mut self, r: Range<usize>) -> Result<()> {
+        if r.end > self.len {
+            return Err(ModelError::Cache(format!(
+                "marking positions {}..{} of a cache of {} positions as mapped",
+                r.start, r.end, self.len
+            )));
+        }
+        self.foreign.insert(r);
+        Ok(())
+    }
+
+    /// The model computed the positions of `r` itself (it re-read them).
+    pub(crate) fn mark_own(&mut self, r: Range<usize>) {
+        self.foreign.remove(r);
     }
 
     /// Take positions back into attention (the caller has written them).
@@ -197,6 +230,7 @@ impl KvCache {
             len,
             capacity,
             dropped: PositionSet::new(),
+            foreign: PositionSet::new(),
         })
     }
 
@@ -265,6 +299,9 @@ impl KvCache {
         for r in other.dropped.moved(start..end, start).runs() {
             self.dropped.insert(r.clone());
         }
+        for r in other.foreign.moved(start..end, start).runs() {
+            self.foreign.insert(r.clone());
+        }
         Ok(())
     }
 
@@ -272,6 +309,7 @@ impl KvCache {
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
         self.dropped.truncate(self.len);
+        self.foreign.truncate(self.len);
     }
 
     /// A deep copy: the two caches can then be extended independently.
@@ -295,6 +333,8 @@ impl KvCache {
         )?;
         copy.dropped = self.dropped.clone();
         copy.dropped.truncate(len);
+        copy.foreign = self.foreign.clone();
+        copy.foreign.truncate(len);
         Ok(copy)
     }
 
@@ -415,6 +455,28 @@ mod tests {
                 Ok(LayerKv { k, v })
             })
             .collect()
+    }
+
+    #[test]
+    fn which_positions_are_foreign_travels_with_copies_splices_and_truncation() -> Result<()> {
+        let mut c = KvCache::import(shape(), chunk(10, 1.0)?, DType::F32, &Device::Cpu)?;
+        assert!(
+            c.foreign().is_empty(),
+            "entries given are nobody's map until marked"
+        );
+        c.mark_foreign(2..6)?;
+        c.mark_foreign(8..10)?;
+        assert!(c.mark_foreign(9..11).is_err(), "nothing past the end");
+        let copy = c.try_clone_prefix(9)?;
+        assert_eq!(copy.foreign().runs(), &[2..6, 8..9]);
+        let mut spliced = c.try_clone_prefix(4)?;
+        spliced.extend_from(&c, 4, 10)?;
+        assert_eq!(spliced.foreign().runs(), c.foreign().runs());
+        c.mark_own(3..5);
+        assert_eq!(c.foreign().runs(), &[2..3, 5..6, 8..10]);
+        c.truncate(6);
+        assert_eq!(c.foreign().runs(), &[2..3, 5..6]);
+        Ok(())
     }
 
     #[test]

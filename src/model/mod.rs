@@ -12,6 +12,7 @@ pub mod load;
 pub mod loaded;
 pub mod position_set;
 pub mod reread;
+pub mod residual;
 pub mod rope;
 pub mod sampler;
 pub mod weights;

@@ -64,6 +64,9 @@ impl Decoder {
                 }
             }
             read?;
+            for r in &chunk {
+                cache.mark_own(r.clone());
+            }
         }
         Ok(())
     }
@@ -118,7 +121,7 @@ impl Decoder {
 }
 
 /// Runs must be non-empty, in increasing order, disjoint, and inside the cache.
-fn check_runs(runs: &[Range<usize>], len: usize) -> Result<()> {
+pub(super) fn check_runs(runs: &[Range<usize>], len: usize) -> Result<()> {
     let mut end = 0;
     for (i, r) in runs.iter().enumerate() {
         if r.is_empty() || (i > 0 && r.start < end) || r.end > len {
@@ -134,7 +137,7 @@ fn check_runs(runs: &[Range<usize>], len: usize) -> Result<()> {
 }
 
 /// The runs split into groups of at most `rows` positions, in order (a run may be cut).
-fn chunks(runs: &[Range<usize>], rows: usize) -> Vec<Vec<Range<usize>>> {
+pub(super) fn chunks(runs: &[Range<usize>], rows: usize) -> Vec<Vec<Range<usize>>> {
     let mut out = Vec::new();
     let mut cur: Vec<Range<usize>> = Vec::new();
     let mut n = 0;

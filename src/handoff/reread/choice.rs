@@ -40,24 +40,23 @@ fn total(runs: &[Range<usize>]) -> usize {
 
 /// The plan every caller runs: [`choose`] under `setting`, unless the plan is predicted
 /// ([`super::cost::predict`]) to cost at least the re-prefill of `candidates`, when the
-/// target re-reads them all instead, without choosing.
+/// target re-reads them all instead, without choosing. `candidates` are the positions of
+/// the history the target did not compute itself: mapped at this switch or at any
+/// earlier one and not re-read since.
 pub fn decide(
     setting: &RereadSetting,
     inputs: &SelectInputs<'_>,
-    candidates: Range<usize>,
+    candidates: &PositionSet,
     ms_per_position: Option<f64>,
 ) -> Result<RereadChoice, RereadError> {
     if !setting.applies(inputs.source.config(), inputs.target.config()) {
         // A plan for switches up only: a switch down hands the map over as it is.
         return Ok(RereadChoice::default());
     }
-    let cost = super::cost::predict(setting, inputs, candidates.clone(), ms_per_position)?;
+    let cost = super::cost::predict(setting, inputs, candidates, ms_per_position)?;
     if cost.reaches_reprefill() {
         return Ok(RereadChoice {
-            runs: vec![candidates]
-                .into_iter()
-                .filter(|r| !r.is_empty())
-                .collect(),
+            runs: candidates.runs().to_vec(),
             reprefilled: true,
             ..Default::default()
         });
@@ -85,28 +84,47 @@ impl RereadChoice {
     }
 }
 
-/// Choose, under `setting`, what becomes of each of `candidates` (the mapped positions
-/// of the history); `ms_per_position` turns a time budget into positions.
+/// Choose, under `setting`, what becomes of each of `candidates` (the positions of the
+/// history the target did not compute itself); `ms_per_position` turns a time budget
+/// into positions. The budget is a share of the history past its opening (the system
+/// prompt, which the target holds as its own when the handoff anchored it); where the
+/// opening is a candidate after all, it is taken first, inside the budget. A budget the
+/// opening fills chooses without scoring: a budget of nothing costs nothing.
 pub fn choose(
     setting: &RereadSetting,
     inputs: &SelectInputs<'_>,
-    candidates: Range<usize>,
+    candidates: &PositionSet,
     ms_per_position: Option<f64>,
 ) -> Result<RereadChoice, RereadError> {
     let t = std::time::Instant::now();
     let history = &inputs.tokens[..inputs.history];
-    let budget = setting.positions(inputs.history, ms_per_position)?;
-    let scores = score_positions(setting.selector, inputs, candidates.clone())?;
-    let starts = unit_starts(&inputs.target.tokenizer, history, setting.spans);
     let opening = opening_len(&inputs.target.tokenizer, history);
-    let chosen = pick_spans(&scores, candidates.clone(), &starts, opening, budget);
-    let rest = PositionSet::of(chosen.iter().cloned()).gaps(candidates.clone());
+    let budget = setting.positions(
+        inputs.history - opening.min(inputs.history),
+        ms_per_position,
+    )?;
+    let opening_in = candidates_before(candidates, opening);
+    let chosen = if budget <= opening_in {
+        // The opening (always taken) fills the budget: nothing to score.
+        let mut opening_part = candidates.clone();
+        opening_part.truncate(opening);
+        opening_part.runs().to_vec()
+    } else {
+        let scores = score_positions(setting.selector, inputs, candidates)?;
+        let starts = unit_starts(&inputs.target.tokenizer, history, setting.spans);
+        pick_spans(&scores, candidates, &starts, opening, budget)
+    };
+    let mut rest = candidates.clone();
+    for r in &chosen {
+        rest.remove(r.clone());
+    }
+    let rest = rest.runs().to_vec();
     let (runs, dropped) = match setting.kind {
         PlanKind::Map => (chosen, Vec::new()),
         PlanKind::Drop => (chosen, rest),
         PlanKind::Attend => (Vec::new(), rest),
         PlanKind::Trusted => {
-            let error = score_positions(Selector::RoundTrip, inputs, candidates.clone())?;
+            let error = score_positions(Selector::RoundTrip, inputs, candidates)?;
             (chosen, untrusted(&error, &rest, TRUSTED_SHARE))
         }
     };
@@ -116,6 +134,15 @@ pub fn choose(
         select_ms: t.elapsed().as_secs_f64() * 1e3,
         reprefilled: false,
     })
+}
+
+/// How many of `candidates` lie before position `end`.
+pub fn candidates_before(candidates: &PositionSet, end: usize) -> usize {
+    candidates
+        .runs()
+        .iter()
+        .map(|r| r.end.min(end).saturating_sub(r.start))
+        .sum()
 }
 
 /// The positions of `rest` to drop: all but the `share` of them with the smallest

@@ -26,7 +26,7 @@
 
 use super::scores::cheaper_reader;
 use super::{PlanKind, RereadError, RereadSetting, SelectInputs, Selector};
-use std::ops::Range;
+use crate::model::position_set::PositionSet;
 
 /// A re-read position's cost in prefill positions (see the module doc).
 pub const REREAD_OVERHEAD: f64 = 1.5;
@@ -57,20 +57,25 @@ impl PlanCost {
     }
 }
 
-/// Predict the cost of `setting` over `candidates` (the mapped positions) with the
-/// message (`inputs.tokens[inputs.history..]`) known.
+/// Predict the cost of `setting` over `candidates` (the positions the target did not
+/// compute itself) with the message (`inputs.tokens[inputs.history..]`) known. The
+/// re-prefill it is held against reads every candidate; the opening, where the target
+/// holds it, is no candidate and costs neither.
 pub fn predict(
     setting: &RereadSetting,
     inputs: &SelectInputs<'_>,
-    candidates: Range<usize>,
+    candidates: &PositionSet,
     ms_per_position: Option<f64>,
 ) -> Result<PlanCost, RereadError> {
     let opening = super::opening_len(&inputs.target.tokenizer, &inputs.tokens[..inputs.history]);
-    let opening_in = opening.min(candidates.end).saturating_sub(candidates.start);
+    let opening_in = super::choice::candidates_before(candidates, opening);
     let budget = setting
-        .positions(inputs.history, ms_per_position)?
+        .positions(
+            inputs.history - opening.min(inputs.history),
+            ms_per_position,
+        )?
         .max(opening_in)
-        .min(candidates.len());
+        .min(candidates.count());
     let selector = match setting.selector {
         Selector::CheaperAttention => cheaper_reader(inputs),
         s => s,
@@ -79,6 +84,12 @@ pub fn predict(
         rereads: if setting.kind.rereads() { budget } else { 0 },
         message: inputs.tokens.len().saturating_sub(inputs.history),
         reader_weights: match selector {
+            Selector::Contrast | Selector::Facts
+                if cheaper_reader(inputs) == Selector::SourceAttention =>
+            {
+                inputs.source.config().weights_per_token() as f64
+                    / inputs.target.config().weights_per_token().max(1) as f64
+            }
             Selector::SourceAttention => {
                 inputs.source.config().weights_per_token() as f64
                     / inputs.target.config().weights_per_token().max(1) as f64
@@ -86,8 +97,11 @@ pub fn predict(
             _ => 1.0,
         },
         selector,
+        // Choosing is skipped where the opening fills the budget.
+        chooses: budget > opening_in,
         round_trip: setting.kind == PlanKind::Trusted,
-        candidates: candidates.clone(),
+        candidates: candidates.count(),
+        reach: super::scores::hull(candidates).end,
         target_layers: inputs.target.config().n_layer,
     };
     Ok(parts.cost())
@@ -103,34 +117,52 @@ pub struct PlanParts {
     /// The reading model's weights per token against the target's.
     pub reader_weights: f64,
     pub selector: Selector,
+    /// Whether the selector runs at all (a budget the opening fills scores nothing).
+    pub chooses: bool,
     /// Whether the plan estimates each candidate's error by the round trip.
     pub round_trip: bool,
-    pub candidates: Range<usize>,
+    /// Positions the plan may re-read: the re-prefill reads them all.
+    pub candidates: usize,
+    /// One past the last candidate: how far a selector that reads the history reads.
+    pub reach: usize,
     pub target_layers: usize,
 }
 
 impl PlanParts {
     /// The plan's cost and the re-prefill's, in target positions (see the module doc).
     pub fn cost(&self) -> PlanCost {
-        let n = self.candidates.len() as f64;
+        let n = self.candidates as f64;
         let mut calls = 0.0;
         let mut plan = 0.0;
         if self.rereads > 0 {
             plan += self.rereads as f64 * REREAD_OVERHEAD;
             calls += 1.0;
         }
-        match self.selector {
-            Selector::SourceAttention | Selector::TargetAttention | Selector::CheaperAttention => {
+        let selector = if self.chooses {
+            Some(self.selector)
+        } else {
+            None
+        };
+        match selector {
+            Some(Selector::SourceAttention)
+            | Some(Selector::TargetAttention)
+            | Some(Selector::CheaperAttention)
+            | Some(Selector::Contrast)
+            | Some(Selector::Facts) => {
                 plan += self.message as f64 * self.reader_weights;
                 calls += self.reader_weights;
             }
-            Selector::Deviation => {
-                plan += self.candidates.end as f64 * 2.0 / self.target_layers.max(1) as f64;
+            Some(Selector::Deviation) => {
+                plan += self.reach as f64 * 2.0 / self.target_layers.max(1) as f64;
                 calls += 1.0;
             }
-            Selector::RoundTrip | Selector::Recency => {}
+            Some(Selector::RoundTrip)
+            | Some(Selector::Recency)
+            | Some(Selector::MessageWords)
+            | Some(Selector::Rare)
+            | None => {}
         }
-        if self.round_trip || self.selector == Selector::RoundTrip {
+        if self.round_trip || selector == Some(Selector::RoundTrip) {
             plan += n * ROUND_TRIP_PER_POSITION;
         }
         PlanCost {
@@ -150,8 +182,10 @@ mod tests {
             message: 16,
             reader_weights: 1.0,
             selector,
+            chooses: true,
             round_trip,
-            candidates: 1..n + 1,
+            candidates: n,
+            reach: n + 1,
             target_layers: 24,
         }
     }

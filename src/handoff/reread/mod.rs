@@ -20,7 +20,12 @@
 //!   position scores how far the map is from them there (CacheBlend's choice);
 //! - `recency`: the newest positions, the same as a longer tail: the baseline;
 //! - `cheaper-attention`: `source-attention` or `target-attention`, whichever model is
-//!   the smaller, so choosing stays cheap in both directions.
+//!   the smaller, so choosing stays cheap in both directions;
+//! - `contrast`: the cheaper model's read, scored by what some heads seek out beyond
+//!   their layer's average, so that the sinks and template tokens every head reads
+//!   cancel;
+//! - `message-words`: the message's own words found in the history, spread to the
+//!   positions around them; `rare`: numbers and names; `facts`: the three together.
 //!
 //! What becomes of the chosen positions and of the rest is the plan's [`PlanKind`]:
 //! re-read over the map, re-read with the rest dropped, kept with the rest dropped, or
@@ -28,13 +33,14 @@
 
 mod choice;
 pub mod cost;
+pub mod lexical;
 mod scores;
 mod spans;
 
-pub use choice::{choose, decide, RereadChoice, TRUSTED_SHARE};
+pub use choice::{candidates_before, choose, decide, RereadChoice, TRUSTED_SHARE};
 pub use cost::{predict, PlanCost};
-pub use scores::{score_positions, SelectInputs};
-pub use spans::{opening_len, pick_spans, unit_starts};
+pub use scores::{hull, score_positions, SelectInputs};
+pub use spans::{opening_len, opening_len_within, pick_spans, unit_starts};
 
 use crate::model::ModelConfig;
 use serde::{Deserialize, Serialize};
@@ -78,16 +84,30 @@ pub enum Selector {
     /// otherwise: the message is read by whichever model reads it more cheaply, so that
     /// choosing never costs a read by the larger model.
     CheaperAttention,
+    /// The cheaper model's read, each position scored by what some heads give it beyond
+    /// their layer's average: what any message reads (sinks, the template) cancels.
+    Contrast,
+    /// The message's own words found in the history, spread to the positions around
+    /// them ([`lexical`]); no model call.
+    MessageWords,
+    /// Numbers and names: the tokens that carry facts; no model call.
+    Rare,
+    /// `contrast`, `message-words` and `rare` together, each rescaled to at most 1.
+    Facts,
 }
 
 impl Selector {
-    pub const ALL: [Selector; 6] = [
+    pub const ALL: [Selector; 10] = [
         Selector::SourceAttention,
         Selector::TargetAttention,
         Selector::RoundTrip,
         Selector::Deviation,
         Selector::Recency,
         Selector::CheaperAttention,
+        Selector::Contrast,
+        Selector::MessageWords,
+        Selector::Rare,
+        Selector::Facts,
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,6 +118,10 @@ impl Selector {
             Selector::Deviation => "deviation",
             Selector::Recency => "recency",
             Selector::CheaperAttention => "cheaper-attention",
+            Selector::Contrast => "contrast",
+            Selector::MessageWords => "message-words",
+            Selector::Rare => "rare",
+            Selector::Facts => "facts",
         }
     }
 

@@ -1,10 +1,11 @@
 //! Each selector's score per position of the history: higher is re-read first.
 
-use super::{RereadError, Selector};
+use super::{lexical, RereadError, Selector};
 use crate::gate::round_trip_by_position;
 use crate::mapper::features::heads_to_rows;
 use crate::mapper::CacheMapper;
-use crate::metrics::attention_mass::received_from;
+use crate::metrics::attention_mass::received_by_head;
+use crate::model::position_set::PositionSet;
 use crate::model::{ForwardOptions, KvCache, Logits, Model};
 use candle_core::DType;
 use std::ops::Range;
@@ -41,12 +42,13 @@ pub struct SelectInputs<'a> {
 pub fn score_positions(
     selector: Selector,
     inputs: &SelectInputs<'_>,
-    candidates: Range<usize>,
+    candidates: &PositionSet,
 ) -> Result<Vec<f64>, RereadError> {
     let h = inputs.history;
-    if candidates.end > h || inputs.tokens.len() < h {
+    let hull = hull(candidates);
+    if hull.end > h || inputs.tokens.len() < h {
         return Err(RereadError::Input(format!(
-            "re-read candidates {candidates:?} in a history of {h} positions ({} tokens given)",
+            "re-read candidates {hull:?} in a history of {h} positions ({} tokens given)",
             inputs.tokens.len()
         )));
     }
@@ -81,20 +83,86 @@ pub fn score_positions(
                 inputs.tokens,
                 inputs.source.decoder.rope(),
                 inputs.target.decoder.rope(),
-                candidates.start,
-                candidates.end,
+                hull.start,
+                hull.end,
             )?;
-            let mut s = vec![0.0; candidates.start];
+            let mut s = vec![0.0; hull.start];
             s.extend(cos.into_iter().map(|c| 1.0 - c));
             s
         }
-        Selector::Deviation => deviation(inputs, candidates.clone())?,
+        Selector::Deviation => deviation(inputs, hull)?,
         Selector::Recency => (0..h).map(|p| p as f64).collect(),
+        Selector::Contrast => contrast(inputs)?,
+        Selector::MessageWords => lexical::message_words(
+            &inputs.target.tokenizer,
+            &inputs.tokens[..h],
+            &inputs.tokens[h..],
+        ),
+        Selector::Rare => lexical::rare_tokens(&inputs.target.tokenizer, &inputs.tokens[..h]),
+        Selector::Facts => {
+            let tok = &inputs.target.tokenizer;
+            let read = lexical::unit_max(&contrast(inputs)?);
+            let asked = lexical::unit_max(&lexical::message_words(
+                tok,
+                &inputs.tokens[..h],
+                &inputs.tokens[h..],
+            ));
+            let rare = lexical::rare_tokens(tok, &inputs.tokens[..h]);
+            read.iter()
+                .zip(&asked)
+                .zip(&rare)
+                .map(|((r, a), x)| r + a + FACTS_RARE_WEIGHT * x)
+                .collect()
+        }
     };
-    for p in candidates {
-        scores[p] = got.get(p).copied().unwrap_or(0.0);
+    for r in candidates.runs() {
+        for p in r.clone() {
+            scores[p] = got.get(p).copied().unwrap_or(0.0);
+        }
     }
     Ok(scores)
+}
+
+/// The smallest range that holds every candidate (empty when there are none).
+pub fn hull(candidates: &PositionSet) -> Range<usize> {
+    match (candidates.runs().first(), candidates.runs().last()) {
+        (Some(a), Some(b)) => a.start..b.end,
+        _ => 0..0,
+    }
+}
+
+/// In `facts`, a fact-bearing token's weight beside the read and the message's words
+/// (each rescaled to at most 1): enough to order the tokens of a passage the message
+/// points at, too little to outweigh what it points at.
+const FACTS_RARE_WEIGHT: f64 = 0.5;
+
+/// `contrast`: the message read by the cheaper model, each position scored by how much
+/// more some heads give it than their layer's heads give it on average, summed over
+/// heads and layers. Sinks and template tokens, which every head reads, score little;
+/// what a few heads seek out scores.
+fn contrast(inputs: &SelectInputs<'_>) -> Result<Vec<f64>, RereadError> {
+    let h = inputs.history;
+    let (model, cache) = match cheaper_reader(inputs) {
+        Selector::SourceAttention => (inputs.source, inputs.source_cache),
+        _ => (inputs.target, inputs.handed),
+    };
+    message_attention_by(model, cache, inputs.tokens, h, &|heads| {
+        let n = heads.len().max(1) as f64;
+        let len = heads.first().map_or(0, |x| x.len());
+        let mut mean = vec![0.0f64; len];
+        for head in heads {
+            for (m, x) in mean.iter_mut().zip(head) {
+                *m += x / n;
+            }
+        }
+        let mut out = vec![0.0f64; len];
+        for head in heads {
+            for ((o, x), m) in out.iter_mut().zip(head).zip(&mean) {
+                *o += (x - m).max(0.0);
+            }
+        }
+        out
+    })
 }
 
 /// Whichever attention selector reads the message with the smaller model.
@@ -114,6 +182,28 @@ fn message_attention(
     cache: &KvCache,
     tokens: &[u32],
     h: usize,
+) -> Result<Vec<f64>, RereadError> {
+    message_attention_by(model, cache, tokens, h, &|heads| {
+        let len = heads.first().map_or(0, |x| x.len());
+        let mut total = vec![0.0f64; len];
+        for head in heads {
+            for (t, x) in total.iter_mut().zip(head) {
+                *t += x;
+            }
+        }
+        total
+    })
+}
+
+/// The message read by `model` over `cache`'s first `h` positions; each layer's
+/// attention per query head (summed over the queries) folded by `fold` into one score
+/// per position, and the layers' scores added.
+fn message_attention_by(
+    model: &Model,
+    cache: &KvCache,
+    tokens: &[u32],
+    h: usize,
+    fold: &dyn Fn(&[Vec<f64>]) -> Vec<f64>,
 ) -> Result<Vec<f64>, RereadError> {
     let message = &tokens[h..];
     if message.is_empty() {
@@ -141,8 +231,8 @@ fn message_attention(
     let mut total = vec![0.0f64; h];
     for (l, q) in out.queries.iter().enumerate() {
         let keys = scratch.layer_range(l, 0, h + m)?.k;
-        let got = received_from(q, &keys, first)?;
-        for (t, g) in total.iter_mut().zip(got) {
+        let heads = received_by_head(q, &keys, first)?;
+        for (t, g) in total.iter_mut().zip(fold(&heads)) {
             *t += g;
         }
     }

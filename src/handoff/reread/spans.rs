@@ -2,6 +2,7 @@
 //! their words or sentences until the budget is spent.
 
 use super::SpanGrowth;
+use crate::model::position_set::PositionSet;
 use crate::text::TextTokenizer;
 use std::ops::Range;
 
@@ -13,9 +14,16 @@ const MAX_OPENING: usize = 96;
 /// and the line break after it (a chat template's system prompt), or 0 when the history
 /// has no such opening near its start.
 pub fn opening_len(tok: &TextTokenizer, history: &[u32]) -> usize {
+    opening_len_within(tok, history, MAX_OPENING)
+}
+
+/// [`opening_len`] for an opening of up to `max` positions: where the caller knows
+/// the history starts with a template's opening (it rendered it), however long the
+/// system prompt.
+pub fn opening_len_within(tok: &TextTokenizer, history: &[u32], max: usize) -> usize {
     let Some(end) = history
         .iter()
-        .take(MAX_OPENING)
+        .take(max)
         .skip(1)
         .position(|id| tok.eos_ids().contains(id))
         .map(|i| i + 2)
@@ -68,30 +76,33 @@ fn unit_starts_of(texts: &[String], special: &[bool], growth: SpanGrowth) -> Vec
 }
 
 /// The spans to re-read: the opening's positions among `candidates`, then, best score
-/// first, each candidate's whole span (cut to `candidates`) while it fits in `budget`
-/// positions in all. A span that would overrun the budget is passed over for smaller ones
-/// after it, and what is left at the end goes to the best positions not yet taken, one
-/// by one. Returns increasing, disjoint runs.
+/// first, each candidate's whole span (cut to the candidates around it) while it fits in
+/// `budget` positions in all. A span that would overrun the budget is passed over for
+/// smaller ones after it, and what is left at the end goes to the best positions not yet
+/// taken, one by one. Returns increasing, disjoint runs of candidates.
 pub fn pick_spans(
     scores: &[f64],
-    candidates: Range<usize>,
+    candidates: &PositionSet,
     starts: &[bool],
     opening: usize,
     budget: usize,
 ) -> Vec<Range<usize>> {
     let n = scores.len().min(starts.len());
-    let candidates = candidates.start.min(n)..candidates.end.min(n);
+    let mut is_candidate = vec![false; n];
+    for r in candidates.runs() {
+        for c in is_candidate.iter_mut().take(r.end.min(n)).skip(r.start) {
+            *c = true;
+        }
+    }
     let mut chosen = vec![false; n];
     let mut count = 0;
-    for c in chosen
-        .iter_mut()
-        .take(opening.min(candidates.end))
-        .skip(candidates.start)
-    {
-        *c = true;
-        count += 1;
+    for p in 0..opening.min(n) {
+        if is_candidate[p] {
+            chosen[p] = true;
+            count += 1;
+        }
     }
-    let mut order: Vec<usize> = candidates.clone().collect();
+    let mut order: Vec<usize> = (0..n).filter(|&p| is_candidate[p]).collect();
     // Best first; NaN never first; ties go to the later position (closer to the message).
     order.sort_by(|&a, &b| {
         let (x, y) = (scores[a], scores[b]);
@@ -116,10 +127,10 @@ pub fn pick_spans(
             }
             let (mut s, mut e) = (p, p + 1);
             if whole {
-                while s > candidates.start && !starts[s] {
+                while s > 0 && is_candidate[s - 1] && !starts[s] {
                     s -= 1;
                 }
-                while e < candidates.end && !starts[e] {
+                while e < n && is_candidate[e] && !starts[e] {
                     e += 1;
                 }
             }
@@ -160,6 +171,10 @@ fn runs_of(chosen: &[bool]) -> Vec<Range<usize>> {
 mod tests {
     use super::*;
 
+    fn set(r: Range<usize>) -> PositionSet {
+        PositionSet::of([r])
+    }
+
     fn texts(words: &[&str]) -> Vec<String> {
         words.iter().map(|s| s.to_string()).collect()
     }
@@ -194,30 +209,51 @@ mod tests {
         let scores = [0.0, 0.0, 0.1, 0.0, 0.9, 0.2, 0.0, 0.0, 0.5, 0.0];
         // Budget 5: the opening's position 1, then 4..6 (score 0.9); 6..10 would overrun,
         // so the rest of 1..4 (score 0.1) fills it.
-        assert_eq!(pick_spans(&scores, 1..10, &starts, 2, 5), vec![1..6]);
+        assert_eq!(pick_spans(&scores, &set(1..10), &starts, 2, 5), vec![1..6]);
         // Budget 4: the opening, then 4..6; neither other span fits, so the best
         // position left (8) fills the budget alone.
         assert_eq!(
-            pick_spans(&scores, 1..10, &starts, 2, 4),
+            pick_spans(&scores, &set(1..10), &starts, 2, 4),
             vec![1..2, 4..6, 8..9]
         );
         // A span longer than the budget gives way to its best positions.
-        assert_eq!(pick_spans(&scores, 6..10, &starts, 0, 2), vec![8..10]);
+        assert_eq!(pick_spans(&scores, &set(6..10), &starts, 0, 2), vec![8..10]);
         // The opening is taken even past the budget; positions before the candidates
         // (already the target's own) never are.
-        assert_eq!(pick_spans(&scores, 1..10, &starts, 3, 0), vec![1..3]);
+        assert_eq!(pick_spans(&scores, &set(1..10), &starts, 3, 0), vec![1..3]);
         // Token spans: the best positions alone.
         assert_eq!(
-            pick_spans(&scores, 1..10, &[true; 10], 0, 2),
+            pick_spans(&scores, &set(1..10), &[true; 10], 0, 2),
             vec![4..5, 8..9]
         );
-        assert!(pick_spans(&scores, 5..5, &starts, 2, 4).is_empty());
+        assert!(pick_spans(&scores, &set(5..5), &starts, 2, 4).is_empty());
     }
 
     #[test]
     fn nan_scores_go_last_and_ties_go_to_the_newer_position() {
         let scores = [f64::NAN, 1.0, 1.0, 0.5];
-        assert_eq!(pick_spans(&scores, 0..4, &[true; 4], 0, 1), vec![2..3]);
-        assert_eq!(pick_spans(&scores, 0..4, &[true; 4], 0, 3), vec![1..4]);
+        assert_eq!(
+            pick_spans(&scores, &set(0..4), &[true; 4], 0, 1),
+            vec![2..3]
+        );
+        assert_eq!(
+            pick_spans(&scores, &set(0..4), &[true; 4], 0, 3),
+            vec![1..4]
+        );
+    }
+
+    #[test]
+    fn candidates_in_pieces_are_chosen_and_grown_only_inside_themselves() {
+        // Positions 2..4 are the target's own (computed by it): never chosen, and a
+        // word around them grows only into candidates.
+        let starts = [true, true, false, false, false, false, true, false];
+        let scores = [0.0, 0.1, 0.0, 0.0, 0.9, 0.0, 0.5, 0.4];
+        let c = PositionSet::of([1..2, 4..8]);
+        // Budget 2: the word of 4 is 4..6 (cut at the own positions before it).
+        assert_eq!(pick_spans(&scores, &c, &starts, 0, 2), vec![4..6]);
+        // Budget 6: everything but the own positions.
+        assert_eq!(pick_spans(&scores, &c, &starts, 0, 6), vec![1..2, 4..8]);
+        // The opening counts only where it is a candidate.
+        assert_eq!(pick_spans(&scores, &c, &starts, 4, 0), vec![1..2]);
     }
 }

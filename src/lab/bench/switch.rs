@@ -9,6 +9,7 @@ use crate::handoff::reread::{decide, RereadSetting, SelectInputs};
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::lab::bench::decoder::bench_tokens;
 use crate::mapper::CacheMapper;
+use crate::model::position_set::PositionSet;
 use crate::model::{ForwardOptions, KvCache, Model, ModelError};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -236,8 +237,13 @@ pub fn bench_point(
             };
             let per = tf / tokens as f64;
             // The opening is the target's own at a switch (the anchor), never chosen.
-            let choice = decide(setting, &select, 1.min(tokens)..tokens, Some(per))
-                .map_err(|e| ModelError::Unsupported(e.to_string()))?;
+            let choice = decide(
+                setting,
+                &select,
+                &PositionSet::of([1.min(tokens)..tokens]),
+                Some(per),
+            )
+            .map_err(|e| ModelError::Unsupported(e.to_string()))?;
             choice.apply(tgt, ids, &mut mapped)?;
             sync(tgt);
             if rep > 0 {

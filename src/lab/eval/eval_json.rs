@@ -19,8 +19,9 @@ use std::path::PathBuf;
 
 pub const FORMAT: &str = "baton.eval";
 /// 2: `anchor`, `tail` and GSM8K `generations` added. 3: `key_gain`, `value_gain`.
-/// 4: `conversations`, the multi-turn recall suite.
-pub const VERSION: u32 = 5;
+/// 4: `conversations`, the multi-turn recall suite. 6: the recall suite's
+/// `answer_coverage` and each turn's `answer_covered`.
+pub const VERSION: u32 = 6;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalReport {
@@ -286,6 +287,7 @@ mod tests {
                     f1_mapped_vs_reference: 0.5,
                     identical: false,
                     reread_positions: 40,
+                    answer_covered: Some(true),
                 }],
                 (0.08, 2.0),
                 &crate::lab::eval::recall::RecallOptions::default(),
@@ -304,7 +306,7 @@ mod tests {
     fn the_eval_document_names_its_format_and_version() {
         let v = serde_json::to_value(report()).unwrap_or_default();
         assert_eq!(v["format"], "baton.eval");
-        assert_eq!(v["version"], 5);
+        assert_eq!(v["version"], 6);
     }
 
     #[test]

@@ -6,6 +6,7 @@ use super::EvalError;
 use crate::handoff::reread::{decide, RereadSetting, SelectInputs};
 use crate::handoff::HandoffPlan;
 use crate::mapper::CacheMapper;
+use crate::model::position_set::PositionSet;
 use crate::model::{KvCache, Model};
 use std::time::Instant;
 
@@ -80,8 +81,8 @@ impl RereadModels<'_> {
             history: turn.history,
         };
         let candidates = turn.plan.mapped();
-        let candidates = candidates.start..candidates.end.min(turn.history);
-        let choice = decide(setting, &select, candidates, turn.ms_per_position)
+        let candidates = PositionSet::of([candidates.start..candidates.end.min(turn.history)]);
+        let choice = decide(setting, &select, &candidates, turn.ms_per_position)
             .map_err(|e| EvalError::Input(e.to_string()))?;
         let plan = turn
             .plan

@@ -282,8 +282,21 @@ impl CacheMapper {
         dense::layer_inputs(&self.input(src, tokens, src_rope, src_rope), start, end)
     }
 
-    /// A whole target cache from a whole source cache whose positions hold `tokens`.
+    /// A whole target cache from a whole source cache whose positions hold `tokens`;
+    /// every position of it is foreign to the target.
     pub fn map_cache(
+        &self,
+        src: &KvCache,
+        tokens: &[u32],
+        src_rope: &Rope,
+        tgt_rope: &Rope,
+    ) -> Result<KvCache, ModelError> {
+        let mut cache = self.map_cache_entries(src, tokens, src_rope, tgt_rope)?;
+        cache.mark_foreign(0..cache.len())?;
+        Ok(cache)
+    }
+
+    fn map_cache_entries(
         &self,
         src: &KvCache,
         tokens: &[u32],

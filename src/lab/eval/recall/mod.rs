@@ -22,6 +22,7 @@
 //! `(F1 mapped − F1 source) / (F1 target − F1 source)`. Turns of one conversation share
 //! a passage, so intervals resample whole conversations.
 
+pub mod coverage;
 mod variants;
 
 pub use variants::{HandoffVariant, Handover};
@@ -127,6 +128,11 @@ pub struct TurnOutcome {
     /// History positions the target re-read before the question.
     #[serde(default)]
     pub reread_positions: usize,
+    /// Whether every history position of the answer, where the passage gives it, was the
+    /// target's own when it read the question (kept or re-read; see [`coverage`]);
+    /// `None` when the passage does not contain an answer as written.
+    #[serde(default)]
+    pub answer_covered: Option<bool>,
 }
 
 /// The suite's result in one direction.
@@ -161,6 +167,11 @@ pub struct RecallResult {
     pub gap_recovered: Estimate,
     /// Share of turns with the mapped answer identical to the re-prefilled one.
     pub identical: Estimate,
+    /// Share of the turns whose answer the passage holds as written in which the handed
+    /// cache held every position of that answer as the target's own (see
+    /// [`coverage`]); `None` when no turn's answer was found.
+    #[serde(default)]
+    pub answer_coverage: Option<f64>,
     pub f1_mapped_vs_reference: Estimate,
     /// Mean seconds per turn to hand the history over: the map (with the anchor and tail
     /// the target reads) against the target re-prefilling it.
@@ -411,6 +422,19 @@ impl TurnRun<'_> {
         }
         extend_to(src, &mut source.cache, &mut source.held, prompt)?;
 
+        let span = coverage::answer_positions(
+            &tgt.tokenizer,
+            history,
+            &format!("Title: {}", conv.title.replace('_', " ")),
+            &conv.questions[j].answers,
+        );
+        let covered: Vec<Option<bool>> = handed
+            .iter()
+            .map(|g| {
+                span.as_ref()
+                    .map(|s| coverage::covered(g.cache.foreign(), s))
+            })
+            .collect();
         let positions: Vec<usize> = handed.iter().map(|g| g.reread_positions).collect();
         let caches = handed.into_iter().map(|g| g.cache).collect();
         let answers = self.answer(&source.cache, reference, caches, last)?;
@@ -420,7 +444,8 @@ impl TurnRun<'_> {
             .iter()
             .zip(&answers.mapped_ids)
             .zip(positions)
-            .map(|((mapped, mapped_ids), reread_positions)| {
+            .zip(covered)
+            .map(|(((mapped, mapped_ids), reread_positions), answer_covered)| {
                 tracing::debug!(conversation = c, question = j + 1, reference = %answers.reference, %mapped, "recall turn");
                 TurnOutcome {
                     conversation: self.opts.first_conversation + c,
@@ -439,6 +464,7 @@ impl TurnRun<'_> {
                     reference: answers.reference.clone(),
                     mapped: mapped.clone(),
                     reread_positions,
+                    answer_covered,
                 }
             })
             .collect())
@@ -580,6 +606,13 @@ pub fn summarise(
         // Only a target better than the source leaves a gap to recover.
         gap_recovered: est(&|m| (m[1] - m[0] > 1e-9).then(|| (m[2] - m[0]) / (m[1] - m[0]))),
         identical: mean(6),
+        answer_coverage: {
+            let found: Vec<f64> = outcomes
+                .iter()
+                .filter_map(|o| o.answer_covered.map(|c| f64::from(u8::from(c))))
+                .collect();
+            (!found.is_empty()).then(|| crate::metrics::mean(&found))
+        },
         f1_mapped_vs_reference: mean(7),
         map_seconds: map_s / n,
         reread_seconds: 0.0,
@@ -642,6 +675,7 @@ mod tests {
             f1_mapped_vs_reference: f64::from(u8::from(identical)),
             identical,
             reread_positions: 0,
+            answer_covered: None,
         }
     }
 

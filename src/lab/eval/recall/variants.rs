@@ -4,7 +4,7 @@
 //! the same re-prefill.
 
 use super::{Oracle, RecallOptions};
-use crate::handoff::reread::{PlanKind, RereadSetting};
+use crate::handoff::reread::{opening_len, PlanKind, RereadSetting};
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::lab::eval::reread::{RereadModels, RereadTurn};
 use crate::lab::eval::EvalError;
@@ -21,6 +21,11 @@ pub struct HandoffVariant {
     pub tail: usize,
     /// What the target re-reads of the mapped middle once the question is known.
     pub reread: Option<RereadSetting>,
+    /// The target holds the conversation's opening (the system turn) as its own, as the
+    /// workbench's handoff does: it is copied from the target's cache, not mapped, and no
+    /// plan reads it or spends its budget on it.
+    #[serde(default)]
+    pub opening: bool,
 }
 
 impl HandoffVariant {
@@ -29,26 +34,32 @@ impl HandoffVariant {
         Self {
             tail: opts.tail,
             reread: opts.reread,
+            opening: false,
         }
     }
 
-    /// Parse `map`, `tail=64`, `reread=0.2[:SELECTOR[:SPANS]]`, or both joined by a comma
-    /// (`tail=64,reread=0.1`).
+    /// Parse `map`, `tail=64`, `reread=0.2[:SELECTOR[:SPANS]]`, `opening` (the target
+    /// holds the opening), or several joined by commas (`opening,reread=0.1`).
     pub fn parse(s: &str) -> Result<Self, EvalError> {
         let mut v = Self {
             tail: 0,
             reread: None,
+            opening: false,
         };
         let bad = |why: String| {
             EvalError::Input(format!(
-                "handoff {s:?}: {why}; give map, tail=N, reread=BUDGET[:SELECTOR[:SPANS]] or \
-                 tail=N,reread=…"
+                "handoff {s:?}: {why}; give map, tail=N, reread=BUDGET[:SELECTOR[:SPANS]], \
+                 opening, or several joined by commas (opening,reread=…)"
             ))
         };
         if s.trim() == "map" {
             return Ok(v);
         }
         for part in s.split(',') {
+            if part.trim() == "opening" {
+                v.opening = true;
+                continue;
+            }
             match part.trim().split_once('=') {
                 Some(("tail", n)) => {
                     v.tail = n
@@ -59,7 +70,11 @@ impl HandoffVariant {
                 Some(("reread", r)) => {
                     v.reread = RereadSetting::parse(r).map_err(|e| bad(e.to_string()))?;
                 }
-                _ => return Err(bad(format!("{part:?} is neither tail= nor reread="))),
+                _ => {
+                    return Err(bad(format!(
+                        "{part:?} is none of opening, tail= and reread="
+                    )))
+                }
             }
         }
         Ok(v)
@@ -72,11 +87,16 @@ impl HandoffVariant {
             PlanKind::Map => format!("re-read {r}"),
             _ => format!("plan {r}"),
         };
-        match (self.tail, self.reread) {
+        let label = match (self.tail, self.reread) {
             (0, None) => "map".into(),
             (t, None) => format!("tail {t}"),
             (0, Some(r)) => plan(r),
             (t, Some(r)) => format!("tail {t}, {}", plan(r)),
+        };
+        if self.opening {
+            format!("opening held, {label}")
+        } else {
+            label
         }
     }
 }
@@ -117,8 +137,13 @@ pub struct TurnInputs<'a> {
 pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handover, EvalError> {
     let history = &t.prompt[..t.history];
     let started = Instant::now();
+    let anchor = if variant.opening {
+        opening_len(&t.tgt.tokenizer, history).max(t.anchor)
+    } else {
+        t.anchor
+    };
     let plan = HandoffPlan::new(t.history)
-        .anchor(t.anchor)
+        .anchor(anchor)
         .tail(variant.tail);
     // With a re-read to follow, the tail is mapped here and re-read with the chosen
     // spans, in one pass instead of two.

@@ -1,0 +1,178 @@
+//! Choosers that read text, not attention: the message's own words found in the history,
+//! and the tokens that carry facts (numbers, names). They cost no model call.
+//!
+//! A sum of attention favours the attention sinks and the template's tokens, which any
+//! message reads. What a question asks about is named in it ("what is the vault PIN?"),
+//! and its answer stands near where the history names the same thing ("the vault PIN is
+//! 5823"): so a history word the message also says scores, spread to the positions
+//! around it, and a word that occurs often in the history scores less (it names nothing
+//! in particular).
+
+use crate::text::TextTokenizer;
+
+/// How far a matched word's score spreads, in positions: at this distance it has fallen
+/// to 1/e. A fact is usually said within a short clause of what names it.
+const SPREAD: f64 = 8.0;
+
+/// Positions a matched word's score reaches at most, either side.
+const REACH: usize = 32;
+
+/// Words too common to name anything, and the recall suite's fixed request; words of
+/// fewer than three letters are skipped too.
+const STOPWORDS: &[&str] = &[
+    "the", "and", "for", "are", "was", "were", "what", "which", "who", "whom", "whose", "when",
+    "where", "why", "how", "that", "this", "these", "those", "with", "from", "into", "about",
+    "does", "did", "has", "have", "had", "you", "your", "can", "could", "would", "should", "will",
+    "its", "not", "but", "all", "any", "one", "there", "their", "they", "them", "than", "then",
+    "been", "being", "also", "some", "such", "only", "other", "more", "most", "very", "just",
+    "tell", "say", "said", "answer", "few", "words", "using", "passage", "please", "know", "many",
+    "much", "name", "called",
+];
+
+/// One word of the history: its positions and its text folded for matching.
+struct Word {
+    start: usize,
+    end: usize,
+    key: String,
+}
+
+/// Lower-case letters and digits only, so "PIN?" and "pin" match.
+fn fold(text: &str) -> String {
+    text.chars()
+        .filter(|c| c.is_alphanumeric())
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+fn content(key: &str) -> bool {
+    key.chars().count() >= 3 && !STOPWORDS.contains(&key)
+}
+
+/// The history's words: runs of positions from one word start to the next.
+fn words(tok: &TextTokenizer, history: &[u32], texts: &[String]) -> Vec<Word> {
+    let starts = super::unit_starts(tok, history, super::SpanGrowth::Word);
+    let mut out = Vec::new();
+    let mut s = 0;
+    for p in 1..=history.len() {
+        if p == history.len() || starts[p] {
+            let text: String = texts[s..p].concat();
+            out.push(Word {
+                start: s,
+                end: p,
+                key: fold(&text),
+            });
+            s = p;
+        }
+    }
+    out
+}
+
+fn texts(tok: &TextTokenizer, ids: &[u32]) -> Vec<String> {
+    ids.iter()
+        .map(|&id| {
+            if tok.is_hard_boundary(id) {
+                String::new()
+            } else {
+                tok.decode(&[id]).unwrap_or_default()
+            }
+        })
+        .collect()
+}
+
+/// `message-words`: each history word the message also says (a content word) scores
+/// one over how often the history says it, spread to the positions around it.
+pub fn message_words(tok: &TextTokenizer, history: &[u32], message: &[u32]) -> Vec<f64> {
+    let history_texts = texts(tok, history);
+    let asked: std::collections::HashSet<String> = texts(tok, message)
+        .concat()
+        .split(|c: char| !c.is_alphanumeric())
+        .map(fold)
+        .filter(|k| content(k))
+        .collect();
+    let words = words(tok, history, &history_texts);
+    let mut count: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for w in &words {
+        *count.entry(w.key.as_str()).or_default() += 1;
+    }
+    let mut scores = vec![0.0f64; history.len()];
+    for w in words.iter().filter(|w| asked.contains(&w.key)) {
+        let weight = 1.0 / count[w.key.as_str()] as f64;
+        let (lo, hi) = (
+            w.start.saturating_sub(REACH),
+            (w.end + REACH).min(history.len()),
+        );
+        for (p, s) in scores.iter_mut().enumerate().take(hi).skip(lo) {
+            let d = if p < w.start {
+                w.start - p
+            } else {
+                p.saturating_sub(w.end - 1)
+            };
+            *s += weight * (-(d as f64) / SPREAD).exp();
+        }
+    }
+    scores
+}
+
+/// `rare`: the tokens that carry facts a map blurs: a word with a digit scores 1, a
+/// capitalised word inside a sentence (a name) 0.5, every other position 0.
+pub fn rare_tokens(tok: &TextTokenizer, history: &[u32]) -> Vec<f64> {
+    let history_texts = texts(tok, history);
+    let words = words(tok, history, &history_texts);
+    let mut scores = vec![0.0f64; history.len()];
+    let mut sentence_start = true;
+    for w in &words {
+        let text = history_texts[w.start..w.end].concat();
+        let trimmed = text.trim();
+        let score = if trimmed.chars().any(|c| c.is_ascii_digit()) {
+            1.0
+        } else if !sentence_start && trimmed.chars().next().is_some_and(char::is_uppercase) {
+            0.5
+        } else {
+            0.0
+        };
+        for s in &mut scores[w.start..w.end] {
+            *s = score;
+        }
+        if !trimmed.is_empty() {
+            sentence_start = trimmed.ends_with(['.', '!', '?', ':']) || text.contains('\n');
+        } else if text.contains('\n') {
+            sentence_start = true;
+        }
+    }
+    scores
+}
+
+/// Scores rescaled to their largest, so that choosers of different units add up.
+pub fn unit_max(scores: &[f64]) -> Vec<f64> {
+    let max = scores
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .fold(0.0f64, f64::max);
+    if max <= 0.0 {
+        return vec![0.0; scores.len()];
+    }
+    scores
+        .iter()
+        .map(|x| if x.is_finite() { x / max } else { 0.0 })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_fold_to_letters_and_digits_and_common_ones_do_not_count() {
+        assert_eq!(fold(" PIN?"), "pin");
+        assert_eq!(fold("9:35,"), "935");
+        assert!(content("vault") && !content("the") && !content("is") && !content("passage"));
+    }
+
+    #[test]
+    fn scores_rescale_to_their_largest() {
+        assert_eq!(unit_max(&[0.0, 2.0, 1.0]), vec![0.0, 1.0, 0.5]);
+        assert_eq!(unit_max(&[0.0, 0.0]), vec![0.0, 0.0]);
+        assert_eq!(unit_max(&[f64::NAN, 4.0]), vec![0.0, 1.0]);
+    }
+}

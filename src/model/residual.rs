@@ -1,0 +1,103 @@
+//! The residual stream between layers: kept while the model reads, and read from.
+//!
+//! A handoff can give the target more than keys and values: the source's residual stream
+//! at one of its layers, mapped to the target's at its layer `m`, lets the target compute
+//! its layers `m..L` itself over every handed position ([`Decoder::upper_layers`]). Its
+//! upper keys and values are then its own computation, consistent with one another, and
+//! only the layers below `m` hold a map.
+
+use super::decoder::{Decoder, PREFILL_CHUNK};
+use super::error::{ModelError, Result};
+use super::kv_cache::KvCache;
+use candle_core::Tensor;
+use std::ops::Range;
+
+impl Decoder {
+    /// Run `tokens` after what `cache` holds, as [`Decoder::forward`] with no logits,
+    /// and return the residual stream entering layer `layer` for each of them
+    /// ([tokens, hidden], in the model's dtype): the embeddings for layer 0, the last
+    /// layer's output before the final norm for `n_layer`.
+    pub fn forward_keeping(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        layer: usize,
+    ) -> Result<Tensor> {
+        let n_layer = self.config().n_layer;
+        if layer > n_layer {
+            return Err(ModelError::Cache(format!(
+                "the residual stream entering layer {layer} of a {n_layer}-layer model"
+            )));
+        }
+        self.check_ids(tokens)?;
+        let mut kept = Vec::new();
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            let start = cache.len();
+            let ids = Tensor::new(chunk, self.device())?;
+            let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
+            cache.reserve(chunk.len())?;
+            let span = start..start + chunk.len();
+            let run = std::slice::from_ref(&span);
+            let mut no_queries = Vec::new();
+            let mut masks = super::attention::Masks::default();
+            for l in 0..n_layer {
+                if l == layer {
+                    kept.push(h.clone());
+                }
+                let (q, m) = (&mut no_queries, &mut masks);
+                h = self.layer(l, h, run, cache, None, q, m, &|| false)?;
+            }
+            if layer == n_layer {
+                kept.push(h);
+            }
+            cache.advance(chunk.len());
+        }
+        if kept.is_empty() {
+            return Ok(Tensor::zeros(
+                (0, self.config().hidden),
+                self.dtype(),
+                self.device(),
+            )?);
+        }
+        Ok(Tensor::cat(&kept, 0)?)
+    }
+
+    /// Compute layers `from..n_layer` of the positions of `runs` (non-empty, increasing,
+    /// disjoint, inside the cache) from `hidden` ([positions of the runs, hidden], in
+    /// order): the residual stream entering layer `from` there. Each layer's keys and
+    /// values of those positions are written in place before they attend, causally by
+    /// position, over the cache as it stands; layers below `from` are left as they are.
+    /// Positions keep whatever origin they had: their lower layers are not the model's.
+    pub fn upper_layers(
+        &self,
+        hidden: &Tensor,
+        runs: &[Range<usize>],
+        from: usize,
+        cache: &mut KvCache,
+    ) -> Result<()> {
+        let n_layer = self.config().n_layer;
+        let rows: usize = runs.iter().map(|r| r.len()).sum();
+        let (h_rows, width) = hidden.dims2()?;
+        if from > n_layer || h_rows != rows || width != self.config().hidden {
+            return Err(ModelError::Cache(format!(
+                "upper layers from {from} of a {n_layer}-layer model over {rows} positions \
+                 given a residual of {h_rows} rows of {width} (hidden {})",
+                self.config().hidden
+            )));
+        }
+        super::reread::check_runs(runs, cache.len())?;
+        let mut row = 0;
+        for chunk in super::reread::chunks(runs, PREFILL_CHUNK) {
+            let n: usize = chunk.iter().map(|r| r.len()).sum();
+            let mut h = hidden.narrow(0, row, n)?.to_dtype(self.dtype())?;
+            row += n;
+            let mut no_queries = Vec::new();
+            let mut masks = super::attention::Masks::default();
+            for l in from..n_layer {
+                let (q, m) = (&mut no_queries, &mut masks);
+                h = self.layer(l, h, &chunk, cache, None, q, m, &|| false)?;
+            }
+        }
+        Ok(())
+    }
+}
