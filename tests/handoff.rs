@@ -439,3 +439,52 @@ fn a_handed_cache_says_which_positions_the_target_did_not_compute_until_it_re_re
         .unwrap();
     assert_eq!(longer.foreign().runs(), &[4..10, 20..n - 5]);
 }
+
+#[test]
+fn upper_layers_over_the_targets_own_residual_are_its_prefill_whatever_the_layers_below_hold() {
+    let pair = Pair::new(60, 29);
+    let n = pair.ids.len();
+    let layers = pair.b.config().n_layer;
+    let m = layers / 2;
+    let mut own = pair.b.decoder.new_cache();
+    let kept = pair
+        .b
+        .decoder
+        .forward_keeping(&pair.ids, &mut own, &[m, 0, layers])
+        .unwrap();
+    assert_eq!(kept.len(), 3);
+    for k in &kept {
+        assert_eq!(k.dims2().unwrap(), (n, pair.b.config().hidden));
+    }
+    // Keeping the stream changes nothing of the prefill itself.
+    let d = max_abs_diff(&own, &pair.truth, 0, layers);
+    assert!(d < 1e-4, "{d}");
+    // Below m the whole map; from m on, the target's layers over its own residual.
+    let (mut c, _) = HandoffPlan::new(n).build_new(&pair.inputs()).unwrap();
+    pair.b.decoder.upper_layers(&kept[0], &[0..n], m, &mut c).unwrap();
+    let upper = max_abs_diff(&c, &pair.truth, m, layers);
+    assert!(upper < 1e-4, "upper layers differ by {upper}");
+    let lower = max_abs_diff(&c, &pair.truth, 0, m);
+    assert!(lower > 1e-2, "the layers below m stay mapped ({lower})");
+    // A residual of the wrong shape is refused, naming it.
+    let e = pair
+        .b
+        .decoder
+        .upper_layers(&kept[0].narrow(0, 0, n - 1).unwrap(), &[0..n], m, &mut c)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("residual"), "{e}");
+}
+
+/// Largest absolute difference of keys and values over layers `from..to`.
+fn max_abs_diff(a: &KvCache, b: &KvCache, from: usize, to: usize) -> f32 {
+    let mut worst = 0f32;
+    for l in from..to {
+        let (x, y) = (a.layer(l).unwrap(), b.layer(l).unwrap());
+        for (p, q) in [(&x.k, &y.k), (&x.v, &y.v)] {
+            let d = (p - q).unwrap().abs().unwrap().flatten_all().unwrap();
+            worst = worst.max(d.max(0).unwrap().to_scalar::<f32>().unwrap());
+        }
+    }
+    worst
+}

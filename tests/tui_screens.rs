@@ -818,6 +818,8 @@ fn app_with_a_reread() -> App {
                 text: " and the rest".into(),
             },
         ],
+        predicted_ms: Some(48.0),
+        reprefill_predicted_ms: Some(130.0),
     }));
     app
 }

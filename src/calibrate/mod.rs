@@ -32,6 +32,7 @@ mod heldout;
 mod job;
 mod options;
 mod rank;
+pub mod residual;
 mod save;
 pub mod saved_stats;
 mod sweep;
@@ -432,7 +433,7 @@ fn merge_stats(
 
 /// `count` windows of `split` after its first `skip`, `share` of them chat-shaped
 /// (rounded), the rest plain; the skip is shared out the same way.
-fn mixed_windows(
+pub(crate) fn mixed_windows(
     m: &Model,
     docs: &[Document],
     split: Split,

@@ -5,7 +5,7 @@
 
 use super::core::Engine;
 use super::EngineError;
-use crate::handoff::reread::{decide, SelectInputs};
+use crate::handoff::reread::{decide, RereadChoice, SelectInputs};
 use crate::model::position_set::PositionSet;
 use crate::protocol::{Event, PlanPart, PlanText};
 use std::ops::Range;
@@ -73,6 +73,21 @@ impl Engine {
             }
         };
         let select_ms = started.elapsed().as_secs_f64() * 1e3;
+        let speed = target.read_speed;
+        let at_speed = |positions: f64| speed.map(|per| positions * per);
+        let predicted_ms = choice.cost.and_then(|c| at_speed(c.plan));
+        let reprefill_predicted_ms = choice.cost.and_then(|c| at_speed(c.reprefill));
+        // The guard as it runs: choosing has been timed, and a plan whose re-read would
+        // now take it past the re-prefill's share re-reads every candidate instead.
+        let choice = match (choice.cost, speed) {
+            (Some(cost), Some(per))
+                if !choice.reprefilled
+                    && cost.passes_reprefill_after_choosing(select_ms, per, target.reread_speed) =>
+            {
+                RereadChoice::reprefill(&candidates, Some(cost))
+            }
+            _ => choice,
+        };
         let slot = &mut self.slots[a];
         let t = Instant::now();
         choice.apply(
@@ -81,6 +96,19 @@ impl Engine {
             &mut slot.primary,
         )?;
         let reread_ms = t.elapsed().as_secs_f64() * 1e3;
+        // What this re-read took per position of its predicted cost: the next guard's
+        // speed for the re-read, measured on this machine.
+        if choice.count() >= MIN_TIMED_PREFILL {
+            use crate::handoff::reread::cost::{CALL_POSITIONS, REREAD_OVERHEAD};
+            let predicted = choice
+                .cost
+                .filter(|_| !choice.reprefilled)
+                .map(|c| c.reread)
+                .unwrap_or(choice.count() as f64 * REREAD_OVERHEAD + CALL_POSITIONS);
+            if predicted > 0.0 {
+                slot.reread_speed = Some(reread_ms / predicted);
+            }
+        }
         let texts = choice
             .runs
             .iter()
@@ -116,6 +144,8 @@ impl Engine {
             dropped: spans(&choice.dropped),
             reprefilled: choice.reprefilled,
             parts,
+            predicted_ms,
+            reprefill_predicted_ms,
         });
         Ok(())
     }

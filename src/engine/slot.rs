@@ -45,6 +45,9 @@ pub struct Slot {
     /// Milliseconds per position of this model's last prefill long enough to say: the
     /// speed a re-read's time budget is spent at.
     pub(super) read_speed: Option<f64>,
+    /// Milliseconds per position of predicted re-read cost, as this model's last re-read
+    /// long enough to say measured it: what the guard expects a plan's re-read to take.
+    pub(super) reread_speed: Option<f64>,
 }
 
 impl Slot {
@@ -59,6 +62,7 @@ impl Slot {
             anchor_kv: None,
             pending_reread: None,
             read_speed: None,
+            reread_speed: None,
         }
     }
 

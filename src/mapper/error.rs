@@ -49,6 +49,8 @@ pub enum MapperError {
     },
     #[error("{path} is not a baton pair-statistics file: {reason}")]
     BadFile { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
 }
 
 pub type Result<T, E = MapperError> = std::result::Result<T, E>;

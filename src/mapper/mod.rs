@@ -22,6 +22,8 @@
 //!
 //! - **Trained heads** ([`nonlinear`]): a small network per target layer added to the
 //!   ridge map (`residual`) or in its place (`mlp`).
+//! - **Residual map** ([`residual`]): the source's residual stream at one layer to the
+//!   target's at its layer `m`, over which the target computes its own upper layers.
 //!
 //! Calibration (capture, sweep, choice) lives above this in `calibrate`; measuring a
 //! mapper in `eval` and `bench`.
@@ -47,5 +49,6 @@ pub mod gain;
 pub mod low_rank;
 pub mod map;
 pub mod nonlinear;
+pub mod residual;
 
 pub use map::{CacheMapper, MapPrecision, SourceScales, TargetLayerMap, DEFAULT_ANCHOR};

@@ -14,23 +14,30 @@ use std::ops::Range;
 
 impl Decoder {
     /// Run `tokens` after what `cache` holds, as [`Decoder::forward`] with no logits,
-    /// and return the residual stream entering layer `layer` for each of them
-    /// ([tokens, hidden], in the model's dtype): the embeddings for layer 0, the last
-    /// layer's output before the final norm for `n_layer`.
+    /// and return, for each of `layers`, the residual stream entering that layer for each
+    /// of them ([tokens, hidden], in the model's dtype): the embeddings for layer 0, the
+    /// last layer's output before the final norm for `n_layer`.
     pub fn forward_keeping(
         &self,
         tokens: &[u32],
         cache: &mut KvCache,
-        layer: usize,
-    ) -> Result<Tensor> {
+        layers: &[usize],
+    ) -> Result<Vec<Tensor>> {
         let n_layer = self.config().n_layer;
-        if layer > n_layer {
+        if let Some(&bad) = layers.iter().find(|&&l| l > n_layer) {
             return Err(ModelError::Cache(format!(
-                "the residual stream entering layer {layer} of a {n_layer}-layer model"
+                "the residual stream entering layer {bad} of a {n_layer}-layer model"
             )));
         }
         self.check_ids(tokens)?;
-        let mut kept = Vec::new();
+        let mut kept: Vec<Vec<Tensor>> = vec![Vec::new(); layers.len()];
+        let keep = |h: &Tensor, l: usize, kept: &mut Vec<Vec<Tensor>>| {
+            for (i, &want) in layers.iter().enumerate() {
+                if want == l {
+                    kept[i].push(h.clone());
+                }
+            }
+        };
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             let start = cache.len();
             let ids = Tensor::new(chunk, self.device())?;
@@ -41,25 +48,26 @@ impl Decoder {
             let mut no_queries = Vec::new();
             let mut masks = super::attention::Masks::default();
             for l in 0..n_layer {
-                if l == layer {
-                    kept.push(h.clone());
-                }
+                keep(&h, l, &mut kept);
                 let (q, m) = (&mut no_queries, &mut masks);
                 h = self.layer(l, h, run, cache, None, q, m, &|| false)?;
             }
-            if layer == n_layer {
-                kept.push(h);
-            }
+            keep(&h, n_layer, &mut kept);
             cache.advance(chunk.len());
         }
-        if kept.is_empty() {
-            return Ok(Tensor::zeros(
-                (0, self.config().hidden),
-                self.dtype(),
-                self.device(),
-            )?);
-        }
-        Ok(Tensor::cat(&kept, 0)?)
+        kept.into_iter()
+            .map(|parts| {
+                if parts.is_empty() {
+                    Ok(Tensor::zeros(
+                        (0, self.config().hidden),
+                        self.dtype(),
+                        self.device(),
+                    )?)
+                } else {
+                    Ok(Tensor::cat(&parts, 0)?)
+                }
+            })
+            .collect()
     }
 
     /// Compute layers `from..n_layer` of the positions of `runs` (non-empty, increasing,

@@ -119,6 +119,15 @@ pub enum Event {
         /// of it (session format 1.5 on; empty before).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         parts: Vec<PlanText>,
+        /// What the guard predicted before the plan ran, in milliseconds at the target's
+        /// measured speed: the plan (choosing and re-reading) and the re-prefill of every
+        /// position it may re-read, which it replaces (absent where
+        /// no speed was measured yet), beside `select_ms` and `reread_ms`, what it cost
+        /// (session minor 7 on).
+        #[serde(default, skip_serializing_if = "Option::is_none", with = "float::option")]
+        predicted_ms: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none", with = "float::option")]
+        reprefill_predicted_ms: Option<f64>,
     },
     /// What switch `index` costs against a re-prefill and how faithful its cache is,
     /// measured after its handoff: the whole cache mapped again and timed, the target's

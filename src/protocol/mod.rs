@@ -172,6 +172,8 @@ mod tests {
                         text: " the meeting".into(),
                     },
                 ],
+                predicted_ms: Some(50.0),
+                reprefill_predicted_ms: Some(120.0),
             },
             Event::SwitchMeasured {
                 index: 0,

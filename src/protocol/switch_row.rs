@@ -390,6 +390,8 @@ mod tests {
             dropped: vec![[10, 14], [20, 22]],
             reprefilled: false,
             parts: Vec::new(),
+            predicted_ms: None,
+            reprefill_predicted_ms: None,
         });
         let r = rows[0].reread.as_ref().unwrap();
         assert_eq!(

@@ -309,6 +309,8 @@ pub fn with_reread(mut events: Vec<Event>, setting: &str, dropped: Vec<[usize; 2
             dropped,
             reprefilled: false,
             parts: Vec::new(),
+            predicted_ms: None,
+            reprefill_predicted_ms: None,
         },
     );
     events

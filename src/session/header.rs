@@ -27,7 +27,11 @@ pub const VERSION: u32 = 1;
 ///   (also one cut short before its first chunk, or by the end of the session).
 /// - 6: `background_calibration` events say what a mapper took from the calibration
 ///   text it read while the workbench was idle.
-pub const MINOR: u32 = 6;
+/// - 7: a `switch_reread` event says what the guard predicted the plan and the
+///   re-prefill it replaces would cost (`predicted_ms`, `reprefill_predicted_ms`), and
+///   its plan may re-read positions mapped at an earlier switch (any the target never
+///   computed); its `index` is the latest switch to the model, whose plan it is.
+pub const MINOR: u32 = 7;
 
 /// Line 1 of a session file: which build, models, mappers and settings produced it, so a
 /// report or a replay can tell whether it is looking at comparable runs.

@@ -25,6 +25,8 @@ pub struct RereadChoice {
     /// The plan was predicted to cost at least the re-prefill it replaces, so every
     /// candidate is re-read instead and nothing was chosen.
     pub reprefilled: bool,
+    /// What the guard predicted, where it ran.
+    pub cost: Option<super::PlanCost>,
 }
 
 impl RereadChoice {
@@ -55,13 +57,26 @@ pub fn decide(
     }
     let cost = super::cost::predict(setting, inputs, candidates, ms_per_position)?;
     if cost.reaches_reprefill() {
-        return Ok(RereadChoice {
+        return Ok(RereadChoice::reprefill(candidates, Some(cost)));
+    }
+    let chosen = choose(setting, inputs, candidates, ms_per_position)?;
+    Ok(RereadChoice {
+        cost: Some(cost),
+        ..chosen
+    })
+}
+
+impl RereadChoice {
+    /// Every candidate re-read, nothing chosen: the re-prefill of what the target did not
+    /// compute itself.
+    pub fn reprefill(candidates: &PositionSet, cost: Option<super::PlanCost>) -> Self {
+        Self {
             runs: candidates.runs().to_vec(),
             reprefilled: true,
+            cost,
             ..Default::default()
-        });
+        }
     }
-    choose(setting, inputs, candidates, ms_per_position)
 }
 
 impl RereadChoice {
@@ -133,6 +148,7 @@ pub fn choose(
         dropped,
         select_ms: t.elapsed().as_secs_f64() * 1e3,
         reprefilled: false,
+        cost: None,
     })
 }
 

@@ -40,11 +40,30 @@ pub const ROUND_TRIP_PER_POSITION: f64 = 0.3;
 /// The share of the re-prefill's predicted cost at which a plan re-prefills instead.
 pub const MARGIN: f64 = 0.9;
 
+impl PlanCost {
+    /// The guard as the plan runs: with choosing done in `chose_ms` and the re-read still
+    /// to come, whether the plan would now cost the re-prefill's share or more. The
+    /// re-prefill costs `ms_per_position` (the target's measured prefill speed) a
+    /// position; the re-read costs `reread_ms_per_position` a position of its predicted
+    /// cost where earlier re-reads measured it, the prefill speed otherwise.
+    pub fn passes_reprefill_after_choosing(
+        &self,
+        chose_ms: f64,
+        ms_per_position: f64,
+        reread_ms_per_position: Option<f64>,
+    ) -> bool {
+        let reread = self.reread * reread_ms_per_position.unwrap_or(ms_per_position);
+        chose_ms + reread >= MARGIN * self.reprefill * ms_per_position
+    }
+}
+
 /// A plan's predicted cost against the re-prefill's, in target positions.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PlanCost {
     /// Choosing and re-reading.
     pub plan: f64,
+    /// Of which re-reading (its call included): what is left to pay once choosing is done.
+    pub reread: f64,
     /// Re-reading every candidate instead.
     pub reprefill: f64,
 }
@@ -134,10 +153,11 @@ impl PlanParts {
         let n = self.candidates as f64;
         let mut calls = 0.0;
         let mut plan = 0.0;
-        if self.rereads > 0 {
-            plan += self.rereads as f64 * REREAD_OVERHEAD;
-            calls += 1.0;
-        }
+        let reread = if self.rereads > 0 {
+            self.rereads as f64 * REREAD_OVERHEAD + CALL_POSITIONS
+        } else {
+            0.0
+        };
         let selector = if self.chooses {
             Some(self.selector)
         } else {
@@ -166,7 +186,8 @@ impl PlanParts {
             plan += n * ROUND_TRIP_PER_POSITION;
         }
         PlanCost {
-            plan: plan + calls * CALL_POSITIONS,
+            plan: plan + calls * CALL_POSITIONS + reread,
+            reread,
             reprefill: n + CALL_POSITIONS,
         }
     }
@@ -210,5 +231,20 @@ mod tests {
         // Recency chooses for free: only the re-read call.
         let tail = parts(100, Selector::Recency, false, 1000).cost();
         assert_eq!(tail.plan, 150.0 + CALL_POSITIONS);
+        assert_eq!(tail.reread, tail.plan, "recency's whole cost is its re-read");
+    }
+
+    #[test]
+    fn choosing_that_ran_long_takes_the_plan_past_the_reprefill_as_it_runs() {
+        // 40% of 1,000 re-read: 632 positions left to pay once chosen, against a
+        // re-prefill of 1,032; at 2 ms a position, choosing may take up to 592 ms.
+        let c = parts(400, Selector::TargetAttention, false, 1000).cost();
+        assert_eq!(c.reread, 400.0 * 1.5 + CALL_POSITIONS);
+        assert!(!c.passes_reprefill_after_choosing(100.0, 2.0, None));
+        assert!(!c.passes_reprefill_after_choosing(590.0, 2.0, None));
+        assert!(c.passes_reprefill_after_choosing(600.0, 2.0, None));
+        // Re-reads measured at 3 ms a predicted position leave choosing less room.
+        assert!(c.passes_reprefill_after_choosing(100.0, 2.0, Some(3.0)));
+        assert!(!c.passes_reprefill_after_choosing(100.0, 2.0, Some(2.5)));
     }
 }

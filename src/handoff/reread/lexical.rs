@@ -48,18 +48,21 @@ fn content(key: &str) -> bool {
     key.chars().count() >= 3 && !STOPWORDS.contains(&key)
 }
 
-/// The history's words: runs of positions from one word start to the next.
-fn words(tok: &TextTokenizer, history: &[u32], texts: &[String]) -> Vec<Word> {
-    let starts = super::unit_starts(tok, history, super::SpanGrowth::Word);
+/// The words of `ids`: runs of positions from one word start to the next. A word right
+/// after a special token is the template's (a role: `user`, `assistant`), never the
+/// speaker's, and gets no key.
+fn words(tok: &TextTokenizer, ids: &[u32], texts: &[String]) -> Vec<Word> {
+    let starts = super::unit_starts(tok, ids, super::SpanGrowth::Word);
     let mut out = Vec::new();
     let mut s = 0;
-    for p in 1..=history.len() {
-        if p == history.len() || starts[p] {
+    for p in 1..=ids.len() {
+        if p == ids.len() || starts[p] {
+            let role = s > 0 && tok.is_hard_boundary(ids[s - 1]);
             let text: String = texts[s..p].concat();
             out.push(Word {
                 start: s,
                 end: p,
-                key: fold(&text),
+                key: if role { String::new() } else { fold(&text) },
             });
             s = p;
         }
@@ -83,10 +86,9 @@ fn texts(tok: &TextTokenizer, ids: &[u32]) -> Vec<String> {
 /// one over how often the history says it, spread to the positions around it.
 pub fn message_words(tok: &TextTokenizer, history: &[u32], message: &[u32]) -> Vec<f64> {
     let history_texts = texts(tok, history);
-    let asked: std::collections::HashSet<String> = texts(tok, message)
-        .concat()
-        .split(|c: char| !c.is_alphanumeric())
-        .map(fold)
+    let asked: std::collections::HashSet<String> = words(tok, message, &texts(tok, message))
+        .into_iter()
+        .map(|w| w.key)
         .filter(|k| content(k))
         .collect();
     let words = words(tok, history, &history_texts);

@@ -32,6 +32,8 @@ pub struct RereadDone {
     pub reprefilled: bool,
     /// Choosing and re-reading, in milliseconds.
     pub ms: f64,
+    /// Of which choosing.
+    pub select_ms: f64,
 }
 
 /// One handed cache and what the target reads next.
@@ -94,6 +96,7 @@ impl RereadModels<'_> {
             dropped: plan.dropped_count(),
             reprefilled: choice.reprefilled,
             ms: started.elapsed().as_secs_f64() * 1e3,
+            select_ms: choice.select_ms,
         })
     }
 }

@@ -123,6 +123,45 @@ fn open_learner(
     Ok(opened.learner)
 }
 
+/// The residual maps the `upper=` handoffs of `ways` need, fitted on the default
+/// calibration corpus (see [`crate::calibrate::residual`]).
+fn residual_maps(
+    s: &Model,
+    t: &Model,
+    ways: &[HandoffVariant],
+    direction: &str,
+    progress: &dyn EvalProgress,
+) -> Result<Vec<crate::mapper::residual::ResidualMap>, EvalError> {
+    let mut layers = Vec::new();
+    for w in ways {
+        if let Some(split) = w.layers {
+            split.check(t.config().n_layer).map_err(EvalError::Input)?;
+            if let super::recall::LayerSplit::Upper(m) = split {
+                if !layers.contains(&m) {
+                    layers.push(m);
+                }
+            }
+        }
+    }
+    if layers.is_empty() {
+        return Ok(Vec::new());
+    }
+    progress.status(&format!(
+        "{direction}: fitting the residual maps to target layers {layers:?} on the calibration text"
+    ));
+    let docs = crate::data::corpus::read_documents(&crate::data::corpus::default_files()?)?;
+    let opts = crate::calibrate::residual::ResidualFit::default();
+    let maps = crate::calibrate::residual::fit_residual_maps(s, t, &docs, &layers, &opts)
+        .map_err(|e| EvalError::Input(format!("the residual map: {e}")))?;
+    for m in &maps {
+        progress.status(&format!(
+            "{direction}: residual map from source layer {} to target layer {}: R² {:.3} on {} positions",
+            m.source_layer, m.target_layer, m.r2, m.observations
+        ));
+    }
+    Ok(maps)
+}
+
 fn evaluate_direction(
     s: &Model,
     t: &Model,
@@ -205,13 +244,13 @@ fn evaluate_direction(
         } else {
             None
         };
+        let residual = residual_maps(s, t, &ways, &direction, progress)?;
         let turns = plan.conversations.iter().map(|c| c.questions.len()).sum();
         progress.task_started("recall (turns)", turns);
         let r = eval_recall_variants(
             s,
             t,
-            &mapper,
-            reverse.as_ref(),
+            (&mapper, reverse.as_ref(), &residual),
             plan.conversations,
             &plan.recall,
             &ways,

@@ -23,8 +23,10 @@
 //! a passage, so intervals resample whole conversations.
 
 pub mod coverage;
+pub mod layers;
 mod variants;
 
+pub use layers::LayerSplit;
 pub use variants::{HandoffVariant, Handover};
 
 use super::tasks::{common_prefix_len, generate_until};
@@ -32,6 +34,7 @@ use super::EvalError;
 use crate::data::recall::RecallConversation;
 use crate::handoff::reread::RereadSetting;
 use crate::learn::{ConversationPair, LearnOutcome, Learner};
+use crate::mapper::residual::ResidualMap;
 use crate::mapper::CacheMapper;
 use crate::metrics::answers::{best_exact_match, best_f1, token_f1};
 use crate::metrics::interval::{cluster_bootstrap, Estimate};
@@ -179,6 +182,9 @@ pub struct RecallResult {
     /// Mean seconds per turn choosing and re-reading spans once the question is known.
     #[serde(default)]
     pub reread_seconds: f64,
+    /// Of which choosing.
+    #[serde(default)]
+    pub select_seconds: f64,
     pub reprefill_seconds: f64,
     pub outcomes: Vec<TurnOutcome>,
     /// With learning on: what the mapper learned after each conversation, which the
@@ -253,8 +259,7 @@ pub fn eval_recall(
     let mut r = eval_recall_variants(
         src,
         tgt,
-        mapper,
-        None,
+        (mapper, None, &[]),
         conversations,
         opts,
         &ways,
@@ -267,14 +272,14 @@ pub fn eval_recall(
 
 /// [`eval_recall`] with the history handed over each way of `variants` in the same
 /// turns: one result per variant, all scored against the same source-alone and
-/// re-prefilled answers. `reverse` (the other direction's mapper) is needed by the
-/// round-trip selector only.
+/// re-prefilled answers. Of the maps, `reverse` (the other direction's mapper) is needed
+/// by the round-trip selector only, and the residual maps by `upper=` variants (one per
+/// target layer they name).
 #[allow(clippy::too_many_arguments)]
 pub fn eval_recall_variants(
     src: &Model,
     tgt: &Model,
-    mapper: &CacheMapper,
-    reverse: Option<&CacheMapper>,
+    (mapper, reverse, residual): (&CacheMapper, Option<&CacheMapper>, &[ResidualMap]),
     conversations: &[RecallConversation],
     opts: &RecallOptions,
     variants: &[HandoffVariant],
@@ -296,6 +301,7 @@ pub fn eval_recall_variants(
             tgt,
             mapper: learner.as_deref().map_or(mapper, |l| l.mapper()),
             reverse,
+            residual,
             template,
             opts,
             variants,
@@ -326,6 +332,7 @@ pub fn eval_recall_variants(
             vopts.reread = v.reread;
             let mut result = summarise(conversations.len(), o, (sec.map, sec.reprefill), &vopts);
             result.reread_seconds = sec.reread / result.turns.max(1) as f64;
+            result.select_seconds = sec.select / result.turns.max(1) as f64;
             result.handoff = v.label();
             result.learning = learning.clone();
             result
@@ -344,6 +351,7 @@ struct SourceHistory {
 struct HandoverSeconds {
     map: f64,
     reread: f64,
+    select: f64,
     reprefill: f64,
 }
 
@@ -353,6 +361,7 @@ struct TurnRun<'a> {
     tgt: &'a Model,
     mapper: &'a CacheMapper,
     reverse: Option<&'a CacheMapper>,
+    residual: &'a [ResidualMap],
     template: &'a ChatTemplate,
     opts: &'a RecallOptions,
     variants: &'a [HandoffVariant],
@@ -391,6 +400,14 @@ impl TurnRun<'_> {
         tgt.decoder
             .forward(history, &mut reference, &ForwardOptions::cache_only())?;
         let reprefill_s = t0.elapsed().as_secs_f64();
+        let upper: Vec<layers::UpperInput> = layers::source_rows(src, history, self.residual)?
+            .into_iter()
+            .zip(self.residual)
+            .map(|(source_rows, map)| layers::UpperInput {
+                map: map.clone(),
+                source_rows,
+            })
+            .collect();
         let inputs = TurnInputs {
             src,
             tgt,
@@ -403,12 +420,14 @@ impl TurnRun<'_> {
             history: h,
             anchor: self.opts.anchor,
             oracle: self.opts.oracle,
+            upper: &upper,
         };
         let mut handed = Vec::with_capacity(self.variants.len());
         for (v, sec) in self.variants.iter().zip(seconds.iter_mut()) {
             let got = variants::hand_over(v, &inputs)?;
             sec.map += got.map_ms / 1e3;
             sec.reread += got.reread_ms / 1e3;
+            sec.select += got.select_ms / 1e3;
             sec.reprefill += reprefill_s;
             handed.push(got);
         }
@@ -616,6 +635,7 @@ pub fn summarise(
         f1_mapped_vs_reference: mean(7),
         map_seconds: map_s / n,
         reread_seconds: 0.0,
+        select_seconds: 0.0,
         reprefill_seconds: pre_s / n,
         outcomes,
         learning: Vec::new(),

@@ -3,6 +3,7 @@
 //! is scored against the same source-alone and re-prefilled answers and timed against
 //! the same re-prefill.
 
+use super::layers::{compute_upper, swap_in_lower, LayerSplit, UpperInput};
 use super::{Oracle, RecallOptions};
 use crate::handoff::reread::{opening_len, PlanKind, RereadSetting};
 use crate::handoff::{HandoffInputs, HandoffPlan};
@@ -26,6 +27,9 @@ pub struct HandoffVariant {
     /// plan reads it or spends its budget on it.
     #[serde(default)]
     pub opening: bool,
+    /// Layers the target computes itself (see [`super::layers`]).
+    #[serde(default)]
+    pub layers: Option<LayerSplit>,
 }
 
 impl HandoffVariant {
@@ -35,6 +39,7 @@ impl HandoffVariant {
             tail: opts.tail,
             reread: opts.reread,
             opening: false,
+            layers: None,
         }
     }
 
@@ -45,11 +50,13 @@ impl HandoffVariant {
             tail: 0,
             reread: None,
             opening: false,
+            layers: None,
         };
         let bad = |why: String| {
             EvalError::Input(format!(
                 "handoff {s:?}: {why}; give map, tail=N, reread=BUDGET[:SELECTOR[:SPANS]], \
-                 opening, or several joined by commas (opening,reread=…)"
+                 opening, upper=LAYER, lower=LAYER, or several joined by commas \
+                 (opening,upper=14,reread=…)"
             ))
         };
         if s.trim() == "map" {
@@ -59,6 +66,12 @@ impl HandoffVariant {
             if part.trim() == "opening" {
                 v.opening = true;
                 continue;
+            }
+            if let Some((key, value)) = part.trim().split_once('=') {
+                if let Some(split) = LayerSplit::parse(key.trim(), value) {
+                    v.layers = Some(split.map_err(bad)?);
+                    continue;
+                }
             }
             match part.trim().split_once('=') {
                 Some(("tail", n)) => {
@@ -72,7 +85,7 @@ impl HandoffVariant {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "{part:?} is none of opening, tail= and reread="
+                        "{part:?} is none of opening, tail=, reread=, upper= and lower="
                     )))
                 }
             }
@@ -93,6 +106,11 @@ impl HandoffVariant {
             (0, Some(r)) => plan(r),
             (t, Some(r)) => format!("tail {t}, {}", plan(r)),
         };
+        let label = match self.layers {
+            Some(split) if label == "map" => split.label(),
+            Some(split) => format!("{}, {label}", split.label()),
+            None => label,
+        };
         if self.opening {
             format!("opening held, {label}")
         } else {
@@ -110,6 +128,8 @@ pub struct Handover {
     pub reread_ms: f64,
     /// Positions re-read.
     pub reread_positions: usize,
+    /// Of the re-read's time, choosing.
+    pub select_ms: f64,
 }
 
 /// What every variant of one turn reads.
@@ -129,6 +149,9 @@ pub struct TurnInputs<'a> {
     pub history: usize,
     pub anchor: usize,
     pub oracle: Option<Oracle>,
+    /// The residual maps with the source's residual streams of the history, one per
+    /// target layer an `upper=` variant asks for.
+    pub upper: &'a [UpperInput],
 }
 
 /// Hand the history over as `variant` says: map it (with the anchor and tail), then,
@@ -145,11 +168,11 @@ pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handove
     let plan = HandoffPlan::new(t.history)
         .anchor(anchor)
         .tail(variant.tail);
-    // With a re-read to follow, the tail is mapped here and re-read with the chosen
-    // spans, in one pass instead of two.
-    let built = match variant.reread {
-        Some(_) => plan.tail_mapped(),
-        None => plan.clone(),
+    // With a re-read or upper layers to follow, the tail is mapped here and read with
+    // them, in one pass instead of two.
+    let built = match (variant.reread, variant.layers) {
+        (None, None | Some(LayerSplit::Lower(_))) => plan.clone(),
+        _ => plan.tail_mapped(),
     };
     let inputs = HandoffInputs {
         source: t.src,
@@ -161,11 +184,31 @@ pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handove
     };
     let mut cache = t.tgt.decoder.new_cache();
     let oracle = t.oracle;
+    let lower = match variant.layers {
+        // The target's own first layers, computed here: part of the handoff's time.
+        Some(LayerSplit::Lower(m)) => t.tgt.decoder.leading_layers(history, m)?,
+        _ => Vec::new(),
+    };
     let mut swap = |layers: &mut [LayerKv], range: Range<usize>| match oracle {
-        None => Ok(()),
+        None => swap_in_lower(&lower, layers, range),
         Some(oracle) => swap_in_own(oracle, t.reference, layers, range),
     };
     built.build_edited(&inputs, &mut cache, Some(&mut swap))?;
+    if let Some(LayerSplit::Upper(m)) = variant.layers {
+        let input = t
+            .upper
+            .iter()
+            .find(|u| u.map.target_layer == m)
+            .ok_or_else(|| EvalError::Input(format!("no residual map to layer {m}")))?;
+        compute_upper(t.tgt, input, built.mapped(), &mut cache)?;
+        if variant.reread.is_none() {
+            // The tail, read over the middle's new upper layers.
+            built
+                .clone()
+                .tail(variant.tail)
+                .reread_in(t.tgt, history, &mut cache)?;
+        }
+    }
     let map_ms = started.elapsed().as_secs_f64() * 1e3;
     let Some(setting) = variant.reread else {
         return Ok(Handover {
@@ -173,6 +216,7 @@ pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handove
             map_ms,
             reread_ms: 0.0,
             reread_positions: 0,
+            select_ms: 0.0,
         });
     };
     let models = RereadModels {
@@ -197,6 +241,7 @@ pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handove
         map_ms,
         reread_ms: done.ms,
         reread_positions: done.positions,
+        select_ms: done.select_ms,
     })
 }
 

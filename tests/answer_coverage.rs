@@ -1,0 +1,127 @@
+//! The choosers that read text, and the recall suite's answer coverage, on Qwen2.5's real
+//! tokenizer and chat template: the answer is found where the passage says it, the
+//! message's own words point at the fact next to them, and numbers and names score as
+//! facts.
+
+mod common;
+
+use baton::data::recall::{RecallConversation, RecallQuestion};
+use baton::handoff::reread::lexical::{message_words, rare_tokens};
+use baton::lab::eval::recall::coverage::answer_positions;
+use baton::lab::eval::recall::messages_for;
+use baton::text::{ChatMessage, ChatTemplate, TextTokenizer};
+use candle_core::quantized::gguf_file::Content;
+
+fn qwen() -> (TextTokenizer, ChatTemplate) {
+    let path = common::qwen_small();
+    let mut f = std::fs::File::open(&path).expect("open gguf");
+    let content = Content::read(&mut f).expect("read gguf metadata");
+    (
+        TextTokenizer::from_gguf(&content).expect("tokenizer"),
+        ChatTemplate::from_gguf(&content).expect("chat template"),
+    )
+}
+
+fn decode(tok: &TextTokenizer, ids: &[u32]) -> String {
+    tok.decode(ids).unwrap()
+}
+
+#[test]
+fn the_answer_is_found_in_the_passage_not_in_the_title_or_an_earlier_turn() {
+    let (tok, tmpl) = qwen();
+    let conv = RecallConversation {
+        title: "Denver_Broncos".into(),
+        passage: "The Broncos beat the Panthers 24 to 10 at Levi's Stadium in Santa Clara, \
+                  and Von Miller was named the game's most valuable player."
+            .into(),
+        questions: vec![
+            RecallQuestion {
+                id: "a".into(),
+                question: "Who won?".into(),
+                answers: vec!["Broncos".into()],
+            },
+            RecallQuestion {
+                id: "b".into(),
+                question: "Where was the game played?".into(),
+                answers: vec!["levi's stadium".into(), "Santa Clara".into()],
+            },
+        ],
+    };
+    for (j, want) in [(0, "Broncos"), (1, "Santa Clara")] {
+        let messages = messages_for(&conv, j);
+        let history = tmpl
+            .render_ids(&tok, &messages[..messages.len() - 1], false)
+            .unwrap();
+        let title = format!("Title: {}", conv.title.replace('_', " "));
+        let span = answer_positions(&tok, &history, &title, &conv.questions[j].answers)
+            .unwrap_or_else(|| panic!("question {j}: no answer found"));
+        let text = decode(&tok, &history[span.clone()]);
+        assert!(text.contains(want), "question {j}: {text:?}");
+        assert!(text.len() < want.len() + 8, "only the answer's tokens: {text:?}");
+        // It is the passage's occurrence, after the title and before the first question.
+        let before = decode(&tok, &history[..span.start]);
+        assert!(before.contains("Title: Denver Broncos\n\nThe"), "{before:?}");
+        assert!(!before.contains("Who won?"), "{before:?}");
+    }
+    // An answer the passage does not hold is no span.
+    let messages = messages_for(&conv, 0);
+    let history = tmpl.render_ids(&tok, &messages[..1], false).unwrap();
+    assert_eq!(
+        answer_positions(&tok, &history, "Title:", &["Chiefs".to_string()]),
+        None
+    );
+}
+
+#[test]
+fn the_messages_words_point_at_the_fact_beside_them_and_numbers_score_as_facts() {
+    let (tok, tmpl) = qwen();
+    let note = "Note this: the vault PIN is 5823, the meeting moved to room 412, and it \
+                starts at 9:35. Reply with OK.";
+    let history = tmpl
+        .render_ids(
+            &tok,
+            &[ChatMessage::user(note), ChatMessage::assistant("OK.")],
+            false,
+        )
+        .unwrap();
+    let full = tmpl
+        .render_ids(
+            &tok,
+            &[
+                ChatMessage::user(note),
+                ChatMessage::assistant("OK."),
+                ChatMessage::user("What is the vault PIN?"),
+            ],
+            true,
+        )
+        .unwrap();
+    assert!(full.starts_with(&history));
+    let message = &full[history.len()..];
+    let scores = message_words(&tok, &history, message);
+    let pin = find(&tok, &history, "5");
+    let room = find(&tok, &history, "4");
+    let system = find(&tok, &history, "helpful");
+    assert!(
+        scores[pin] > 2.0 * scores[room],
+        "the PIN ({}) before the room ({})",
+        scores[pin],
+        scores[room]
+    );
+    assert!(
+        scores[pin] > 2.0 * scores[system],
+        "the system prompt says none of the words, and is only near them"
+    );
+    let rare = rare_tokens(&tok, &history);
+    assert_eq!(rare[pin], 1.0);
+    assert_eq!(rare[room], 1.0);
+    let moved = find(&tok, &history, " moved");
+    assert_eq!(rare[moved], 0.0);
+}
+
+/// The first position of `history` whose token's text contains `piece`.
+fn find(tok: &TextTokenizer, history: &[u32], piece: &str) -> usize {
+    history
+        .iter()
+        .position(|&id| decode(tok, &[id]).contains(piece))
+        .unwrap_or_else(|| panic!("{piece:?} not in the history"))
+}
