@@ -57,10 +57,16 @@ fn the_answer_is_found_in_the_passage_not_in_the_title_or_an_earlier_turn() {
             .unwrap_or_else(|| panic!("question {j}: no answer found"));
         let text = decode(&tok, &history[span.clone()]);
         assert!(text.contains(want), "question {j}: {text:?}");
-        assert!(text.len() < want.len() + 8, "only the answer's tokens: {text:?}");
+        assert!(
+            text.len() < want.len() + 8,
+            "only the answer's tokens: {text:?}"
+        );
         // It is the passage's occurrence, after the title and before the first question.
         let before = decode(&tok, &history[..span.start]);
-        assert!(before.contains("Title: Denver Broncos\n\nThe"), "{before:?}");
+        assert!(
+            before.contains("Title: Denver Broncos\n\nThe"),
+            "{before:?}"
+        );
         assert!(!before.contains("Who won?"), "{before:?}");
     }
     // An answer the passage does not hold is no span.

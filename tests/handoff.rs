@@ -461,7 +461,10 @@ fn upper_layers_over_the_targets_own_residual_are_its_prefill_whatever_the_layer
     assert!(d < 1e-4, "{d}");
     // Below m the whole map; from m on, the target's layers over its own residual.
     let (mut c, _) = HandoffPlan::new(n).build_new(&pair.inputs()).unwrap();
-    pair.b.decoder.upper_layers(&kept[0], &[0..n], m, &mut c).unwrap();
+    pair.b
+        .decoder
+        .upper_layers(&kept[0], &[0..n], m, &mut c)
+        .unwrap();
     let upper = max_abs_diff(&c, &pair.truth, m, layers);
     assert!(upper < 1e-4, "upper layers differ by {upper}");
     let lower = max_abs_diff(&c, &pair.truth, 0, m);

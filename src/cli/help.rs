@@ -95,7 +95,7 @@ const CONVERSATION_BRIEF: &[(&str, &str)] = &[
     ("source", "first model"),
     ("target", "model handed to"),
     ("mapper_dir", "mappers directory"),
-    ("reread", "handoff plan, e.g. up:40%:cheaper-attention:word"),
+    ("reread", "handoff plan, e.g. up:40%:facts:word"),
     ("reference", "no re-prefill to compare with"),
     ("record", "session file to record to"),
     ("script", "conversation script (TOML)"),

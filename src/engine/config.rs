@@ -73,15 +73,16 @@ impl Default for Settings {
     }
 }
 
-/// The plan a conversation starts with, the cheapest point of the measured curve that
-/// meets the targets (docs/plan.md): on a switch up, re-read the 40% of the mapped
-/// history the message attends to (read by the smaller model) and keep the rest mapped,
-/// which answers at least as well as not switching at about 55% of the re-prefill; on a
-/// switch down no plan cheaper than the re-prefill keeps the smaller model's answer, so
-/// the map is handed over as it is.
+/// The plan a conversation starts with, the best point of the measured curve at about
+/// half the re-prefill's time (docs/plan.md; no point meets every target): on a switch
+/// up, re-read the 40% of the mapped history past the opening that the message asks
+/// about (`facts`: its own words found in the history, numbers and names, and what the
+/// smaller model's heads seek out as it reads the message) and keep the rest mapped;
+/// on a switch down no plan cheaper than the re-prefill keeps the smaller model's
+/// answer, so the map is handed over as it is.
 pub const DEFAULT_REREAD: Option<RereadSetting> = Some(RereadSetting {
     budget: RereadBudget::Share(0.4),
-    selector: Selector::CheaperAttention,
+    selector: Selector::Facts,
     spans: SpanGrowth::Word,
     kind: PlanKind::Map,
     up_only: true,

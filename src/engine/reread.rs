@@ -82,7 +82,11 @@ impl Engine {
         let choice = match (choice.cost, speed) {
             (Some(cost), Some(per))
                 if !choice.reprefilled
-                    && cost.passes_reprefill_after_choosing(select_ms, per, target.reread_speed) =>
+                    && cost.passes_reprefill_after_choosing(
+                        select_ms,
+                        per,
+                        target.reread_speed,
+                    ) =>
             {
                 RereadChoice::reprefill(&candidates, Some(cost))
             }

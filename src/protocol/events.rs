@@ -124,9 +124,17 @@ pub enum Event {
         /// position it may re-read, which it replaces (absent where
         /// no speed was measured yet), beside `select_ms` and `reread_ms`, what it cost
         /// (session minor 7 on).
-        #[serde(default, skip_serializing_if = "Option::is_none", with = "float::option")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "float::option"
+        )]
         predicted_ms: Option<f64>,
-        #[serde(default, skip_serializing_if = "Option::is_none", with = "float::option")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "float::option"
+        )]
         reprefill_predicted_ms: Option<f64>,
     },
     /// What switch `index` costs against a re-prefill and how faithful its cache is,

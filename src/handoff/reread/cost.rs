@@ -231,7 +231,10 @@ mod tests {
         // Recency chooses for free: only the re-read call.
         let tail = parts(100, Selector::Recency, false, 1000).cost();
         assert_eq!(tail.plan, 150.0 + CALL_POSITIONS);
-        assert_eq!(tail.reread, tail.plan, "recency's whole cost is its re-read");
+        assert_eq!(
+            tail.reread, tail.plan,
+            "recency's whole cost is its re-read"
+        );
     }
 
     #[test]
