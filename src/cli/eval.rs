@@ -88,14 +88,17 @@ pub struct EvalArgs {
     /// (the recall suite's question; a task's question with --target-reads-question or
     /// its tail; a text window's --tail): a share (0.2 or 20%) or a time (150ms),
     /// optionally with the selector and the spans chosen positions grow into
-    /// (0.2:source-attention:word; selectors source-attention, target-attention,
-    /// round-trip, deviation, recency; spans token, word, sentence). 0 re-reads nothing.
+    /// (0.2:facts:word; selectors source-attention, target-attention, cheaper-attention,
+    /// contrast, message-words, rare, facts, round-trip, deviation, recency; spans token,
+    /// word, sentence). 0 re-reads nothing.
     #[arg(long)]
     pub reread: Option<baton::engine::RereadOverride>,
     /// Also hand each recall turn over this way, in the same run (repeatable): map,
-    /// tail=N, reread=BUDGET[:SELECTOR[:SPANS]], or tail=N,reread=…. Each is scored
-    /// against the same source-alone and re-prefilled answers and timed against the
-    /// same re-prefill.
+    /// tail=N, reread=BUDGET[:SELECTOR[:SPANS]], opening (the target holds the system
+    /// turn as its own), upper=LAYER (its layers from LAYER on over the mapped residual
+    /// stream), lower=LAYER (its own layers below LAYER), or several joined by commas
+    /// (opening,reread=0.4:facts:word). Each is scored against the same source-alone and
+    /// re-prefilled answers and timed against the same re-prefill.
     #[arg(long = "handoff", value_parser = parse_handoff)]
     pub handoffs: Vec<recall::HandoffVariant>,
     /// Skip the held-out text evaluation (tasks and conversations only).
