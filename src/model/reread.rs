@@ -100,22 +100,7 @@ impl Decoder {
         let mut shape = self.kv_shape();
         shape.n_layer = n_layers;
         let mut cache = KvCache::new(shape, self.dtype(), self.device());
-        self.check_ids(tokens)?;
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            let start = cache.len();
-            let ids = Tensor::new(chunk, self.device())?;
-            let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
-            cache.reserve(chunk.len())?;
-            let span = start..start + chunk.len();
-            let run = std::slice::from_ref(&span);
-            let mut no_queries = Vec::new();
-            let mut masks = super::attention::Masks::default();
-            for l in 0..n_layers {
-                let (q, m) = (&mut no_queries, &mut masks);
-                h = self.layer(l, h, run, &mut cache, None, q, m, &|| false)?;
-            }
-            cache.advance(chunk.len());
-        }
+        self.prefill_layers(tokens, &mut cache, n_layers, &mut |_, _| {})?;
         (0..n_layers).map(|l| cache.layer(l)).collect()
     }
 }

@@ -29,32 +29,14 @@ impl Decoder {
                 "the residual stream entering layer {bad} of a {n_layer}-layer model"
             )));
         }
-        self.check_ids(tokens)?;
         let mut kept: Vec<Vec<Tensor>> = vec![Vec::new(); layers.len()];
-        let keep = |h: &Tensor, l: usize, kept: &mut Vec<Vec<Tensor>>| {
+        self.prefill_layers(tokens, cache, n_layer, &mut |l, h| {
             for (i, &want) in layers.iter().enumerate() {
                 if want == l {
                     kept[i].push(h.clone());
                 }
             }
-        };
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            let start = cache.len();
-            let ids = Tensor::new(chunk, self.device())?;
-            let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
-            cache.reserve(chunk.len())?;
-            let span = start..start + chunk.len();
-            let run = std::slice::from_ref(&span);
-            let mut no_queries = Vec::new();
-            let mut masks = super::attention::Masks::default();
-            for l in 0..n_layer {
-                keep(&h, l, &mut kept);
-                let (q, m) = (&mut no_queries, &mut masks);
-                h = self.layer(l, h, run, cache, None, q, m, &|| false)?;
-            }
-            keep(&h, n_layer, &mut kept);
-            cache.advance(chunk.len());
-        }
+        })?;
         kept.into_iter()
             .map(|parts| {
                 if parts.is_empty() {
@@ -68,6 +50,38 @@ impl Decoder {
                 }
             })
             .collect()
+    }
+
+    /// A prefill of `tokens` after what `cache` holds through the first `n_layers` layers
+    /// (the cache holds that many), in chunks of [`PREFILL_CHUNK`], no logits: `on_layer`
+    /// sees each chunk's residual stream entering every layer `l` (`n_layers`: leaving the
+    /// last one run).
+    pub(super) fn prefill_layers(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        n_layers: usize,
+        on_layer: &mut dyn FnMut(usize, &Tensor),
+    ) -> Result<()> {
+        self.check_ids(tokens)?;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            let start = cache.len();
+            let ids = Tensor::new(chunk, self.device())?;
+            let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
+            cache.reserve(chunk.len())?;
+            let span = start..start + chunk.len();
+            let run = std::slice::from_ref(&span);
+            let mut no_queries = Vec::new();
+            let mut masks = super::attention::Masks::default();
+            for l in 0..n_layers {
+                on_layer(l, &h);
+                let (q, m) = (&mut no_queries, &mut masks);
+                h = self.layer(l, h, run, cache, None, q, m, &|| false)?;
+            }
+            on_layer(n_layers, &h);
+            cache.advance(chunk.len());
+        }
+        Ok(())
     }
 
     /// Compute layers `from..n_layer` of the positions of `runs` (non-empty, increasing,
