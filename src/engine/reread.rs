@@ -103,12 +103,7 @@ impl Engine {
         // What this re-read took per position of its predicted cost: the next guard's
         // speed for the re-read, measured on this machine.
         if choice.count() >= MIN_TIMED_PREFILL {
-            use crate::handoff::reread::cost::{CALL_POSITIONS, REREAD_OVERHEAD};
-            let predicted = choice
-                .cost
-                .filter(|_| !choice.reprefilled)
-                .map(|c| c.reread)
-                .unwrap_or(choice.count() as f64 * REREAD_OVERHEAD + CALL_POSITIONS);
+            let predicted = crate::handoff::reread::cost::reread_cost(choice.count());
             if predicted > 0.0 {
                 slot.reread_speed = Some(reread_ms / predicted);
             }

@@ -36,6 +36,22 @@ impl PositionSet {
         self.runs.iter().map(|r| r.len()).sum()
     }
 
+    /// Positions in the set before `end`.
+    pub fn count_before(&self, end: usize) -> usize {
+        self.runs
+            .iter()
+            .map(|r| r.end.min(end).saturating_sub(r.start))
+            .sum()
+    }
+
+    /// The smallest range holding every position of the set (empty when it is empty).
+    pub fn span(&self) -> Range<usize> {
+        match (self.runs.first(), self.runs.last()) {
+            (Some(a), Some(b)) => a.start..b.end,
+            _ => 0..0,
+        }
+    }
+
     pub fn contains(&self, p: usize) -> bool {
         self.runs.iter().any(|r| r.contains(&p))
     }
@@ -136,6 +152,17 @@ mod tests {
 
     fn members(s: &PositionSet, n: usize) -> Vec<bool> {
         (0..n).map(|p| s.contains(p)).collect()
+    }
+
+    #[test]
+    fn counts_before_a_position_and_spans_the_set() {
+        let s = PositionSet::of([2..5, 8..10]);
+        assert_eq!(s.count_before(0), 0);
+        assert_eq!(s.count_before(4), 2);
+        assert_eq!(s.count_before(9), 4);
+        assert_eq!(s.count_before(100), 5);
+        assert_eq!(s.span(), 2..10);
+        assert_eq!(PositionSet::new().span(), 0..0);
     }
 
     #[test]

@@ -118,7 +118,7 @@ pub fn choose(
         inputs.history - opening.min(inputs.history),
         ms_per_position,
     )?;
-    let opening_in = candidates_before(candidates, opening);
+    let opening_in = candidates.count_before(opening);
     let chosen = if budget <= opening_in {
         // The opening (always taken) fills the budget: nothing to score.
         let mut opening_part = candidates.clone();
@@ -150,15 +150,6 @@ pub fn choose(
         reprefilled: false,
         cost: None,
     })
-}
-
-/// How many of `candidates` lie before position `end`.
-pub fn candidates_before(candidates: &PositionSet, end: usize) -> usize {
-    candidates
-        .runs()
-        .iter()
-        .map(|r| r.end.min(end).saturating_sub(r.start))
-        .sum()
 }
 
 /// The positions of `rest` to drop: all but the `share` of them with the smallest

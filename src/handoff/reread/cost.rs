@@ -40,21 +40,12 @@ pub const ROUND_TRIP_PER_POSITION: f64 = 0.3;
 /// The share of the re-prefill's predicted cost at which a plan re-prefills instead.
 pub const MARGIN: f64 = 0.9;
 
-impl PlanCost {
-    /// The guard as the plan runs: with choosing done in `chose_ms` and the re-read still
-    /// to come, whether the plan would now cost the re-prefill's share or more. The
-    /// re-prefill costs `ms_per_position` (the target's measured prefill speed) a
-    /// position; the re-read costs `reread_ms_per_position` a position of its predicted
-    /// cost where earlier re-reads measured it, the prefill speed otherwise.
-    pub fn passes_reprefill_after_choosing(
-        &self,
-        chose_ms: f64,
-        ms_per_position: f64,
-        reread_ms_per_position: Option<f64>,
-    ) -> bool {
-        let reread = self.reread * reread_ms_per_position.unwrap_or(ms_per_position);
-        chose_ms + reread >= MARGIN * self.reprefill * ms_per_position
+/// Re-reading `positions` positions, its call included, in prefill positions.
+pub fn reread_cost(positions: usize) -> f64 {
+    if positions == 0 {
+        return 0.0;
     }
+    positions as f64 * REREAD_OVERHEAD + CALL_POSITIONS
 }
 
 /// A plan's predicted cost against the re-prefill's, in target positions.
@@ -74,6 +65,21 @@ impl PlanCost {
     pub fn reaches_reprefill(&self) -> bool {
         self.plan >= MARGIN * self.reprefill
     }
+
+    /// The guard as the plan runs: with choosing done in `chose_ms` and the re-read still
+    /// to come, whether the plan would now cost the re-prefill's share or more. The
+    /// re-prefill costs `ms_per_position` (the target's measured prefill speed) a
+    /// position; the re-read costs `reread_ms_per_position` a position of its predicted
+    /// cost where earlier re-reads measured it, the prefill speed otherwise.
+    pub fn passes_reprefill_after_choosing(
+        &self,
+        chose_ms: f64,
+        ms_per_position: f64,
+        reread_ms_per_position: Option<f64>,
+    ) -> bool {
+        let reread = self.reread * reread_ms_per_position.unwrap_or(ms_per_position);
+        chose_ms + reread >= MARGIN * self.reprefill * ms_per_position
+    }
 }
 
 /// Predict the cost of `setting` over `candidates` (the positions the target did not
@@ -87,7 +93,7 @@ pub fn predict(
     ms_per_position: Option<f64>,
 ) -> Result<PlanCost, RereadError> {
     let opening = super::opening_len(&inputs.target.tokenizer, &inputs.tokens[..inputs.history]);
-    let opening_in = super::choice::candidates_before(candidates, opening);
+    let opening_in = candidates.count_before(opening);
     let budget = setting
         .positions(
             inputs.history - opening.min(inputs.history),
@@ -99,16 +105,16 @@ pub fn predict(
         Selector::CheaperAttention => cheaper_reader(inputs),
         s => s,
     };
+    // Who reads the message to choose: `contrast` and `facts` read it with the cheaper
+    // model, as `cheaper-attention` does.
+    let reader = match selector {
+        Selector::Contrast | Selector::Facts => cheaper_reader(inputs),
+        s => s,
+    };
     let parts = PlanParts {
         rereads: if setting.kind.rereads() { budget } else { 0 },
         message: inputs.tokens.len().saturating_sub(inputs.history),
-        reader_weights: match selector {
-            Selector::Contrast | Selector::Facts
-                if cheaper_reader(inputs) == Selector::SourceAttention =>
-            {
-                inputs.source.config().weights_per_token() as f64
-                    / inputs.target.config().weights_per_token().max(1) as f64
-            }
+        reader_weights: match reader {
             Selector::SourceAttention => {
                 inputs.source.config().weights_per_token() as f64
                     / inputs.target.config().weights_per_token().max(1) as f64
@@ -120,7 +126,7 @@ pub fn predict(
         chooses: budget > opening_in,
         round_trip: setting.kind == PlanKind::Trusted,
         candidates: candidates.count(),
-        reach: super::scores::hull(candidates).end,
+        reach: candidates.span().end,
         target_layers: inputs.target.config().n_layer,
     };
     Ok(parts.cost())
@@ -153,11 +159,7 @@ impl PlanParts {
         let n = self.candidates as f64;
         let mut calls = 0.0;
         let mut plan = 0.0;
-        let reread = if self.rereads > 0 {
-            self.rereads as f64 * REREAD_OVERHEAD + CALL_POSITIONS
-        } else {
-            0.0
-        };
+        let reread = reread_cost(self.rereads);
         let selector = if self.chooses {
             Some(self.selector)
         } else {

@@ -37,9 +37,9 @@ pub mod lexical;
 mod scores;
 mod spans;
 
-pub use choice::{candidates_before, choose, decide, RereadChoice, TRUSTED_SHARE};
+pub use choice::{choose, decide, RereadChoice, TRUSTED_SHARE};
 pub use cost::{predict, PlanCost};
-pub use scores::{hull, score_positions, SelectInputs};
+pub use scores::{score_positions, SelectInputs};
 pub use spans::{opening_len, opening_len_within, pick_spans, unit_starts};
 
 use crate::model::ModelConfig;

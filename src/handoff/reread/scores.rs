@@ -45,7 +45,7 @@ pub fn score_positions(
     candidates: &PositionSet,
 ) -> Result<Vec<f64>, RereadError> {
     let h = inputs.history;
-    let hull = hull(candidates);
+    let hull = candidates.span();
     if hull.end > h || inputs.tokens.len() < h {
         return Err(RereadError::Input(format!(
             "re-read candidates {hull:?} in a history of {h} positions ({} tokens given)",
@@ -121,14 +121,6 @@ pub fn score_positions(
         }
     }
     Ok(scores)
-}
-
-/// The smallest range that holds every candidate (empty when there are none).
-pub fn hull(candidates: &PositionSet) -> Range<usize> {
-    match (candidates.runs().first(), candidates.runs().last()) {
-        (Some(a), Some(b)) => a.start..b.end,
-        _ => 0..0,
-    }
 }
 
 /// In `facts`, a fact-bearing token's weight beside the read and the message's words

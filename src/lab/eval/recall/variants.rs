@@ -203,10 +203,7 @@ pub fn hand_over(variant: &HandoffVariant, t: &TurnInputs<'_>) -> Result<Handove
         compute_upper(t.tgt, input, built.mapped(), &mut cache)?;
         if variant.reread.is_none() {
             // The tail, read over the middle's new upper layers.
-            built
-                .clone()
-                .tail(variant.tail)
-                .reread_in(t.tgt, history, &mut cache)?;
+            plan.reread_in(t.tgt, history, &mut cache)?;
         }
     }
     let map_ms = started.elapsed().as_secs_f64() * 1e3;
