@@ -21,7 +21,9 @@ fn map_apply(c: &mut Criterion) {
     let mut group = c.benchmark_group("map_apply");
     group.sample_size(10);
     for (src, tgt) in [(&small, &large), (&large, &small)] {
-        let Ok((_, mapper)) = artifact::open_for(None, src, tgt) else {
+        let Ok((_, mapper)) =
+            artifact::open_for(&baton::mapper::dir::MapperDir::default_location(), src, tgt)
+        else {
             eprintln!(
                 "map_apply: no mapper {} -> {}; run `baton calibrate` first",
                 src.identity.name, tgt.identity.name

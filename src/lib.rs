@@ -20,6 +20,7 @@ pub mod logging;
 pub mod mapper;
 pub mod metrics;
 pub mod model;
+pub mod os;
 pub mod protocol;
 pub mod session;
 pub mod text;

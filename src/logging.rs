@@ -19,11 +19,7 @@ pub fn default_log_dir() -> PathBuf {
 /// own under the system's temporary directory, so that a second user of a shared cache
 /// (whose `logs/` belongs to someone else) still gets a log.
 pub fn fallback_log_dir() -> PathBuf {
-    #[cfg(target_os = "linux")]
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let user = unsafe { libc::getuid() }.to_string();
-    #[cfg(not(target_os = "linux"))]
-    let user = std::env::var("USER").unwrap_or_else(|_| "user".into());
+    let user = crate::os::user_id();
     std::env::temp_dir()
         .join(format!("baton-{user}"))
         .join("logs")

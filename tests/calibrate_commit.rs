@@ -5,7 +5,6 @@
 
 mod common;
 
-use baton::calibrate::commit::POOR;
 use baton::calibrate::{
     calibrate_with, corpus_info, keep, save_calibration, CalibrateOptions, Calibrated, CorpusName,
     Direction, Keep, NoProgress, Outcome, PoorFate, Run,
@@ -51,7 +50,7 @@ fn save(
     o: &CalibrateOptions,
 ) -> Result<(), String> {
     save_calibration(
-        dir,
+        &baton::mapper::dir::MapperDir::named(dir),
         [a, b],
         &corpus_info(&[], "synthetic", o),
         Keep {
@@ -174,7 +173,7 @@ fn a_calibration_that_fills_the_disk_leaves_the_previous_mappers_as_they_were() 
     let names = |t: &[(PathBuf, Vec<u8>)]| t.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
     assert_eq!(names(&after), names(&before), "no staging left behind");
     assert_ne!(after, before, "the successful write replaced the mappers");
-    let (art, _) = artifact::open_for(Some(&dir), &a, &b).unwrap();
+    let (art, _) = artifact::open_for(&baton::mapper::dir::MapperDir::named(&dir), &a, &b).unwrap();
     assert_eq!(art.meta.corpus.sequences, 6);
 }
 
@@ -196,7 +195,7 @@ fn first_made_poor(mut c: Calibrated) -> Calibrated {
 fn keep_poor(dir: &Path, [a, b]: [&Model; 2], c: &Calibrated, accept: bool) -> Outcome {
     keep(
         [a, b],
-        dir,
+        &baton::mapper::dir::MapperDir::named(dir),
         &corpus_info(&[], "synthetic", &opts(4)),
         &c.fitted,
         &c.stats,
@@ -218,7 +217,10 @@ fn a_poor_map_never_replaces_a_mapper_in_use_and_is_the_default_where_there_is_n
         } else {
             (&b, &a)
         };
-        artifact::open_for(Some(dir), s, t).unwrap().0.path
+        artifact::open_for(&baton::mapper::dir::MapperDir::named(dir), s, t)
+            .unwrap()
+            .0
+            .path
     };
 
     // No mapper in use: the poor one is the default, and the message says so.
@@ -228,7 +230,13 @@ fn a_poor_map_never_replaces_a_mapper_in_use_and_is_the_default_where_there_is_n
     assert_eq!(out.poor[0].fate, PoorFate::Default);
     assert_eq!(out.poor[0].source, poor_source);
     assert_eq!(out.poor[0].path, default_path(&fresh));
-    assert!(out.apart.is_empty() && !fresh.join(POOR).exists());
+    assert!(
+        out.apart.is_empty()
+            && !baton::mapper::dir::MapperDir::named(&fresh)
+                .poor()
+                .path()
+                .exists()
+    );
     assert!(out.poor[0].message().contains("for want of a better one"));
 
     // A mapper in use: the poor one goes under poor/, the one in use stays byte for byte.
@@ -237,7 +245,9 @@ fn a_poor_map_never_replaces_a_mapper_in_use_and_is_the_default_where_there_is_n
     let in_use = std::fs::read(default_path(&used)).unwrap();
     let out = keep_poor(&used, [&a, &b], &poor, false);
     assert_eq!(out.poor[0].fate, PoorFate::Apart);
-    assert!(out.poor[0].path.starts_with(used.join(POOR)));
+    assert!(out.poor[0]
+        .path
+        .starts_with(baton::mapper::dir::MapperDir::named(&used).poor().path()));
     assert!(out.poor[0].path.is_file());
     assert_eq!(std::fs::read(default_path(&used)).unwrap(), in_use);
     let said = out.poor[0].message();

@@ -103,7 +103,9 @@ fn statistics_saved_from_some_windows_and_merged_with_others_fit_one_calibration
     let docs = docs(&tiny);
     let store = tempfile::tempdir().unwrap();
     let (sr, tr) = refs(&a, &b);
-    let at = saved_stats::stats_dir_in(store.path(), &sr, &tr);
+    let at = baton::mapper::dir::MapperDir::named(store.path())
+        .pair(&sr, &tr)
+        .stats();
 
     let first = run(&a, &b, &docs, &opts(3, 0), Vec::new()).unwrap();
     saved_stats::save(&first.stats[0], &at).unwrap();
@@ -145,7 +147,9 @@ fn a_refit_from_saved_statistics_alone_gives_the_maps_they_were_fitted_to() {
     let first = run(&a, &b, &docs, &opts(3, 0), Vec::new()).unwrap();
     let store = tempfile::tempdir().unwrap();
     let (sr, tr) = refs(&a, &b);
-    let at = saved_stats::stats_dir_in(store.path(), &sr, &tr);
+    let at = baton::mapper::dir::MapperDir::named(store.path())
+        .pair(&sr, &tr)
+        .stats();
     saved_stats::save(&first.stats[0], &at).unwrap();
     let loaded = saved_stats::load(&at, Direction::Forward, &sr, &tr).unwrap();
     let again = run(&a, &b, &docs, &opts(0, 0), vec![(at.clone(), loaded)]).unwrap();

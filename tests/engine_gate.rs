@@ -46,7 +46,11 @@ fn keep_line_on(
     };
     let mut f = f;
     name(&mut f);
-    fit::save(&fit::path_in(&dir.join("mappers"), &sr, &tr), &f).unwrap();
+    fit::save(
+        &baton::mapper::dir::MapperDir::named(dir.join("mappers")),
+        &f,
+    )
+    .unwrap();
 }
 
 /// The switch a -> b after one long message, with the reference path off.
@@ -148,11 +152,12 @@ fn a_line_for_other_models_is_refused_by_name_and_not_used() {
     write_pair(dir.path(), false);
     keep_line(dir.path(), "feature_distance", 1.5, -0.5);
     let (a, b) = models(dir.path());
-    let path = fit::path_in(
-        &dir.path().join("mappers"),
-        &ModelRef::new(&a.identity, a.config()),
-        &ModelRef::new(&b.identity, b.config()),
-    );
+    let path = baton::mapper::dir::MapperDir::named(dir.path().join("mappers"))
+        .pair(
+            &ModelRef::new(&a.identity, a.config()),
+            &ModelRef::new(&b.identity, b.config()),
+        )
+        .gate();
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, text.replace(&a.identity.sha256, "0000")).unwrap();
     let mut r = rig_with(dir.path(), |c| c.settings.reference = false);
@@ -182,8 +187,8 @@ fn a_round_trip_line_is_set_aside_once_the_mapper_back_is_another_and_kept_while
     let dir = tempfile::tempdir().unwrap();
     write_pair(dir.path(), false);
     let (a, b) = models(dir.path());
-    let mappers = dir.path().join("mappers");
-    let on = |s, t| fit::FitMapper::of(&artifact::find_for(Some(&mappers), s, t).unwrap()).unwrap();
+    let mappers = baton::mapper::dir::MapperDir::named(dir.path().join("mappers"));
+    let on = |s, t| fit::FitMapper::of(&artifact::find_for(&mappers, s, t).unwrap()).unwrap();
     let (forward, back) = (on(&a, &b), on(&b, &a));
     let name_back = |back: fit::FitMapper| {
         let forward = forward.clone();
@@ -243,9 +248,9 @@ fn the_study_measures_each_switch_beside_both_estimates_and_fits_a_line() {
     let dir = tempfile::tempdir().unwrap();
     write_pair(dir.path(), false);
     let (a, b) = models(dir.path());
-    let mappers = dir.path().join("mappers");
-    let (_, forward) = artifact::open_for(Some(&mappers), &a, &b).unwrap();
-    let (_, reverse) = artifact::open_for(Some(&mappers), &b, &a).unwrap();
+    let mappers = baton::mapper::dir::MapperDir::named(dir.path().join("mappers"));
+    let (_, forward) = artifact::open_for(&mappers, &a, &b).unwrap();
+    let (_, reverse) = artifact::open_for(&mappers, &b, &a).unwrap();
     let docs: Vec<baton::data::corpus::Document> = (0..2)
         .map(|i| baton::data::corpus::Document::new(format!("d{i}"), tiny().text(20000, 40 + i)))
         .collect();

@@ -14,7 +14,7 @@ use baton::model::{ForwardOptions, Logits, Model};
 use baton::protocol::{Event, MapperState};
 use baton::session::{read_session, Report};
 use common::engine_rig::{models, rig, write_pair};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The engine's notices that a direction does not learn.
 fn refusals(events: &[Event]) -> Vec<&String> {
@@ -59,9 +59,8 @@ fn mapped_by(mapper: &CacheMapper, a: &Model, b: &Model) -> Vec<f32> {
         .unwrap()
 }
 
-fn learned_dir(dir: &Path, source: &Model, target: &Model) -> PathBuf {
-    baton::learn::store::learned_dir_in(
-        &dir.join("mappers"),
+fn learned_dir(dir: &Path, source: &Model, target: &Model) -> baton::mapper::dir::PairFiles {
+    baton::mapper::dir::MapperDir::named(dir.join("mappers")).pair(
         &ModelRef::new(&source.identity, source.config()),
         &ModelRef::new(&target.identity, target.config()),
     )
@@ -124,7 +123,8 @@ fn a_measured_switch_teaches_both_directions_and_what_is_taken_is_used_recorded_
         let source = usize::from(i == 0);
         let (src, tgt) = if source == 0 { (&a, &b) } else { (&b, &a) };
         let now = mapped_by(r.engine.mapper(source), src, tgt);
-        let meta = baton::learn::store::read_meta(&learned_dir(dir.path(), src, tgt)).unwrap();
+        let meta =
+            baton::learn::store::read_meta(&learned_dir(dir.path(), src, tgt), None).unwrap();
         if *accepted {
             taken += 1;
             assert_eq!(*learned_tokens, *tokens as u64);
@@ -175,8 +175,8 @@ fn learning_without_keeping_writes_nothing_and_a_later_switch_fits_only_what_is_
     let a_first = step_of(&first, "a");
     assert!(matches!(a_first, Event::MapperLearned { kept: false, .. }));
     let (a, b) = models(dir.path());
-    assert!(!learned_dir(dir.path(), &a, &b).exists());
-    assert!(!learned_dir(dir.path(), &b, &a).exists());
+    assert!(!learned_dir(dir.path(), &a, &b).learned().exists());
+    assert!(!learned_dir(dir.path(), &b, &a).learned().exists());
     let (t1, h1, took) = sizes(a_first);
     assert_eq!(
         anchor + t1 + h1,

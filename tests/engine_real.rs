@@ -35,7 +35,8 @@ fn config(max_tokens: usize, record: Option<PathBuf>) -> EngineConfig {
         common::qwen_large().display().to_string(),
     ];
     let mut cfg = EngineConfig::new(models, Device::Cpu);
-    cfg.mapper_dir = Some(baton::fetch::cache_root().join("test-mappers-int8"));
+    cfg.mapper_dir =
+        baton::mapper::dir::MapperDir::named(baton::fetch::cache_root().join("test-mappers-int8"));
     cfg.calibrate_missing = Some(small_calibration());
     cfg.settings.max_tokens = max_tokens;
     // The replay is compared with the recording: no mapper changes between them.
@@ -352,7 +353,8 @@ fn the_handoff_bench_times_every_stage_on_the_real_pair() {
         &baton::fetch::SilentProgress,
     )
     .unwrap();
-    let dir = baton::fetch::cache_root().join("test-mappers-int8");
+    let dir =
+        baton::mapper::dir::MapperDir::named(baton::fetch::cache_root().join("test-mappers-int8"));
     let m = engine::load::load_mapper(&dir, &src, &tgt).unwrap();
     let cost = mapper_cost(&m.mapper);
     // Each map reads its k source layers (and the token block's pieces, when it reads

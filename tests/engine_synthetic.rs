@@ -81,7 +81,13 @@ fn write_pair(dir: &Path) -> (Model, Model) {
         seq_len: 48,
         observations: 0,
     };
-    save_fitted(&fitted, [&a, &b], &corpus, &dir.join("mappers")).unwrap();
+    save_fitted(
+        &fitted,
+        [&a, &b],
+        &corpus,
+        &baton::mapper::dir::MapperDir::named(dir.join("mappers")),
+    )
+    .unwrap();
     (a, b)
 }
 
@@ -99,7 +105,7 @@ struct Rig {
 fn rig(settings: impl FnOnce(&mut Settings)) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = write_pair(dir.path());
-    let mappers = dir.path().join("mappers");
+    let mappers = baton::mapper::dir::MapperDir::named(dir.path().join("mappers"));
     let m01 = load::load_mapper(&mappers, &a, &b).unwrap();
     let m10 = load::load_mapper(&mappers, &b, &a).unwrap();
     let calibration = [m01.calibration_cosine, m10.calibration_cosine];

@@ -18,7 +18,8 @@ fn a_re_solve_with_the_calibrations_structure_gives_back_the_calibrated_maps() {
     let (_m, a, b) = model_pair(&tiny, &tiny.weights(3), &tiny.weights(4));
     let dir = tempfile::tempdir().unwrap();
     calibrate_into(&a, &b, &docs(&tiny), dir.path());
-    let art = artifact::find_for(Some(dir.path()), &a, &b).unwrap();
+    let art =
+        artifact::find_for(&baton::mapper::dir::MapperDir::named(dir.path()), &a, &b).unwrap();
     assert!(
         art.meta
             .report
@@ -30,7 +31,9 @@ fn a_re_solve_with_the_calibrations_structure_gives_back_the_calibrated_maps() {
     );
     let (sr, tr) = refs(&a, &b);
     let stats = saved_stats::load(
-        &saved_stats::stats_dir_in(dir.path(), &sr, &tr),
+        &baton::mapper::dir::MapperDir::named(dir.path())
+            .pair(&sr, &tr)
+            .stats(),
         Direction::Forward,
         &sr,
         &tr,
@@ -128,8 +131,8 @@ fn an_update_is_taken_exactly_when_it_does_not_score_lower_and_is_kept_found_aga
         .contains(&format!("learned from {accepted} positions")));
     // Starting from the calibration ignores it; a reset forgets it.
     assert_eq!(open(&a, &b, dir.path(), false).learner.learned_tokens(), 0);
-    assert!(store::reset(&opened.dir).unwrap());
-    assert!(!store::reset(&opened.dir).unwrap());
+    assert!(store::reset(&opened.files).unwrap());
+    assert!(!store::reset(&opened.files).unwrap());
     assert_eq!(open(&a, &b, dir.path(), true).learner.learned_tokens(), 0);
 }
 
@@ -140,11 +143,26 @@ fn a_mapper_without_saved_statistics_is_refused_with_the_flag_that_keeps_them() 
     let dir = tempfile::tempdir().unwrap();
     calibrate_into(&a, &b, &docs(&tiny), dir.path());
     let (sr, tr) = refs(&a, &b);
-    std::fs::remove_dir_all(saved_stats::stats_dir_in(dir.path(), &sr, &tr)).unwrap();
-    let art = artifact::find_for(Some(dir.path()), &a, &b).unwrap();
+    std::fs::remove_dir_all(
+        baton::mapper::dir::MapperDir::named(dir.path())
+            .pair(&sr, &tr)
+            .stats(),
+    )
+    .unwrap();
+    let art =
+        artifact::find_for(&baton::mapper::dir::MapperDir::named(dir.path()), &a, &b).unwrap();
     let mapper = art.cache_mapper(&a, &b).unwrap();
-    let e = learn::open(&a, &b, &art, mapper, dir.path(), true, Vec::new(), ANCHOR)
-        .err()
-        .unwrap();
+    let e = learn::open(
+        &a,
+        &b,
+        &art,
+        mapper,
+        &baton::mapper::dir::MapperDir::named(dir.path()),
+        true,
+        Vec::new(),
+        ANCHOR,
+    )
+    .err()
+    .unwrap();
     assert!(e.to_string().contains("--no-save-stats"), "{e}");
 }

@@ -10,7 +10,8 @@ use baton::calibrate::saved_stats::{self, write_dir};
 use baton::calibrate::{Direction, DirectionStats, WindowFeatures};
 use baton::learn::store::{self, LearnedMeta, LearnedStep};
 use baton::learn::{shard, Update};
-use baton::mapper::artifact::ModelRef;
+use baton::mapper::artifact::{self, MapperMeta, ModelRef};
+use baton::mapper::dir::{MapperDir, PairFiles};
 use baton::model::Model;
 use common::learn_rig::{calibrate_into, conversation, docs, learn_once, open, refs};
 use common::synthetic::{model_pair, Tiny};
@@ -55,10 +56,16 @@ fn update(sr: &ModelRef, tr: &ModelRef, rows: usize, seed: u64) -> Update {
     }
 }
 
+/// A step kept as an earlier version kept it, with no mapper named: it belongs to the
+/// mapper it is no older than.
 fn step(from: &str, tokens: usize) -> LearnedStep {
     LearnedStep {
+        mapper: None,
         from: from.into(),
-        unix: 1,
+        unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
         tokens,
         before: 0.5,
         after: 0.6,
@@ -67,7 +74,7 @@ fn step(from: &str, tokens: usize) -> LearnedStep {
 
 fn calibration(dir: &Path, sr: &ModelRef, tr: &ModelRef) -> DirectionStats {
     saved_stats::load(
-        &saved_stats::stats_dir_in(dir, sr, tr),
+        &MapperDir::named(dir).pair(sr, tr).stats(),
         Direction::Forward,
         sr,
         tr,
@@ -76,11 +83,26 @@ fn calibration(dir: &Path, sr: &ModelRef, tr: &ModelRef) -> DirectionStats {
     .stats
 }
 
+/// Where a → b keeps what it learns.
+struct At {
+    dir: MapperDir,
+    pair: PairFiles,
+    /// The mapper it learns on.
+    mapper: MapperMeta,
+}
+
 /// Where a → b keeps what it learns, and its (empty) description.
-fn learned(dir: &Path, a: &Model, b: &Model) -> (PathBuf, LearnedMeta, ModelRef, ModelRef) {
+fn learned(dir: &Path, a: &Model, b: &Model) -> (At, LearnedMeta, ModelRef, ModelRef) {
     let (sr, tr) = refs(a, b);
-    let at = store::learned_dir_in(dir, &sr, &tr);
+    let mapper_dir = MapperDir::named(dir);
+    let pair = mapper_dir.pair(&sr, &tr);
+    let mapper = artifact::load_meta(&pair.artifact()).unwrap();
     let meta = LearnedMeta::new(sr.clone(), tr.clone(), 0);
+    let at = At {
+        dir: mapper_dir,
+        pair,
+        mapper,
+    };
     (at, meta, sr, tr)
 }
 
@@ -88,7 +110,7 @@ fn learned(dir: &Path, a: &Model, b: &Model) -> (PathBuf, LearnedMeta, ModelRef,
 fn a_shard_grows_with_the_positions_it_holds_and_the_next_update_leaves_it_untouched() {
     let (dir, _tiny, a, b) = calibrated();
     let (at, meta, sr, tr) = learned(dir.path(), &a, &b);
-    let first = store::append(&at, &meta, &update(&sr, &tr, 40, 1), &step("one", 40)).unwrap();
+    let first = store::append(&at.dir, &meta, &update(&sr, &tr, 40, 1), &step("one", 40)).unwrap();
     // Four tensors of f32: source and target keys and values of every position.
     let row_bytes = 2 * (width(&sr) + width(&tr)) * 4;
     let bytes = std::fs::read(&first).unwrap();
@@ -97,7 +119,8 @@ fn a_shard_grows_with_the_positions_it_holds_and_the_next_update_leaves_it_untou
     assert!(header < 4096, "the header is small: {header} bytes");
     let before = std::fs::metadata(&first).unwrap();
 
-    let second = store::append(&at, &meta, &update(&sr, &tr, 100, 2), &step("two", 100)).unwrap();
+    let second =
+        store::append(&at.dir, &meta, &update(&sr, &tr, 100, 2), &step("two", 100)).unwrap();
     assert_eq!(data_bytes(&second).0, 100 * row_bytes);
     let after = std::fs::metadata(&first).unwrap();
     assert_eq!(
@@ -112,14 +135,16 @@ fn a_shard_grows_with_the_positions_it_holds_and_the_next_update_leaves_it_untou
     );
     assert_eq!(std::fs::read(&first).unwrap(), bytes);
     // Nothing but the two shards: no copy of the statistics, no summary to rewrite.
-    let mut names: Vec<_> = walk(&at);
+    let mut names: Vec<_> = walk(&at.pair.learned());
     names.sort();
     assert_eq!(names, {
         let mut s = vec![first.clone(), second.clone()];
         s.sort();
         s
     });
-    let m = store::read_meta(&at).unwrap().unwrap();
+    let m = store::read_meta(&at.pair, Some(&at.mapper))
+        .unwrap()
+        .unwrap();
     assert_eq!((m.tokens, m.steps.len()), (140, 2));
     assert!(m
         .summary()
@@ -127,7 +152,7 @@ fn a_shard_grows_with_the_positions_it_holds_and_the_next_update_leaves_it_untou
 
     // Loading adds both updates to the calibration, exactly as adding them in turn does.
     let mut loaded = calibration(dir.path(), &sr, &tr);
-    let m = store::load_into(&at, &mut loaded, &sr, &tr)
+    let m = store::load_into(&at.pair, &mut loaded, &sr, &tr, &at.mapper)
         .unwrap()
         .unwrap();
     assert_eq!(m.tokens, 140);
@@ -176,7 +201,7 @@ fn two_writers_appending_at_once_to_one_directory_lose_nothing() {
                             let from = format!("writer {w}, update {i}");
                             let u = update(sr, tr, rows, w * 100 + i);
                             (
-                                store::append(at, meta, &u, &step(&from, rows)).unwrap(),
+                                store::append(&at.dir, meta, &u, &step(&from, rows)).unwrap(),
                                 rows,
                             )
                         })
@@ -189,7 +214,9 @@ fn two_writers_appending_at_once_to_one_directory_lose_nothing() {
     let all: Vec<&(PathBuf, usize)> = kept.iter().flatten().collect();
     assert!(all.iter().all(|(p, _)| p.exists()));
     let total: usize = all.iter().map(|(_, rows)| rows).sum();
-    let m = store::read_meta(&at).unwrap().unwrap();
+    let m = store::read_meta(&at.pair, Some(&at.mapper))
+        .unwrap()
+        .unwrap();
     assert_eq!(m.steps.len(), 8);
     assert_eq!(m.tokens, total as u64);
     for w in 0..2 {
@@ -200,7 +227,7 @@ fn two_writers_appending_at_once_to_one_directory_lose_nothing() {
     }
     let mut stats = calibration(dir.path(), &sr, &tr);
     let base = stats.keys.count();
-    store::load_into(&at, &mut stats, &sr, &tr).unwrap();
+    store::load_into(&at.pair, &mut stats, &sr, &tr, &at.mapper).unwrap();
     assert_eq!(stats.keys.count(), base + total as u64);
 }
 
@@ -249,7 +276,9 @@ fn two_learners_keeping_updates_in_one_directory_at_once_keep_all_of_them() {
     );
     let total: u64 = all.iter().map(|(_, t)| *t as u64).sum();
     let (at, ..) = learned(dir.path(), &a, &b);
-    let m = store::read_meta(&at).unwrap().unwrap();
+    let m = store::read_meta(&at.pair, Some(&at.mapper))
+        .unwrap()
+        .unwrap();
     assert_eq!(m.steps.len(), all.len());
     assert_eq!(m.tokens, total);
     // The next session starts from both runs' updates.
@@ -263,10 +292,10 @@ fn two_learners_keeping_updates_in_one_directory_at_once_keep_all_of_them() {
 fn a_damaged_shard_is_refused_naming_its_tensor_and_the_fix() {
     let (dir, _tiny, a, b) = calibrated();
     let (at, meta, sr, tr) = learned(dir.path(), &a, &b);
-    let path = store::append(&at, &meta, &update(&sr, &tr, 20, 1), &step("x", 20)).unwrap();
+    let path = store::append(&at.dir, &meta, &update(&sr, &tr, 20, 1), &step("x", 20)).unwrap();
     common::poison_tensor(&path, "target.values", 3, &f32::NAN.to_le_bytes());
     let mut stats = calibration(dir.path(), &sr, &tr);
-    let e = store::load_into(&at, &mut stats, &sr, &tr)
+    let e = store::load_into(&at.pair, &mut stats, &sr, &tr, &at.mapper)
         .unwrap_err()
         .to_string();
     assert!(
@@ -276,7 +305,13 @@ fn a_damaged_shard_is_refused_naming_its_tensor_and_the_fix() {
     assert!(e.contains("--reset-learned"), "{e}");
     assert!(e.contains(&path.display().to_string()), "{e}");
     // The listing still reads the headers, which are whole.
-    assert_eq!(store::read_meta(&at).unwrap().unwrap().tokens, 20);
+    assert_eq!(
+        store::read_meta(&at.pair, Some(&at.mapper))
+            .unwrap()
+            .unwrap()
+            .tokens,
+        20
+    );
 
     // A shard of other models is refused as such.
     let (other, _) = refs(&b, &a);
@@ -286,7 +321,7 @@ fn a_damaged_shard_is_refused_naming_its_tensor_and_the_fix() {
     assert!(e.contains("other models"), "{e}");
     // A shard still being written is not one.
     std::fs::write(path.with_file_name(".half.partial"), b"half").unwrap();
-    assert_eq!(shard::list(&at).unwrap(), vec![path]);
+    assert_eq!(shard::list(&at.pair).unwrap(), vec![path]);
 }
 
 #[test]
@@ -306,7 +341,7 @@ fn statistics_an_earlier_version_kept_are_a_base_the_shards_add_to_and_stay_as_t
     let mut old = LearnedMeta::new(sr.clone(), tr.clone(), cal.token_layers);
     old.record(step("earlier", 30));
     write_dir(
-        &at,
+        &at.pair.learned(),
         &base,
         "learned.json",
         &serde_json::to_string_pretty(&old).unwrap(),
@@ -316,23 +351,26 @@ fn statistics_an_earlier_version_kept_are_a_base_the_shards_add_to_and_stay_as_t
         let m = std::fs::metadata(p).unwrap();
         (m.ino(), m.mtime(), m.mtime_nsec(), m.len())
     };
-    let files = ["keys.safetensors", "values.safetensors", "learned.json"].map(|f| at.join(f));
+    let files = ["keys.safetensors", "values.safetensors", "learned.json"]
+        .map(|f| at.pair.learned().join(f));
     let before = files.clone().map(|p| stamp(&p));
 
-    store::append(&at, &old, &update(&sr, &tr, 20, 8), &step("now", 20)).unwrap();
+    store::append(&at.dir, &old, &update(&sr, &tr, 20, 8), &step("now", 20)).unwrap();
     assert_eq!(
         files.clone().map(|p| stamp(&p)),
         before,
         "the base is not rewritten"
     );
-    let m = store::read_meta(&at).unwrap().unwrap();
+    let m = store::read_meta(&at.pair, Some(&at.mapper))
+        .unwrap()
+        .unwrap();
     assert_eq!((m.tokens, m.steps.len()), (50, 2));
 
     let mut loaded = calibration(dir.path(), &sr, &tr);
-    store::load_into(&at, &mut loaded, &sr, &tr).unwrap();
+    store::load_into(&at.pair, &mut loaded, &sr, &tr, &at.mapper).unwrap();
     let mut expected = cal;
     // The base as its files hold it: their matrices are f32.
-    let stored = |f: &str| baton::mapper::PairStats::load(&at.join(f)).unwrap();
+    let stored = |f: &str| baton::mapper::PairStats::load(&at.pair.learned().join(f)).unwrap();
     expected.keys.merge(&stored("keys.safetensors")).unwrap();
     expected
         .values
@@ -343,8 +381,10 @@ fn statistics_an_earlier_version_kept_are_a_base_the_shards_add_to_and_stay_as_t
     assert_eq!(open(&a, &b, dir.path(), true).learner.learned_tokens(), 50);
 
     // A reset forgets the base and the shards alike.
-    assert!(store::reset(&at).unwrap());
-    assert!(store::read_meta(&at).unwrap().is_none());
+    assert!(store::reset(&at.pair).unwrap());
+    assert!(store::read_meta(&at.pair, Some(&at.mapper))
+        .unwrap()
+        .is_none());
 }
 
 /// `path`'s modification time set `secs` seconds back.
@@ -358,8 +398,8 @@ fn age(path: &Path, secs: u64) {
 fn a_learner_starting_clears_what_killed_writers_left_and_keeps_a_live_ones() {
     let (dir, _tiny, a, b) = calibrated();
     let (at, meta, sr, tr) = learned(dir.path(), &a, &b);
-    let kept = store::append(&at, &meta, &update(&sr, &tr, 16, 1), &step("one", 16)).unwrap();
-    let shards = at.join(shard::SHARDS);
+    let kept = store::append(&at.dir, &meta, &update(&sr, &tr, 16, 1), &step("one", 16)).unwrap();
+    let shards = at.pair.shards();
     // A write killed mid-way: its folder, unlocked, with the writer's half file.
     let dead = shards.join(".00000000000000000001-4242-0.partial");
     std::fs::create_dir(&dead).unwrap();
@@ -382,4 +422,57 @@ fn a_learner_starting_clears_what_killed_writers_left_and_keeps_a_live_ones() {
     assert!(!dead.exists() && !loose.exists());
     assert!(live.is_dir() && kept.is_file());
     drop(lock);
+}
+
+#[test]
+fn what_a_mapper_learned_stays_with_it_when_a_calibration_replaces_it() {
+    let (dir, tiny, a, b) = calibrated();
+    // A workbench learning on the first mapper keeps an update.
+    let mut running = open(&a, &b, dir.path(), true);
+    let take = |opened: &mut baton::learn::Opened, seed: u64| {
+        for s in seed..seed + 8 {
+            let ids = conversation(&tiny, &a, s);
+            let o = learn_once(&mut opened.learner, &a, &b, &ids).expect("enough text");
+            if o.accepted {
+                return opened
+                    .keep("a conversation", &o)
+                    .unwrap()
+                    .expect("an update");
+            }
+        }
+        panic!("no update was taken on this in-domain text");
+    };
+    let before = take(&mut running, 101);
+    let (at, ..) = learned(dir.path(), &a, &b);
+    let first = at.mapper.clone();
+    assert!(store::read_meta(&at.pair, Some(&first))
+        .unwrap()
+        .is_some_and(|m| m.steps.len() == 1 && m.not_applied == 0));
+
+    // A calibration replaces the mapper while that workbench still learns on the old one.
+    calibrate_into(&a, &b, &docs(&tiny), dir.path());
+    let (at, ..) = learned(dir.path(), &a, &b);
+    assert_ne!(at.mapper.identity(), first.identity(), "a new mapper");
+    let after = take(&mut running, 201);
+    assert!(before.is_file() && after.is_file(), "nothing is deleted");
+
+    // The new mapper starts from its calibration: neither update is applied to it, and
+    // both are counted as not applied, with the fix.
+    let fresh = open(&a, &b, dir.path(), true);
+    assert_eq!(fresh.learner.learned_tokens(), 0);
+    assert_eq!((fresh.meta.steps.len(), fresh.meta.not_applied), (0, 2));
+    let listing = baton::console::mappers::MapperListing::read(&at.dir)
+        .unwrap()
+        .to_string();
+    assert!(
+        listing.contains("2 more updates kept here are not applied to this mapper")
+            && listing.contains("--reset-learned"),
+        "{listing}"
+    );
+    // What it learns itself is its own.
+    let mut fresh = fresh;
+    take(&mut fresh, 301);
+    let again = open(&a, &b, dir.path(), true);
+    assert_eq!((again.meta.steps.len(), again.meta.not_applied), (1, 2));
+    assert!(again.learner.learned_tokens() > 0);
 }

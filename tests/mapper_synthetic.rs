@@ -358,16 +358,18 @@ fn artifact_round_trips_and_refuses_other_models() {
         report: f.report.clone(),
         created_unix: 0,
         baton_version: "test".into(),
+        id: "test".into(),
     };
-    let path = artifact::artifact_path(dir.path(), &sr, &tr);
+    let files = baton::mapper::dir::MapperDir::named(dir.path().join("mappers")).pair(&sr, &tr);
+    let path = files.artifact();
     let maps = artifact::Maps {
         heads: None,
         keys: &f.keys,
         values: &f.values,
         source_scales: &f.source_scales,
     };
-    artifact::save(maps, &meta, &path).unwrap();
-    assert!(path.with_extension("json").is_file());
+    artifact::save(maps, &meta, &path, &files.readable()).unwrap();
+    assert!(files.readable().is_file());
     // Damaged copies of it are read or refused, never a panic; the damage lands in the
     // length prefix and the JSON header, where the reader is led by the file.
     let seed = std::fs::read(&path).unwrap();
@@ -431,7 +433,13 @@ fn artifact_round_trips_and_refuses_other_models() {
     let junk = dir.path().join("junk.safetensors");
     std::fs::write(&junk, b"not safetensors").unwrap();
     assert!(artifact::load(&junk).is_err());
-    assert_eq!(artifact::list(dir.path()).len(), 1);
+    assert_eq!(
+        baton::mapper::dir::MapperDir::named(dir.path().join("mappers"))
+            .list()
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 #[test]

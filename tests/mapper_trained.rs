@@ -78,7 +78,13 @@ fn save(f: &Fitted, a: &Model, b: &Model, dir: &std::path::Path) -> std::path::P
         seq_len: 64,
         observations: 0,
     };
-    let saved = baton::calibrate::save_fitted([f], [a, b], &corpus, dir).unwrap();
+    let saved = baton::calibrate::save_fitted(
+        [f],
+        [a, b],
+        &corpus,
+        &baton::mapper::dir::MapperDir::named(dir),
+    )
+    .unwrap();
     saved[0].path.clone()
 }
 

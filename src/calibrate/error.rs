@@ -22,13 +22,10 @@ pub enum CalibrateError {
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Dir(#[from] crate::mapper::dir::DirError),
     #[error("saved statistics {}: {reason}", path.display())]
     Stats {
-        path: std::path::PathBuf,
-        reason: String,
-    },
-    #[error("cannot write {}: {reason}", path.display())]
-    Write {
         path: std::path::PathBuf,
         reason: String,
     },

@@ -15,15 +15,16 @@ use super::{
     Direction, Fitted, Run, Saved,
 };
 use crate::data::corpus;
-use crate::mapper::artifact::{artifact_path_in, CorpusInfo, ModelRef};
+use crate::mapper::artifact::{CorpusInfo, ModelRef};
+use crate::mapper::dir::MapperDir;
 use crate::model::Model;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
 /// What one calibration is to read, fit and keep.
 pub struct Job<'a> {
     /// The mapper directory everything goes into.
-    pub dir: &'a Path,
+    pub dir: &'a MapperDir,
     /// The corpus files, and what was read from them (read first, so that a bad file
     /// is found before the models load).
     pub files: &'a [PathBuf],
@@ -121,7 +122,7 @@ pub fn calibrate_and_save(
 /// nothing.
 pub fn keep(
     models: [&Model; 2],
-    dir: &Path,
+    dir: &MapperDir,
     corpus: &CorpusInfo,
     fitted: &[Fitted],
     stats: &[SavedStats],
@@ -187,19 +188,20 @@ pub fn keep(
 }
 
 /// `None` for a map at least as good as no context; else what the rule makes of it.
-fn poor_fate(f: &Fitted, dir: &Path, models: [&Model; 2], accept: bool) -> Option<PoorFate> {
+fn poor_fate(f: &Fitted, dir: &MapperDir, models: [&Model; 2], accept: bool) -> Option<PoorFate> {
     f.report.worse_than_no_context()?;
     let (s, t) = if f.source.sha256 == models[0].identity.sha256 {
         (models[0], models[1])
     } else {
         (models[1], models[0])
     };
-    let in_use = artifact_path_in(
-        dir,
-        &ModelRef::new(&s.identity, s.config()),
-        &ModelRef::new(&t.identity, t.config()),
-    )
-    .is_file();
+    let in_use = dir
+        .pair(
+            &ModelRef::new(&s.identity, s.config()),
+            &ModelRef::new(&t.identity, t.config()),
+        )
+        .artifact()
+        .is_file();
     Some(if in_use && !accept {
         PoorFate::Apart
     } else {

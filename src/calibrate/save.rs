@@ -5,13 +5,16 @@
 use super::{CalibrateError, CalibrateOptions, Fitted};
 use crate::data::corpus;
 use crate::mapper::artifact::{self, CorpusInfo, MapperMeta, Maps, ModelRef};
+use crate::mapper::dir::MapperDir;
 use crate::model::{Model, ModelConfig, ModelIdentity};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// One written artifact.
 pub struct Saved {
     pub meta: MapperMeta,
     pub path: PathBuf,
+    /// Its readable copy.
+    pub readable: PathBuf,
 }
 
 /// The corpus as the artifact records it; each direction fills in its own observation
@@ -33,7 +36,7 @@ pub fn save_fitted<'a>(
     fitted: impl IntoIterator<Item = &'a Fitted>,
     models: [&Model; 2],
     corpus: &CorpusInfo,
-    dir: &Path,
+    dir: &MapperDir,
 ) -> Result<Vec<Saved>, CalibrateError> {
     let mut saved = Vec::new();
     for f in fitted {
@@ -53,7 +56,8 @@ pub fn save_fitted<'a>(
                 ..corpus.clone()
             },
         );
-        let path = artifact::artifact_path_in(dir, &meta.source, &meta.target);
+        let files = dir.pair(&meta.source, &meta.target);
+        let (path, readable) = (files.artifact(), files.readable());
         artifact::save(
             Maps {
                 keys: &f.keys,
@@ -63,8 +67,13 @@ pub fn save_fitted<'a>(
             },
             &meta,
             &path,
+            &readable,
         )?;
-        saved.push(Saved { meta, path });
+        saved.push(Saved {
+            meta,
+            path,
+            readable,
+        });
     }
     Ok(saved)
 }
@@ -111,5 +120,6 @@ pub fn meta_for(
             .map(|d| d.as_secs())
             .unwrap_or(0),
         baton_version: env!("CARGO_PKG_VERSION").into(),
+        id: crate::mapper::dir::staging::unique_name(),
     }
 }

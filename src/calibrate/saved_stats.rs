@@ -14,10 +14,10 @@
 
 use super::capture::DirectionStats;
 use super::{CalibrateError, Direction};
-use crate::mapper::artifact::{self, ModelRef};
+use crate::mapper::artifact::ModelRef;
 use crate::mapper::PairStats;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub const FORMAT: &str = "baton-stats";
 pub const VERSION: u32 = 1;
@@ -115,11 +115,6 @@ pub struct SavedStats {
     pub meta: StatsMeta,
 }
 
-/// Where the statistics of `source → target` live under `mapper_dir`.
-pub fn stats_dir_in(mapper_dir: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
-    artifact::beside_artifact(mapper_dir, "stats", source, target)
-}
-
 fn bad(path: &Path, reason: String) -> CalibrateError {
     CalibrateError::Stats {
         path: path.to_path_buf(),
@@ -132,62 +127,33 @@ fn io(path: &Path, e: std::io::Error) -> CalibrateError {
 }
 
 /// `dir` with `.suffix` appended to its name (its name has dots of its own).
-fn beside(dir: &Path, suffix: &str) -> PathBuf {
-    let mut name = dir.file_name().unwrap_or_default().to_os_string();
-    name.push(".");
-    name.push(suffix);
-    dir.with_file_name(name)
-}
-
-/// Writes `saved` as `dir` (made or replaced whole).
+/// Writes `saved` into `dir`, a fresh directory of a staging
+/// ([`crate::mapper::dir::Staging`]) that puts it in place whole.
 pub fn save(saved: &SavedStats, dir: &Path) -> Result<(), CalibrateError> {
     let json = serde_json::to_string_pretty(&saved.meta).map_err(|e| bad(dir, e.to_string()))?;
     write_dir(dir, &saved.stats, "meta.json", &json)
 }
 
-/// Writes `stats` and a description of them named `meta_name` as `dir`, made or replaced
-/// whole: the new files go to a fresh directory that is swapped in, so a crash leaves
-/// the old ones.
+/// Writes `stats` and a description of them named `meta_name` into `dir` (made if
+/// missing). A write cut short (a full disk) leaves no half-written directory behind.
 pub fn write_dir(
     dir: &Path,
     stats: &DirectionStats,
     meta_name: &str,
     meta_json: &str,
 ) -> Result<(), CalibrateError> {
-    let parent = dir
-        .parent()
-        .ok_or_else(|| bad(dir, "has no parent directory".into()))?;
-    std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
-    let fresh = beside(dir, "partial");
-    if fresh.exists() {
-        std::fs::remove_dir_all(&fresh).map_err(|e| io(&fresh, e))?;
-    }
-    std::fs::create_dir(&fresh).map_err(|e| io(&fresh, e))?;
+    let fresh = !dir.exists();
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let written = (|| {
-        stats.keys.save(&fresh.join("keys.safetensors"))?;
-        stats.values.save(&fresh.join("values.safetensors"))?;
-        let meta_path = fresh.join(meta_name);
+        stats.keys.save(&dir.join("keys.safetensors"))?;
+        stats.values.save(&dir.join("values.safetensors"))?;
+        let meta_path = dir.join(meta_name);
         std::fs::write(&meta_path, meta_json).map_err(|e| io(&meta_path, e))
     })();
-    if let Err(e) = written {
-        // A write cut short (a full disk) leaves no half-written directory behind.
-        let _ = std::fs::remove_dir_all(&fresh);
-        return Err(e);
+    if written.is_err() && fresh {
+        let _ = std::fs::remove_dir_all(dir);
     }
-    // A directory cannot be renamed over a full one: the old one steps aside first and
-    // goes only once the new one is in place.
-    let old = beside(dir, "old");
-    if dir.exists() {
-        if old.exists() {
-            std::fs::remove_dir_all(&old).map_err(|e| io(&old, e))?;
-        }
-        std::fs::rename(dir, &old).map_err(|e| io(dir, e))?;
-    }
-    std::fs::rename(&fresh, dir).map_err(|e| io(dir, e))?;
-    if old.exists() {
-        std::fs::remove_dir_all(&old).map_err(|e| io(&old, e))?;
-    }
-    Ok(())
+    written
 }
 
 /// Reads the statistics of `direction` from `dir`, checked against the two models they
@@ -408,11 +374,24 @@ mod tests {
     #[test]
     fn saved_statistics_read_back_equal_and_a_second_save_replaces_the_first() {
         let dir = tempfile::tempdir().unwrap();
-        let at = stats_dir_in(dir.path(), &model("a", "aa", 2), &model("b", "bb", 2));
+        let mapper_dir = crate::mapper::dir::MapperDir::named(dir.path());
+        let at = mapper_dir
+            .pair(&model("a", "aa", 2), &model("b", "bb", 2))
+            .stats();
+        let keep = |s: &SavedStats| {
+            let mut staging = mapper_dir.stage().unwrap();
+            let staged = staging
+                .new_root()
+                .pair(&model("a", "aa", 2), &model("b", "bb", 2))
+                .stats();
+            save(s, &staged).unwrap();
+            staging.stage(&staged).unwrap();
+            staging.commit().unwrap();
+        };
         let first = saved(5, 0.0, 0, source(0, 1));
-        save(&first, &at).unwrap();
+        keep(&first);
         let second = saved(7, 1.0, 0, source(1, 1));
-        save(&second, &at).unwrap();
+        keep(&second);
         let back = load(
             &at,
             Direction::Forward,
@@ -423,8 +402,6 @@ mod tests {
         assert_eq!(back.meta, second.meta);
         assert!(back.stats.keys == second.stats.keys.as_stored());
         assert!(back.stats.values == second.stats.values.as_stored());
-        assert!(!beside(&at, "old").exists());
-        assert!(!beside(&at, "partial").exists());
         assert_eq!(std::fs::read_dir(at.parent().unwrap()).unwrap().count(), 1);
     }
 

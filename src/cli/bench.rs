@@ -58,10 +58,11 @@ impl BenchArgs {
 pub fn bench(a: BenchArgs, dev: &Device) -> Result<()> {
     let lengths = a.validate()?;
     let (first, second) = a.pair.open(dev)?;
+    let mapper_dir = a.pair.mapper_dir();
     let plan = SweepPlan {
         lengths: &lengths,
         options: a.options(),
-        mapper_dir: a.pair.mapper_dir(),
+        mapper_dir: &mapper_dir,
         precision: a.precision.precision.into(),
         device: dev,
     };

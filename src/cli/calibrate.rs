@@ -9,6 +9,7 @@ use baton::calibrate::train::TrainOptions;
 use baton::calibrate::{self as cal, CalibrateOptions, Direction, RankChoice, SelectBy};
 use baton::data::corpus;
 use baton::mapper::artifact::ModelRef;
+use baton::mapper::dir::MapperDir;
 use baton::mapper::nonlinear::{MapperKind, TrainLoss};
 use baton::model::Model;
 use candle_core::Device;
@@ -231,27 +232,6 @@ impl CalibrateArgs {
     }
 }
 
-/// Where the artifacts go can take them: checked before any work, so that a calibration
-/// of a quarter of an hour is never lost to a path it cannot write.
-fn check_writable(dir: &std::path::Path) -> Result<()> {
-    let fix = "name a writable directory with --mapper-dir";
-    std::fs::create_dir_all(dir).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot make the mappers directory {}: {e}; {fix}",
-            dir.display()
-        )
-    })?;
-    let probe = dir.join(format!(".baton-write-check-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(|e| {
-        anyhow::anyhow!(
-            "cannot write in the mappers directory {}: {e}; {fix}",
-            dir.display()
-        )
-    })?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
-}
-
 /// Reads the corpus with a bar in MiB, for a corpus large enough to take a while.
 fn read_corpus(files: &[PathBuf], bars: &baton::console::PhaseBars) -> Result<corpus::Corpus> {
     const MIB: u64 = 1 << 20;
@@ -280,8 +260,10 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     let opts = a.options();
     // Before the corpus and the models: a mistaken option should not cost their loading.
     opts.validate_with_prior(a.merge_stats.is_some())?;
-    let dir = baton::engine::load::mapper_dir(&a.pair.mappers.mapper_dir);
-    check_writable(&dir)?;
+    let dir = a.pair.mapper_dir();
+    // Before any work: a calibration of a quarter of an hour is never lost to a
+    // directory it cannot write.
+    dir.check_writable()?;
     for from in a.merge_stats.iter().flatten() {
         if !from.is_dir() {
             anyhow::bail!(
@@ -300,7 +282,10 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
         Some(dirs) if dirs.is_empty() => {
             saved_prior(std::slice::from_ref(&dir), &directions, [&src, &tgt])?
         }
-        Some(dirs) => saved_prior(dirs, &directions, [&src, &tgt])?,
+        Some(dirs) => {
+            let dirs: Vec<MapperDir> = dirs.iter().map(MapperDir::named).collect();
+            saved_prior(&dirs, &directions, [&src, &tgt])?
+        }
         None => Vec::new(),
     };
     let started = std::time::Instant::now();
@@ -318,6 +303,18 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     bars.finish(true);
     for s in &done.kept {
         eprintln!("{} -> {}", s.meta.summary_line(), s.path.display());
+        // What the mapper it replaced learned stays, bound to that mapper.
+        let files = dir.pair(&s.meta.source, &s.meta.target);
+        if let Ok(Some(l)) = baton::learn::store::read_meta(&files, Some(&s.meta)) {
+            if l.not_applied > 0 {
+                eprintln!(
+                    "note: {} updates learned on the mapper this one replaces stay in {} \
+                     but are not applied to it; `baton mappers --reset-learned` removes them",
+                    l.not_applied,
+                    files.learned().display()
+                );
+            }
+        }
     }
     for p in &done.poor {
         eprintln!("warning: {}", p.message());
@@ -343,7 +340,7 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
 /// The statistics earlier calibrations saved in `dirs`, for each direction, to be added
 /// to this run's.
 fn saved_prior(
-    dirs: &[PathBuf],
+    dirs: &[MapperDir],
     directions: &[Direction],
     [src, tgt]: [&Model; 2],
 ) -> Result<Vec<(PathBuf, SavedStats)>> {
@@ -355,7 +352,7 @@ fn saved_prior(
                 ModelRef::new(&s.identity, s.config()),
                 ModelRef::new(&t.identity, t.config()),
             );
-            let at = saved_stats::stats_dir_in(from, &s, &t);
+            let at = from.pair(&s, &t).stats();
             let loaded = saved_stats::load(&at, d, &s, &t)?;
             eprintln!(
                 "adding saved statistics of {} -> {}: {} windows, {} observations ({})",

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use baton::calibrate::RankChoice;
 use baton::engine::{EngineConfig, SettingsOverrides};
 use baton::fetch::{self, BarProgress};
+use baton::mapper::dir::MapperDir;
 use baton::model::Model;
 use baton::session;
 use candle_core::Device;
@@ -71,6 +72,13 @@ pub struct MapperDirArgs {
     pub mapper_dir: Option<PathBuf>,
 }
 
+impl MapperDirArgs {
+    /// The mapper directory these flags (or the environment) name, or the default one.
+    pub fn dir(&self) -> MapperDir {
+        MapperDir::resolve(self.mapper_dir.as_deref())
+    }
+}
+
 /// A mappers directory: one that exists, or a path where one can be made. Checked when
 /// the flags are read, so that a file named by mistake costs no calibration and gets
 /// no advice to calibrate.
@@ -98,8 +106,8 @@ pub struct PairArgs {
 }
 
 impl PairArgs {
-    pub fn mapper_dir(&self) -> Option<&Path> {
-        self.mappers.mapper_dir.as_deref()
+    pub fn mapper_dir(&self) -> MapperDir {
+        self.mappers.dir()
     }
 
     /// Both models, source first, with download and load progress.
@@ -299,7 +307,7 @@ impl ConversationArgs {
     pub fn engine_config(&self, dev: &Device, script: Option<&SettingsOverrides>) -> EngineConfig {
         let models = [self.pair.source.clone(), self.pair.target.clone()];
         let mut cfg = EngineConfig::new(models, dev.clone());
-        cfg.mapper_dir = self.pair.mappers.mapper_dir.clone();
+        cfg.mapper_dir = self.pair.mappers.dir();
         if let Some(s) = script {
             cfg.settings.apply(s);
         }

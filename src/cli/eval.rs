@@ -248,6 +248,7 @@ pub fn eval(a: EvalArgs, dev: &Device) -> Result<()> {
         bail!("nothing to evaluate: --limit 0 asks for no text windows; ask for some, or name --tasks");
     }
     let (text, task_options, recall) = a.options();
+    let mapper_dir = a.pair.mapper_dir();
     let plan = EvalPlan {
         windows: &windows,
         text,
@@ -256,7 +257,7 @@ pub fn eval(a: EvalArgs, dev: &Device) -> Result<()> {
         conversations: &conversations,
         recall,
         handoffs: &a.handoffs,
-        mapper_dir: a.pair.mapper_dir(),
+        mapper_dir: &mapper_dir,
         precision: a.precision.precision.into(),
         gains: baton::lab::eval::Gains {
             key: a.key_gain,

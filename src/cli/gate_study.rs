@@ -5,7 +5,7 @@ use super::common::{at_least_one, print_json, PairArgs};
 use anyhow::Result;
 use baton::gate::fit;
 use baton::lab::eval::gate_study::{self, GateStudy, StudySwitch};
-use baton::mapper::artifact::{self, ModelRef};
+use baton::mapper::artifact;
 use candle_core::Device;
 use clap::Args;
 
@@ -29,10 +29,10 @@ pub struct GateStudyArgs {
 pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
     use baton::data::corpus;
     let (src, tgt) = a.pair.open(dev)?;
-    let dir = baton::engine::load::mapper_dir(&a.pair.mappers.mapper_dir);
-    let (art, forward) = artifact::open_for(Some(&dir), &src, &tgt)?;
+    let dir = a.pair.mapper_dir();
+    let (art, forward) = artifact::open_for(&dir, &src, &tgt)?;
     let measured_on = fit::FitMapper::of(&art)?;
-    let (back_art, reverse) = artifact::open_for(Some(&dir), &tgt, &src)?;
+    let (back_art, reverse) = artifact::open_for(&dir, &tgt, &src)?;
     let mapped_back_with = fit::FitMapper::of(&back_art)?;
     let docs = corpus::read_documents(&corpus::default_files()?)?;
     let windows = gate_study::study_windows(&tgt, &docs, a.switches)?;
@@ -62,12 +62,7 @@ pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
         Some(f) => {
             eprintln!("the gate keeps the line from {}", f.estimator);
             if !a.no_save {
-                let path = fit::path_in(
-                    &dir,
-                    &ModelRef::new(&src.identity, src.config()),
-                    &ModelRef::new(&tgt.identity, tgt.config()),
-                );
-                fit::save(&path, f)?;
+                let path = fit::save(&dir, f)?;
                 eprintln!("kept in {}", path.display());
             }
         }

@@ -20,7 +20,7 @@ pub struct MappersArgs {
 }
 
 pub fn mappers(a: MappersArgs) -> Result<()> {
-    let dir = baton::engine::load::mapper_dir(&a.mappers.mapper_dir);
+    let dir = a.mappers.dir();
     if a.reset_learned {
         let forgot = reset_learned(&dir, &mut |direction| {
             println!("{direction}: back to its calibration")
@@ -30,7 +30,7 @@ pub fn mappers(a: MappersArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let listing = MapperListing::read(&dir);
+    let listing = MapperListing::read(&dir)?;
     if a.json {
         print_json(&listing)?;
     } else {

@@ -27,7 +27,7 @@ pub fn replay(a: ReplayArgs, dev: &Device) -> Result<()> {
         eprintln!("warning: {w}");
     }
     let mut cfg = replay::replay_config(&recorded, &a.session, dev.clone())?;
-    cfg.mapper_dir = a.mappers.mapper_dir.clone();
+    cfg.mapper_dir = a.mappers.dir();
     // A replay learns as the recording did, but keeps nothing: it is a measurement.
     cfg.learning.keep = false;
     let record = record_path(a.record.as_deref())?;

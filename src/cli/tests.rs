@@ -339,5 +339,5 @@ fn short_forms_and_environment_variables_set_the_common_flags() {
     let Some(Command::Bench(b)) = c.command else {
         panic!("not bench")
     };
-    assert_eq!(b.pair.mapper_dir(), Some(dir.as_path()));
+    assert_eq!(b.pair.mapper_dir().as_named(), Some(dir.as_path()));
 }

@@ -13,10 +13,11 @@
 use crate::calibrate::saved_stats::{self, StatsMeta};
 use crate::learn::store::{self, LearnedMeta};
 use crate::learn::LearnError;
-use crate::mapper::artifact::{self, MapperMeta};
+use crate::mapper::artifact::MapperMeta;
+use crate::mapper::dir::{DirError, MapperDir};
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub const FORMAT: &str = "baton.mappers";
 /// 1: the first versioned document (before it, a bare array of the entries).
@@ -68,25 +69,20 @@ impl<T> Saved<T> {
     }
 }
 
-/// The directory an artifact sits in, where its statistics and learning are kept.
-fn dir_of(path: &Path) -> &Path {
-    path.parent().unwrap_or(Path::new("."))
-}
-
 impl MapperListing {
     /// Every artifact in the mappers directory `dir`, newest first, with what is saved
-    /// beside it (read from the descriptions only).
-    pub fn read(dir: &Path) -> Self {
-        let mappers = artifact::list_in(dir)
+    /// beside it (read from the descriptions only); what was learned counts the steps of
+    /// each mapper itself.
+    pub fn read(dir: &MapperDir) -> Result<Self, DirError> {
+        let mappers = dir
+            .list()?
             .into_iter()
+            .map(|l| (l.path, l.meta))
             .map(|(path, m)| match m {
                 Ok(m) => {
-                    let dir = dir_of(&path);
-                    let stats = saved_stats::read_meta(&saved_stats::stats_dir_in(
-                        dir, &m.source, &m.target,
-                    ));
-                    let learned =
-                        store::read_meta(&store::learned_dir_in(dir, &m.source, &m.target));
+                    let files = dir.pair(&m.source, &m.target);
+                    let stats = saved_stats::read_meta(&files.stats());
+                    let learned = store::read_meta(&files, Some(&m));
                     ListedMapper {
                         stats: Some(Saved::of(stats)),
                         learned: Some(Saved::of(learned)),
@@ -104,11 +100,11 @@ impl MapperListing {
                 },
             })
             .collect();
-        Self {
+        Ok(Self {
             format: FORMAT.into(),
             version: VERSION,
             mappers,
-        }
+        })
     }
 }
 
@@ -143,11 +139,11 @@ impl fmt::Display for MapperListing {
 /// Forget what every mapper in the mappers directory `dir` learned from conversations,
 /// returning each to its calibration; `on_reset` is told each direction that had learned
 /// something, as it is reset. How many were.
-pub fn reset_learned(dir: &Path, on_reset: &mut dyn FnMut(&str)) -> Result<usize, LearnError> {
+pub fn reset_learned(dir: &MapperDir, on_reset: &mut dyn FnMut(&str)) -> Result<usize, LearnError> {
     let mut forgot = 0;
-    for (path, m) in artifact::list_in(dir) {
-        if let Ok(m) = m {
-            if store::reset(&store::learned_dir_in(dir_of(&path), &m.source, &m.target))? {
+    for l in dir.list()? {
+        if let Ok(m) = l.meta {
+            if store::reset(&dir.pair(&m.source, &m.target))? {
                 on_reset(&m.direction);
                 forgot += 1;
             }
@@ -163,22 +159,18 @@ mod tests {
     #[test]
     fn an_empty_cache_says_how_to_get_a_mapper() {
         let dir = tempfile::tempdir().unwrap();
-        let l = MapperListing::read(&artifact::mappers_dir(dir.path()));
+        let mappers = MapperDir::named(dir.path().join("mappers"));
+        let l = MapperListing::read(&mappers).unwrap();
         assert!(l.mappers.is_empty());
         assert!(l.to_string().starts_with("no mappers yet"), "{l}");
-        assert_eq!(
-            reset_learned(&artifact::mappers_dir(dir.path()), &mut |_| {}).unwrap(),
-            0
-        );
+        assert_eq!(reset_learned(&mappers, &mut |_| {}).unwrap(), 0);
     }
 
     #[test]
     fn the_document_names_its_format_and_version_and_an_unreadable_artifact_says_why() {
         let dir = tempfile::tempdir().unwrap();
-        let mappers = artifact::mappers_dir(dir.path());
-        std::fs::create_dir_all(&mappers).unwrap();
-        std::fs::write(mappers.join("bad.safetensors"), b"not one").unwrap();
-        let l = MapperListing::read(&artifact::mappers_dir(dir.path()));
+        std::fs::write(dir.path().join("bad.safetensors"), b"not one").unwrap();
+        let l = MapperListing::read(&MapperDir::named(dir.path())).unwrap();
         let v = serde_json::to_value(&l).unwrap();
         assert_eq!(v["format"], "baton.mappers");
         assert_eq!(v["version"], 1);

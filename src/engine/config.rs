@@ -4,6 +4,7 @@ use super::setting_checks;
 use crate::calibrate::CalibrateOptions;
 use crate::data::corpus::Document;
 use crate::handoff::reread::{PlanKind, RereadBudget, RereadSetting, Selector, SpanGrowth};
+use crate::mapper::dir::MapperDir;
 use crate::model::Sampling;
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
@@ -216,8 +217,8 @@ pub struct EngineConfig {
     /// The two models (manifest names, paths or hub references); the first starts active.
     pub models: [String; 2],
     pub device: Device,
-    /// Where mapper artifacts are found (None: the cache dir's mappers/).
-    pub mapper_dir: Option<PathBuf>,
+    /// Where mapper artifacts are found, and what is learned is kept.
+    pub mapper_dir: MapperDir,
     /// When a direction has no artifact: calibrate one with these options (a quick first
     /// run) instead of failing.
     pub calibrate_missing: Option<CalibrateOptions>,
@@ -237,7 +238,7 @@ impl EngineConfig {
         Self {
             models,
             device,
-            mapper_dir: None,
+            mapper_dir: MapperDir::default_location(),
             calibrate_missing: None,
             settings: Settings::default(),
             record: None,

@@ -22,7 +22,6 @@ use crate::metrics::probe_positions;
 use crate::model::KvCache;
 use crate::protocol::{CacheOrigin, Command, Event};
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -414,7 +413,11 @@ impl Engine {
 
     /// Start the learning thread; both directions' learners are set up on it at once,
     /// in the background: no switch waits for them.
-    pub(super) fn start_learning(&mut self, mapper_dir: PathBuf, setup: LearnSetup) {
+    pub(super) fn start_learning(
+        &mut self,
+        mapper_dir: crate::mapper::dir::MapperDir,
+        setup: LearnSetup,
+    ) {
         let models = [
             Arc::clone(&self.slots[0].model),
             Arc::clone(&self.slots[1].model),

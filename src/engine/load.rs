@@ -4,14 +4,15 @@
 use super::EngineError;
 use crate::calibrate::{self, CalibrateOptions, CalibrationProgress, Direction};
 use crate::data::corpus;
-use crate::fetch::{self, FetchProgress};
+use crate::fetch::FetchProgress;
 use crate::gate::{self, fit::FitMapper};
 use crate::mapper::artifact::{self, ModelRef};
+use crate::mapper::dir::MapperDir;
 use crate::mapper::CacheMapper;
 use crate::model::Model;
 use crate::protocol::{Event, MapperInfo};
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Sender;
 use std::time::Instant;
@@ -100,24 +101,18 @@ pub struct LoadedMapper {
     pub worse_than_no_context: Option<(f64, f64)>,
 }
 
-pub fn mapper_dir(configured: &Option<PathBuf>) -> PathBuf {
-    configured
-        .clone()
-        .unwrap_or_else(|| artifact::mappers_dir(&fetch::cache_root()))
-}
-
-fn path_for(dir: &Path, s: &Model, t: &Model) -> PathBuf {
-    artifact::artifact_path_in(
-        dir,
+fn path_for(dir: &MapperDir, s: &Model, t: &Model) -> PathBuf {
+    dir.pair(
         &ModelRef::new(&s.identity, s.config()),
         &ModelRef::new(&t.identity, t.config()),
     )
+    .artifact()
 }
 
 /// Calibrate the directions whose artifacts are missing, on the default corpus.
 pub fn calibrate_missing(
     models: &[Model; 2],
-    dir: &Path,
+    dir: &MapperDir,
     opts: &CalibrateOptions,
     progress: &LoadingEvents<'_>,
     cancel: &AtomicBool,
@@ -157,7 +152,10 @@ pub fn calibrate_missing(
 
 /// Both directions' mappers between `models`, each with the gate's line kept for it
 /// when that line was measured on these mappers.
-pub fn load_mappers(dir: &Path, models: &[Model; 2]) -> Result<[LoadedMapper; 2], EngineError> {
+pub fn load_mappers(
+    dir: &MapperDir,
+    models: &[Model; 2],
+) -> Result<[LoadedMapper; 2], EngineError> {
     let mut pair = [
         load_mapper(dir, &models[0], &models[1])?,
         load_mapper(dir, &models[1], &models[0])?,
@@ -179,8 +177,8 @@ pub fn load_mappers(dir: &Path, models: &[Model; 2]) -> Result<[LoadedMapper; 2]
 
 /// The mapper from `s` to `t`, checked against both models; without a gate line, which
 /// [`load_mappers`] reads knowing both directions' mappers.
-pub fn load_mapper(dir: &Path, s: &Model, t: &Model) -> Result<LoadedMapper, EngineError> {
-    let (art, mapper) = artifact::open_for(Some(dir), s, t)?;
+pub fn load_mapper(dir: &MapperDir, s: &Model, t: &Model) -> Result<LoadedMapper, EngineError> {
+    let (art, mapper) = artifact::open_for(dir, s, t)?;
     let path = &art.path;
     let artifact = FitMapper::of(&art)?;
     let cos = &art.meta.report.cosine;

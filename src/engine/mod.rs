@@ -168,7 +168,7 @@ pub fn start(config: EngineConfig, events: Sender<Event>) -> Result<Engine, Engi
     };
     crate::text::ensure_same_tokenizer(&first.tokenizer, &second.tokenizer)?;
     let models = [first, second];
-    let dir = load::mapper_dir(&config.mapper_dir);
+    let dir = config.mapper_dir.clone();
     if let Some(opts) = &config.calibrate_missing {
         load::calibrate_missing(&models, &dir, opts, &progress, &AtomicBool::new(false))?;
     }
@@ -266,6 +266,17 @@ pub fn build(
         }
     }
     let learn = config.settings.learn;
+    if learn && config.learning.keep {
+        // Said at start-up: what is learned is then used for the session alone, and
+        // nothing later calls it kept.
+        if let Err(e) = config.mapper_dir.check_writable() {
+            out.emit(Event::Notice {
+                message: format!(
+                    "what the mappers learn this session is used but cannot be kept for the next: {e}"
+                ),
+            });
+        }
+    }
     let mut engine = Engine::new(slots, mappers, config.settings, device, out);
     if config.paced_repair {
         engine.pace_repair();
@@ -274,7 +285,7 @@ pub fn build(
         engine.learning.session_label = format!("session {}", name.to_string_lossy());
     }
     if learn {
-        engine.start_learning(load::mapper_dir(&config.mapper_dir), config.learning);
+        engine.start_learning(config.mapper_dir.clone(), config.learning);
     }
     Ok(engine)
 }

@@ -4,9 +4,10 @@
 
 use super::GateError;
 use crate::mapper::artifact::{self, ModelRef};
+use crate::mapper::dir::MapperDir;
 use crate::mapper::nonlinear::MapperKind;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub const FORMAT: &str = "baton-gate";
 pub const VERSION: u32 = 1;
@@ -132,37 +133,34 @@ pub fn spearman(points: &[(f64, f64)]) -> Option<f64> {
     pearson(&xs.into_iter().zip(ys).collect::<Vec<_>>())
 }
 
-/// Where the fit for `source → target` lives under `mapper_dir`.
-pub fn path_in(mapper_dir: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
-    artifact::beside_artifact(mapper_dir, "gate", source, target).with_extension("json")
-}
-
-pub fn save(path: &Path, fit: &GateFit) -> Result<(), GateError> {
+/// Keeps `fit` in `mapper_dir` as the line of its pair; where it went.
+pub fn save(mapper_dir: &MapperDir, fit: &GateFit) -> Result<PathBuf, GateError> {
+    let path = mapper_dir.pair(&fit.source, &fit.target).gate();
     let bad = |reason: String| GateError::Fit {
-        path: path.to_path_buf(),
+        path: path.clone(),
         reason,
     };
     let json = serde_json::to_string_pretty(fit).map_err(|e| bad(e.to_string()))?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| bad(e.to_string()))?;
-    }
-    // Written whole next to it, then renamed over: a reader never sees half a file.
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, json).map_err(|e| bad(e.to_string()))?;
-    std::fs::rename(&tmp, path).map_err(|e| bad(e.to_string()))
+    let mut staging = mapper_dir.stage().map_err(|e| bad(e.to_string()))?;
+    let staged = staging.new_root().pair(&fit.source, &fit.target).gate();
+    staging
+        .write(&staged, json.as_bytes())
+        .and_then(|_| staging.commit())
+        .map_err(|e| bad(e.to_string()))?;
+    Ok(path)
 }
 
 /// The fit kept for `source → target`, if any; one for other models, or measured on
 /// other mappers than `mapper` and `reverse` (the artifacts the engine loaded for the
 /// two directions), is refused.
 pub fn load(
-    mapper_dir: &Path,
+    mapper_dir: &MapperDir,
     source: &ModelRef,
     target: &ModelRef,
     mapper: &FitMapper,
     reverse: &FitMapper,
 ) -> Result<Option<GateFit>, GateError> {
-    let path = path_in(mapper_dir, source, target);
+    let path = mapper_dir.pair(source, target).gate();
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -288,11 +286,11 @@ mod tests {
             kind: MapperKind::Residual,
         };
         let f = a_fit(Some(ridge.clone()));
-        let path = path_in(dir.path(), &f.source, &f.target);
-        save(&path, &f).unwrap();
-        let loaded = load(dir.path(), &f.source, &f.target, &ridge, &ridge).unwrap();
+        let dir = MapperDir::named(dir.path());
+        save(&dir, &f).unwrap();
+        let loaded = load(&dir, &f.source, &f.target, &ridge, &ridge).unwrap();
         assert_eq!(loaded, Some(f.clone()));
-        let e = load(dir.path(), &f.source, &f.target, &residual, &ridge)
+        let e = load(&dir, &f.source, &f.target, &residual, &ridge)
             .unwrap_err()
             .to_string();
         assert!(
@@ -306,8 +304,8 @@ mod tests {
     fn a_line_from_before_fits_named_their_mapper_holds_for_ridge_only() {
         let dir = tempfile::tempdir().unwrap();
         let f = a_fit(None);
-        let path = path_in(dir.path(), &f.source, &f.target);
-        save(&path, &f).unwrap();
+        let dir = MapperDir::named(dir.path());
+        let path = save(&dir, &f).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(!text.contains("mapper"), "an old fit's JSON: {text}");
         let on = |kind| FitMapper {
@@ -315,7 +313,7 @@ mod tests {
             kind,
         };
         assert!(load(
-            dir.path(),
+            &dir,
             &f.source,
             &f.target,
             &on(MapperKind::Ridge),
@@ -324,7 +322,7 @@ mod tests {
         .unwrap()
         .is_some());
         let e = load(
-            dir.path(),
+            &dir,
             &f.source,
             &f.target,
             &on(MapperKind::Mlp),
@@ -350,12 +348,12 @@ mod tests {
         let mut f = a_fit(Some(forward.clone()));
         f.estimator = ROUND_TRIP.into();
         f.reverse_mapper = Some(back.clone());
-        let path = path_in(dir.path(), &f.source, &f.target);
-        save(&path, &f).unwrap();
-        assert!(load(dir.path(), &f.source, &f.target, &forward, &back)
+        let dir = MapperDir::named(dir.path());
+        save(&dir, &f).unwrap();
+        assert!(load(&dir, &f.source, &f.target, &forward, &back)
             .unwrap()
             .is_some());
-        let e = load(dir.path(), &f.source, &f.target, &forward, &back_again)
+        let e = load(&dir, &f.source, &f.target, &forward, &back_again)
             .unwrap_err()
             .to_string();
         assert!(
@@ -364,11 +362,9 @@ mod tests {
         );
         // The feature distance reads the forward map alone: the reverse does not matter.
         f.estimator = FEATURE_DISTANCE.into();
-        save(&path, &f).unwrap();
-        assert!(
-            load(dir.path(), &f.source, &f.target, &forward, &back_again)
-                .unwrap()
-                .is_some()
-        );
+        save(&dir, &f).unwrap();
+        assert!(load(&dir, &f.source, &f.target, &forward, &back_again)
+            .unwrap()
+            .is_some());
     }
 }

@@ -33,7 +33,6 @@ mod learner;
 pub mod open;
 mod refit;
 pub mod shard;
-pub mod staging;
 mod step;
 pub mod store;
 
@@ -60,6 +59,8 @@ pub enum LearnError {
     Metric(#[from] MetricError),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Dir(#[from] crate::mapper::dir::DirError),
     #[error("learned statistics {}: {reason}", path.display())]
     Store {
         path: std::path::PathBuf,

@@ -10,11 +10,12 @@ use super::{LearnError, LearnOutcome};
 use crate::calibrate::saved_stats;
 use crate::calibrate::Direction;
 use crate::data::corpus::{self, Document, Split};
-use crate::mapper::artifact::{MapperArtifact, ModelRef};
+use crate::mapper::artifact::{MapperArtifact, MapperMeta, ModelRef};
+use crate::mapper::dir::{MapperDir, PairFiles};
 use crate::mapper::CacheMapper;
 use crate::metrics::probe_positions;
 use crate::model::Model;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Windows of calibration text in the judged slice, and their length: enough probes to
 /// steady the score, little enough to judge an update in a few seconds.
@@ -25,9 +26,14 @@ const CALIBRATION_PROBES: usize = 16;
 /// A learner with where it keeps what it learns.
 pub struct Opened {
     pub learner: Learner,
+    /// What this mapper learned, its own steps only.
     pub meta: LearnedMeta,
-    /// Where what it learns is kept.
-    pub dir: PathBuf,
+    /// The mapper directory what it learns is kept in.
+    pub dir: MapperDir,
+    /// What is kept about this pair there.
+    pub files: PairFiles,
+    /// The mapper it learns on: what it keeps is bound to it.
+    pub mapper: MapperMeta,
 }
 
 /// The fixed calibration text updates are judged on: the first windows of the corpus's
@@ -78,14 +84,15 @@ pub fn open(
     tgt: &Model,
     art: &MapperArtifact,
     mapper: CacheMapper,
-    mapper_dir: &Path,
+    mapper_dir: &MapperDir,
     use_learned: bool,
     slices: Vec<Slice>,
     anchor: usize,
 ) -> Result<Opened, LearnError> {
     let sr = ModelRef::new(&src.identity, src.config());
     let tr = ModelRef::new(&tgt.identity, tgt.config());
-    let stats_dir = saved_stats::stats_dir_in(mapper_dir, &sr, &tr);
+    let files = mapper_dir.pair(&sr, &tr);
+    let stats_dir = files.stats();
     if art.heads.is_some() {
         return Err(LearnError::Unsupported(not_learnable(
             art, &sr.name, &tr.name,
@@ -96,7 +103,7 @@ pub fn open(
             "learning adds to the calibration's statistics, and {} has none for {} -> {}: \
              calibrate with `baton calibrate` (without --no-save-stats), or turn learning \
              off with --no-learn",
-            mapper_dir.display(),
+            mapper_dir.path().display(),
             sr.name,
             tr.name
         )));
@@ -112,12 +119,11 @@ pub fn open(
         src.config().kv_width(),
         tgt.config().head_dim,
     )?;
-    let dir = store::learned_dir_in(mapper_dir, &sr, &tr);
     // A start of learning is where what a killed writer left is cleared away.
-    super::staging::remove_leftovers(&dir.join(super::shard::SHARDS));
+    mapper_dir.clear_leftovers();
     let mut stats = calibration;
     let meta = match use_learned {
-        true => store::load_into(&dir, &mut stats, &sr, &tr)?,
+        true => store::load_into(&files, &mut stats, &sr, &tr, &art.meta)?,
         false => None,
     }
     .unwrap_or_else(|| LearnedMeta::new(sr, tr, stats.token_layers));
@@ -131,7 +137,13 @@ pub fn open(
         anchor,
         mapper,
     )?;
-    Ok(Opened { learner, meta, dir })
+    Ok(Opened {
+        learner,
+        meta,
+        dir: mapper_dir.clone(),
+        files,
+        mapper: art.meta.clone(),
+    })
 }
 
 impl Opened {
@@ -141,7 +153,7 @@ impl Opened {
         let Some(update) = self.learner.take_update() else {
             return Ok(None);
         };
-        let step = LearnedStep::of(from, o);
+        let step = LearnedStep::of(from, o, &self.mapper);
         let path = store::append(&self.dir, &self.meta, &update, &step)?;
         self.meta.record(step);
         Ok(Some(path))

@@ -3,34 +3,31 @@
 //! positions, RoPE stripped, f32, `[positions, layers·width]`), and its header metadata
 //! says which models they are of and the step that took them ([`LearnedStep`]).
 //!
-//! A shard is written under a temporary name in a folder of its own beside the shards
-//! ([`super::staging`]), flushed to disk and renamed into place under a name no other
-//! writer uses (time, process, counter), so writers never touch each other's files: two
-//! runs learning at once each add their own shards, and a reader sees a shard whole or
-//! not at all. The step rides in the shard's own header, so a step and its features are
-//! one file and one rename.
+//! A shard is written in a staging directory of the mapper directory
+//! ([`crate::mapper::dir::staging`]), flushed to disk and renamed into place under a
+//! name no other writer uses (time, process, counter), so writers never touch each
+//! other's files: two runs learning at once each add their own shards, and a reader sees
+//! a shard whole or not at all. The step rides in the shard's own header, so a step and
+//! its features are one file and one rename.
 //!
 //! Features, not statistics: a shard grows with the positions it learned (about 80 kB a
 //! position between Qwen2.5-Coder 0.5B and 1.5B), where the statistics of the same
 //! update would weigh what the calibration's do (0.5 to 1.2 GB) however little it held.
 
 use super::learner::Update;
-use super::staging::Staging;
 use super::step::LearnedStep;
 use super::LearnError;
 use crate::calibrate::WindowFeatures;
 use crate::mapper::artifact::ModelRef;
+use crate::mapper::dir::{MapperDir, PairFiles};
 use safetensors::tensor::{Dtype, View};
 use safetensors::SafeTensors;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const FORMAT: &str = "baton-learned-shard";
 pub const VERSION: &str = "1";
-/// The folder of a learned directory that holds the shards.
-pub const SHARDS: &str = "shards";
 const EXT: &str = ".safetensors";
 const FIX: &str = "remove this file to forget that update alone, or every update with \
                    `baton mappers --reset-learned`";
@@ -53,23 +50,9 @@ fn bad(path: &Path, reason: impl Into<String>) -> LearnError {
     }
 }
 
-/// A name no other writer picks: the time to the nanosecond (so names sort by age), the
-/// process, and a count within it.
-fn unique_name() -> String {
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!(
-        "{nanos:020}-{}-{}",
-        std::process::id(),
-        COUNT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// The shards in `dir`, oldest first; none when there is no shard folder.
-pub fn list(dir: &Path) -> Result<Vec<PathBuf>, LearnError> {
-    let folder = dir.join(SHARDS);
+/// The shards of `pair`, oldest first; none when there is no shard folder.
+pub fn list(pair: &PairFiles) -> Result<Vec<PathBuf>, LearnError> {
+    let folder = pair.shards();
     let entries = match std::fs::read_dir(&folder) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -90,11 +73,16 @@ pub fn list(dir: &Path) -> Result<Vec<PathBuf>, LearnError> {
 }
 
 /// Writes `update` as a new shard in `dir`, durable once this returns; its path.
-pub fn write(dir: &Path, header: &ShardHeader, update: &Update) -> Result<PathBuf, LearnError> {
-    let folder = dir.join(SHARDS);
-    std::fs::create_dir_all(&folder).map_err(|e| bad(&folder, e.to_string()))?;
-    let name = unique_name();
-    let path = folder.join(format!("{name}{EXT}"));
+pub fn write(
+    dir: &MapperDir,
+    header: &ShardHeader,
+    update: &Update,
+) -> Result<PathBuf, LearnError> {
+    let mut staging = dir.stage()?;
+    let path = staging
+        .new_root()
+        .pair(&header.source, &header.target)
+        .shard(&crate::mapper::dir::staging::unique_name());
     let json = |e: serde_json::Error| bad(&path, e.to_string());
     let meta = HashMap::from([
         ("format".to_string(), FORMAT.to_string()),
@@ -129,25 +117,19 @@ pub fn write(dir: &Path, header: &ShardHeader, update: &Update) -> Result<PathBu
             },
         )
     });
-    // Written in a locked folder of its own, so that what a killed write leaves is known
-    // for a dead writer's and removed at the next start (see `staging`).
-    let written = (|| -> std::io::Result<()> {
-        let staging = Staging::new(&folder, &name)?;
-        let partial = staging.join("shard");
-        safetensors::serialize_to_file(tensors, Some(meta), &partial)
-            .map_err(std::io::Error::other)?;
-        std::fs::File::open(&partial)?.sync_all()?;
-        std::fs::rename(&partial, &path)
-    })();
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| {
+            safetensors::serialize_to_file(tensors, Some(meta), &path)
+                .map_err(std::io::Error::other)
+        });
     if let Err(e) = written {
         return Err(bad(&path, e.to_string()));
     }
-    // The rename is only durable once the folder is; a failure here leaves the shard in
-    // place for every reader, so it is logged rather than reported as lost.
-    if let Err(e) = std::fs::File::open(&folder).and_then(|f| f.sync_all()) {
-        tracing::warn!("could not flush {}: {e}", folder.display());
-    }
-    Ok(path)
+    let at = staging.stage(&path)?;
+    staging.commit()?;
+    Ok(at)
 }
 
 /// A shard file mapped into memory.
@@ -158,10 +140,8 @@ struct Mapped {
 impl Mapped {
     fn open(path: &Path) -> Result<Self, LearnError> {
         let file = std::fs::File::open(path).map_err(|e| bad(path, e.to_string()))?;
-        // SAFETY: the map is only read while the shard is read, and shards are never
-        // changed once renamed into place (writers only add new ones); a shard removed
-        // meanwhile stays mapped until this is dropped.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(path, e.to_string()))?;
+        // A shard removed meanwhile stays mapped until this is dropped.
+        let map = crate::os::map_file(&file).map_err(|e| bad(path, e.to_string()))?;
         Ok(Self { map })
     }
 

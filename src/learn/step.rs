@@ -2,6 +2,7 @@
 //! how many positions, and the held-out cosine before and after.
 
 use super::LearnOutcome;
+use crate::mapper::artifact::MapperMeta;
 use serde::{Deserialize, Serialize};
 
 /// One accepted update.
@@ -14,11 +15,16 @@ pub struct LearnedStep {
     /// Held-out cosine before and after, both halves combined.
     pub before: f64,
     pub after: f64,
+    /// The mapper it was learned on ([`crate::mapper::artifact::MapperMeta::identity`]):
+    /// a step is applied to that mapper only. Absent in steps kept before steps were
+    /// bound to their mapper; such a step belongs to the mapper it is no older than.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapper: Option<String>,
 }
 
 impl LearnedStep {
-    /// The step `o` took, from `from`, now.
-    pub fn of(from: &str, o: &LearnOutcome) -> Self {
+    /// The step `o` took on the mapper `mapper`, from `from`, now.
+    pub fn of(from: &str, o: &LearnOutcome, mapper: &MapperMeta) -> Self {
         Self {
             from: from.to_string(),
             unix: std::time::SystemTime::now()
@@ -27,6 +33,16 @@ impl LearnedStep {
             tokens: o.tokens,
             before: o.before.combined(),
             after: o.after.combined(),
+            mapper: Some(mapper.identity()),
+        }
+    }
+
+    /// Whether this step was learned on `mapper`: one learned on another mapper of the
+    /// same pair (one a calibration since replaced) is not applied to it.
+    pub fn belongs_to(&self, mapper: &MapperMeta) -> bool {
+        match &self.mapper {
+            Some(id) => *id == mapper.identity(),
+            None => self.unix >= mapper.created_unix,
         }
     }
 }

@@ -12,7 +12,8 @@ use super::shard::{self, ShardHeader};
 pub use super::step::LearnedStep;
 use super::LearnError;
 use crate::calibrate::DirectionStats;
-use crate::mapper::artifact::{self, ModelRef};
+use crate::mapper::artifact::{MapperMeta, ModelRef};
+use crate::mapper::dir::{MapperDir, PairFiles};
 use crate::mapper::PairStats;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -33,6 +34,15 @@ pub struct LearnedMeta {
     /// Positions learned in all.
     pub tokens: u64,
     pub steps: Vec<LearnedStep>,
+    /// Steps kept beside the mapper that are not applied to it: learned on another
+    /// mapper of the pair (one a calibration replaced since), or a calibration window
+    /// kept twice.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_applied: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl LearnedMeta {
@@ -45,6 +55,7 @@ impl LearnedMeta {
             token_layers,
             tokens: 0,
             steps: Vec::new(),
+            not_applied: 0,
         }
     }
 
@@ -59,18 +70,48 @@ impl LearnedMeta {
         let mut sources: Vec<&str> = self.steps.iter().map(|s| s.from.as_str()).collect();
         sources.dedup();
         let last = sources.last().copied().unwrap_or("-");
-        format!(
+        let mut line = format!(
             "learned from {} positions in {} updates ({} sources, the last {last})",
             self.tokens,
             self.steps.len(),
             sources.len()
-        )
+        );
+        if self.not_applied > 0 {
+            line += &format!(
+                "; {} more updates kept here are not applied to this mapper (learned on \
+                 a mapper a calibration replaced, or read twice): `baton mappers \
+                 --reset-learned` removes them",
+                self.not_applied
+            );
+        }
+        line
     }
 }
 
-/// Where what `source → target` learned lives under `mapper_dir`.
-pub fn learned_dir_in(mapper_dir: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
-    artifact::beside_artifact(mapper_dir, "learned", source, target)
+/// How a learned step read in the background is labelled: this and the window's number.
+pub const CALIBRATION_WINDOW: &str = "calibration window ";
+
+/// Which kept steps a mapper applies: its own, each calibration window once.
+struct Applies<'a> {
+    mapper: Option<&'a MapperMeta>,
+    windows: std::collections::HashSet<String>,
+}
+
+impl<'a> Applies<'a> {
+    fn new(mapper: Option<&'a MapperMeta>) -> Self {
+        Self {
+            mapper,
+            windows: Default::default(),
+        }
+    }
+
+    /// Whether `step` is applied; a window's first step is, a second is not.
+    fn take(&mut self, step: &LearnedStep) -> bool {
+        if self.mapper.is_some_and(|m| !step.belongs_to(m)) {
+            return false;
+        }
+        !step.from.starts_with(CALIBRATION_WINDOW) || self.windows.insert(step.from.clone())
+    }
 }
 
 fn bad(path: &Path, reason: impl Into<String>) -> LearnError {
@@ -83,7 +124,7 @@ fn bad(path: &Path, reason: impl Into<String>) -> LearnError {
 /// Keeps `update`, taken by `step`, as a new shard in `dir`; its path once it is on
 /// disk whole. Other writers' shards are left as they are.
 pub fn append(
-    dir: &Path,
+    dir: &MapperDir,
     meta: &LearnedMeta,
     update: &Update,
     step: &LearnedStep,
@@ -101,8 +142,8 @@ const FIX: &str = "remove it with `baton mappers --reset-learned`";
 
 /// The base's description: `learned.json`, where an earlier version kept what was
 /// learned as statistics.
-fn read_base(dir: &Path) -> Result<Option<LearnedMeta>, LearnError> {
-    let path = dir.join(META);
+fn read_base(pair: &PairFiles) -> Result<Option<LearnedMeta>, LearnError> {
+    let path = pair.learned().join(META);
     match std::fs::read_to_string(&path) {
         Ok(text) => serde_json::from_str(&text)
             .map(Some)
@@ -112,43 +153,77 @@ fn read_base(dir: &Path) -> Result<Option<LearnedMeta>, LearnError> {
     }
 }
 
-/// What was learned in `dir`, from the base's description and the shards' headers (the
-/// features are not read); `None` when nothing was.
-pub fn read_meta(dir: &Path) -> Result<Option<LearnedMeta>, LearnError> {
-    let base = read_base(dir)?;
-    let shards = shard::list(dir)?;
-    let mut meta = base;
-    for path in &shards {
+/// What `mapper` (or, with none, any mapper of the pair) learned, from the base's
+/// description and the shards' headers (the features are not read); `None` when nothing
+/// was kept.
+pub fn read_meta(
+    pair: &PairFiles,
+    mapper: Option<&MapperMeta>,
+) -> Result<Option<LearnedMeta>, LearnError> {
+    let mut applies = Applies::new(mapper);
+    let mut meta = read_base(pair)?.map(|base| base_applied(base, &mut applies));
+    for path in &shard::list(pair)? {
         let h = shard::read_header(path)?;
-        meta.get_or_insert_with(|| {
+        let m = meta.get_or_insert_with(|| {
             LearnedMeta::new(h.source.clone(), h.target.clone(), h.token_layers)
-        })
-        .record(h.step);
+        });
+        match applies.take(&h.step) {
+            true => m.record(h.step),
+            false => m.not_applied += 1,
+        }
     }
     Ok(meta)
 }
 
-/// Adds what was learned between these models to `stats` (the calibration's, loaded
-/// source-first or target-first): the base's statistics if there are any, then every
-/// shard, one at a time. `None` when nothing was learned.
+/// The legacy base as it counts for a mapper: all of it, or (when a step of it is not
+/// the mapper's) none of it, its steps counted as not applied.
+fn base_applied(mut base: LearnedMeta, applies: &mut Applies<'_>) -> LearnedMeta {
+    let steps = std::mem::take(&mut base.steps);
+    let tokens = std::mem::take(&mut base.tokens);
+    let all = steps.iter().all(|s| applies.take(s));
+    if all {
+        base.steps = steps;
+        base.tokens = tokens;
+    } else {
+        base.not_applied = steps.len();
+    }
+    base
+}
+
+/// Adds what `mapper` learned between these models to `stats` (the calibration's,
+/// loaded source-first or target-first): the base's statistics if there are any and
+/// they are its, then every shard of its, one at a time. What was learned on another
+/// mapper of the pair is counted, not added. `None` when nothing was kept.
 pub fn load_into(
-    dir: &Path,
+    pair: &PairFiles,
     stats: &mut DirectionStats,
     source: &ModelRef,
     target: &ModelRef,
+    mapper: &MapperMeta,
 ) -> Result<Option<LearnedMeta>, LearnError> {
-    let mut meta = match read_base(dir)? {
+    let mut applies = Applies::new(Some(mapper));
+    let mut meta = match read_base(pair)? {
         Some(base) => {
-            add_base(dir, &base, stats, source, target)?;
+            let base = base_applied(base, &mut applies);
+            if base.not_applied == 0 {
+                add_base(&pair.learned(), &base, stats, source, target)?;
+            }
             Some(base)
         }
         None => None,
     };
-    for path in shard::list(dir)? {
+    for path in shard::list(pair)? {
+        let h = shard::read_header(&path)?;
+        let m = meta.get_or_insert_with(|| {
+            LearnedMeta::new(h.source.clone(), h.target.clone(), stats.token_layers)
+        });
+        if !applies.take(&h.step) {
+            m.not_applied += 1;
+            continue;
+        }
         let (h, update) = shard::read(&path, source, target)?;
         update.add_to(stats)?;
-        meta.get_or_insert_with(|| LearnedMeta::new(h.source, h.target, stats.token_layers))
-            .record(h.step);
+        m.record(h.step);
     }
     Ok(meta)
 }
@@ -206,7 +281,9 @@ fn add_base(
     Ok(())
 }
 /// Forgets what was learned; true when there was something.
-pub fn reset(dir: &Path) -> Result<bool, LearnError> {
+pub fn reset(pair: &PairFiles) -> Result<bool, LearnError> {
+    let dir = pair.learned();
+    let dir = dir.as_path();
     if !dir.exists() {
         return Ok(false);
     }

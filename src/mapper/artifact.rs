@@ -5,6 +5,7 @@
 //! models' checksums and written to a temp file, then renamed into place.
 
 use super::calibration_report::CalibrationReport;
+use super::dir::MapperDir;
 use super::nonlinear::{stored, Heads, MapperKind, TrainingReport};
 use super::ridge::Factors;
 use super::ridge::{FitInfo, LayerMap};
@@ -64,10 +65,10 @@ fn dir_flag(dir: &Option<PathBuf>) -> String {
         .unwrap_or_default()
 }
 
-/// The mapper from `s` to `t` in `dir` (the cache dir's mappers/ when `None`): found,
-/// loaded, checked against both models and ready to apply.
+/// The mapper from `s` to `t` in `dir`: found, loaded, checked against both models and
+/// ready to apply.
 pub fn open_for(
-    dir: Option<&Path>,
+    dir: &MapperDir,
     s: &crate::model::Model,
     t: &crate::model::Model,
 ) -> Result<(MapperArtifact, super::CacheMapper), ArtifactError> {
@@ -79,7 +80,7 @@ pub fn open_for(
 /// The artifact from `s` to `t` in `dir`, found, loaded and checked against both models,
 /// its maps still in plain form (for a caller that adjusts them before applying).
 pub fn find_for(
-    dir: Option<&Path>,
+    dir: &MapperDir,
     s: &crate::model::Model,
     t: &crate::model::Model,
 ) -> Result<MapperArtifact, ArtifactError> {
@@ -87,15 +88,12 @@ pub fn find_for(
         ModelRef::new(&s.identity, s.config()),
         ModelRef::new(&t.identity, t.config()),
     );
-    let path = match dir {
-        Some(d) => artifact_path_in(d, &sr, &tr),
-        None => artifact_path(&crate::fetch::cache_root(), &sr, &tr),
-    };
+    let path = dir.pair(&sr, &tr).artifact();
     if !path.is_file() {
         return Err(ArtifactError::Missing {
             source_name: s.identity.name.clone(),
             target: t.identity.name.clone(),
-            dir: dir.map(Path::to_path_buf),
+            dir: dir.as_named().map(Path::to_path_buf),
         });
     }
     let art = load(&path)?;
@@ -205,9 +203,23 @@ pub struct MapperMeta {
     pub report: CalibrationReport,
     pub created_unix: u64,
     pub baton_version: String,
+    /// Which calibration made this mapper, unique to it: what it learns is bound to it
+    /// ([`Self::identity`]). Absent before learned steps were bound to their mapper.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
 }
 
 impl MapperMeta {
+    /// What tells this mapper from any other of the same pair: its id, or for a mapper
+    /// written before ids, the second it was made.
+    pub fn identity(&self) -> String {
+        if self.id.is_empty() {
+            format!("created-{}", self.created_unix)
+        } else {
+            self.id.clone()
+        }
+    }
+
     /// What calibration chose and how it scored on held-out text, in one line.
     pub fn summary_line(&self) -> String {
         let r = &self.report;
@@ -256,52 +268,6 @@ pub struct MapperArtifact {
     pub source_scales: Option<SourceScales>,
     /// The trained heads of a residual or mlp mapper.
     pub heads: Option<Heads>,
-}
-
-/// `<cache>/mappers/`.
-pub fn mappers_dir(root: &Path) -> PathBuf {
-    root.join("mappers")
-}
-
-/// Where the artifact for `source → target` lives, keyed by both checksums.
-pub fn artifact_path(root: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
-    artifact_path_in(&mappers_dir(root), source, target)
-}
-
-/// Where something kept beside the artifact for `source → target` lives: `dir/kind/` and
-/// the artifact's file name without its extension (saved statistics, what it learned).
-pub fn beside_artifact(dir: &Path, kind: &str, source: &ModelRef, target: &ModelRef) -> PathBuf {
-    let artifact = artifact_path_in(dir, source, target);
-    let name = artifact
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    dir.join(kind).join(name)
-}
-
-/// The same file name inside another directory (mappers fitted on a special corpus kept
-/// apart from the defaults).
-pub fn artifact_path_in(dir: &Path, source: &ModelRef, target: &ModelRef) -> PathBuf {
-    let short = |s: &str| s.chars().take(12).collect::<String>();
-    dir.join(format!(
-        "{}__to__{}.{}-{}.safetensors",
-        sanitize(&source.name),
-        sanitize(&target.name),
-        short(&source.sha256),
-        short(&target.sha256)
-    ))
-}
-
-fn sanitize(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArtifactError + '_ {
@@ -487,29 +453,6 @@ impl MapperArtifact {
         }
         Ok(())
     }
-}
-
-/// Every artifact under `<root>/mappers`, newest first; unreadable files are reported,
-/// not skipped silently.
-pub fn list(root: &Path) -> Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> {
-    list_in(&mappers_dir(root))
-}
-
-/// Every artifact in the mappers directory `dir`, newest first.
-pub fn list_in(dir: &Path) -> Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut out: Vec<(PathBuf, Result<MapperMeta, ArtifactError>)> = rd
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .map(|p| {
-            let m = load_meta(&p);
-            (p, m)
-        })
-        .collect();
-    out.sort_by_key(|(_, m)| std::cmp::Reverse(m.as_ref().map(|m| m.created_unix).unwrap_or(0)));
-    out
 }
 
 #[cfg(test)]

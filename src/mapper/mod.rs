@@ -44,6 +44,7 @@ pub use stats::PairStats;
 
 pub mod artifact;
 pub mod calibration_report;
+pub mod dir;
 pub mod features;
 pub mod gain;
 pub mod low_rank;

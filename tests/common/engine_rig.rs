@@ -104,7 +104,7 @@ pub fn write_pair_with(t: &Tiny, dir: &Path, keep_stats: bool, o: CalibrateOptio
         &AtomicBool::new(false),
     )
     .unwrap();
-    let mappers = dir.join("mappers");
+    let mappers = baton::mapper::dir::MapperDir::named(dir.join("mappers"));
     save_fitted(
         &done.fitted,
         [&a, &b],
@@ -114,7 +114,7 @@ pub fn write_pair_with(t: &Tiny, dir: &Path, keep_stats: bool, o: CalibrateOptio
     .unwrap();
     if keep_stats {
         for st in &done.stats {
-            let at = saved_stats::stats_dir_in(&mappers, &st.meta.source, &st.meta.target);
+            let at = mappers.pair(&st.meta.source, &st.meta.target).stats();
             saved_stats::save(st, &at).unwrap();
         }
     }
@@ -123,9 +123,9 @@ pub fn write_pair_with(t: &Tiny, dir: &Path, keep_stats: bool, o: CalibrateOptio
 /// The pair written under `dir` by [`write_pair`], with its mappers both ways.
 pub fn models_and_mappers(dir: &Path) -> (Model, Model, CacheMapper, CacheMapper) {
     let (a, b) = models(dir);
-    let mappers = dir.join("mappers");
-    let (_, forward) = artifact::open_for(Some(&mappers), &a, &b).unwrap();
-    let (_, backward) = artifact::open_for(Some(&mappers), &b, &a).unwrap();
+    let mappers = baton::mapper::dir::MapperDir::named(dir.join("mappers"));
+    let (_, forward) = artifact::open_for(&mappers, &a, &b).unwrap();
+    let (_, backward) = artifact::open_for(&mappers, &b, &a).unwrap();
     (a, b, forward, backward)
 }
 
@@ -161,12 +161,12 @@ pub fn rig(dir: &Path, keep: bool, record: Option<PathBuf>) -> Rig {
 /// An engine on the pair under `dir`, set up by `setup` (answers of 24 tokens at most).
 pub fn rig_with(dir: &Path, setup: impl FnOnce(&mut EngineConfig)) -> Rig {
     let (a, b) = models(dir);
-    let mappers = dir.join("mappers");
+    let mappers = baton::mapper::dir::MapperDir::named(dir.join("mappers"));
     let models = [a, b];
     let loaded = load::load_mappers(&mappers, &models).unwrap();
     let [a, b] = models;
     let mut config = EngineConfig::new(["a".into(), "b".into()], Device::Cpu);
-    config.mapper_dir = Some(mappers);
+    config.mapper_dir = mappers;
     config.settings.max_tokens = 24;
     // Learning only where `setup` asks for it.
     config.settings.learn = false;

@@ -58,11 +58,17 @@ pub fn calibrate_into(a: &Model, b: &Model, docs: &[Document], dir: &Path) {
         &c.fitted,
         [a, b],
         &corpus_info(&[], &corpus::fingerprint(docs), &o),
-        dir,
+        &baton::mapper::dir::MapperDir::named(dir),
     )
     .unwrap();
     let (sr, tr) = refs(a, b);
-    saved_stats::save(&c.stats[0], &saved_stats::stats_dir_in(dir, &sr, &tr)).unwrap();
+    saved_stats::save(
+        &c.stats[0],
+        &baton::mapper::dir::MapperDir::named(dir)
+            .pair(&sr, &tr)
+            .stats(),
+    )
+    .unwrap();
 }
 
 pub fn refs(a: &Model, b: &Model) -> (ModelRef, ModelRef) {
@@ -73,7 +79,8 @@ pub fn refs(a: &Model, b: &Model) -> (ModelRef, ModelRef) {
 }
 
 pub fn open(a: &Model, b: &Model, dir: &Path, use_learned: bool) -> learn::Opened {
-    let art = artifact::find_for(Some(dir), a, b).unwrap();
+    let dir = &baton::mapper::dir::MapperDir::named(dir);
+    let art = artifact::find_for(dir, a, b).unwrap();
     let mapper = art.cache_mapper(a, b).unwrap();
     let docs = docs_for_slices(a);
     let slices = learn::calibration_slices(a, b, &docs, ANCHOR).unwrap();

@@ -8,18 +8,17 @@
 //! The windows are the corpus's fit split at the first run's window length, after those
 //! the first run fitted on: text the learner's held-out slice (the selection split)
 //! never holds. What was read in earlier sessions is known from the learned steps'
-//! labels, so a later session goes on where the last one stopped.
+//! labels, so a later session goes on where the last one stopped; what another
+//! workbench on the same directory reads meanwhile, from the windows' claims
+//! ([`crate::mapper::dir::WindowClaim`]).
 
 use crate::calibrate::{capture_until, CalibrateOptions};
 use crate::data::corpus::{self, Document, Split};
-use crate::learn::store::LearnedMeta;
+use crate::learn::store::{LearnedMeta, CALIBRATION_WINDOW as LABEL};
 use crate::mapper::artifact::CorpusInfo;
 use crate::metrics::probe_positions;
 use crate::model::{KvCache, Model};
 use candle_core::Tensor;
-
-/// How a learned step read in the background is labelled: this and the window's number.
-pub(super) const LABEL: &str = "calibration window ";
 
 /// Probes per window the update is judged at (in its newest quarter).
 const PROBES: usize = 32;
@@ -30,6 +29,8 @@ pub(super) struct Windows {
     windows: Vec<Vec<u32>>,
     /// The next to read.
     next: usize,
+    /// Windows passed over because another reader of the mapper holds or read them.
+    elsewhere: usize,
 }
 
 impl Windows {
@@ -63,6 +64,7 @@ impl Windows {
         Ok(Some(Self {
             next: read_before.max(c.sequences).min(windows.len()),
             windows,
+            elsewhere: 0,
         }))
     }
 
@@ -75,6 +77,17 @@ impl Windows {
 
     pub fn advance(&mut self) {
         self.next = (self.next + 1).min(self.windows.len());
+    }
+
+    /// Passes over the current window, which another reader holds or has read.
+    pub fn read_by_another(&mut self) {
+        self.elsewhere += 1;
+        self.advance();
+    }
+
+    /// How many windows were passed over for another reader.
+    pub fn read_elsewhere(&self) -> usize {
+        self.elsewhere
     }
 
     /// Windows read so far (the first run's included), and how many make the full

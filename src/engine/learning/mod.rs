@@ -24,7 +24,6 @@ use super::EngineError;
 use crate::model::{KvCache, Model};
 use crate::protocol::{CacheOrigin, Event, MapperState, ModelName};
 use candle_core::Tensor;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use worker::{Job, Reply, Task, Worker};
@@ -87,7 +86,7 @@ impl Learning {
     pub fn start(
         &mut self,
         models: [Arc<Model>; 2],
-        mapper_dir: PathBuf,
+        mapper_dir: crate::mapper::dir::MapperDir,
         setup: LearnSetup,
         anchor: usize,
     ) {
@@ -278,7 +277,16 @@ impl Learning {
                 mapper,
                 learned_tokens,
                 updates,
+                not_applied,
             } => {
+                if not_applied > 0 {
+                    let (a, b) = name(source);
+                    cx.out.emit(Event::Notice {
+                        message: format!(
+                            "mapper {a} -> {b}: {not_applied} updates kept beside it are not applied to it (learned on a mapper a calibration has replaced since, or a calibration window kept twice); `baton mappers --reset-learned` removes them"
+                        ),
+                    });
+                }
                 if let Some(m) = mapper {
                     cx.mappers[source].mapper = *m;
                     self.state[source] = MapperState {
@@ -399,7 +407,22 @@ impl Learning {
             Reply::GaveWay { source } => {
                 tracing::debug!("background calibration of slot {source}'s mapper gave way");
             }
-            Reply::CalibrationDone { source } => {
+            Reply::CalibrationDone {
+                source,
+                read_elsewhere,
+            } => {
+                let reading = matches!(
+                    self.background.as_ref().map(|b| b[source]),
+                    Some(Background::Reading { .. })
+                );
+                if read_elsewhere > 0 && reading {
+                    let (from, to) = name(source);
+                    cx.out.emit(Event::Notice {
+                        message: format!(
+                            "mapper {from} -> {to} has read every calibration window left ({read_elsewhere} of them read by another workbench on this mapper directory): background calibration stops"
+                        ),
+                    });
+                }
                 if let Some(b) = self.background.as_mut() {
                     b[source] = Background::Done;
                 }

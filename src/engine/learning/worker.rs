@@ -8,6 +8,7 @@ use crate::data::corpus::{self, Document};
 use crate::engine::config::LearnSetup;
 use crate::learn::{self, ConversationPair, LearnOutcome, Opened};
 use crate::mapper::artifact::{self, CorpusInfo};
+use crate::mapper::dir::MapperDir;
 use crate::mapper::CacheMapper;
 use crate::model::{KvCache, Model, ModelError};
 use candle_core::Tensor;
@@ -58,6 +59,9 @@ pub(crate) enum Reply {
         mapper: Option<Box<CacheMapper>>,
         learned_tokens: u64,
         updates: usize,
+        /// Updates kept beside the mapper that are not its own (see
+        /// [`crate::learn::store::LearnedMeta::not_applied`]).
+        not_applied: usize,
     },
     /// A learning step ran; `mapper` is the new mapper in use when it was accepted.
     Learned {
@@ -96,9 +100,11 @@ pub(crate) enum Reply {
     GaveWay {
         source: usize,
     },
-    /// Nothing left to read in the background for this direction.
+    /// Nothing left to read in the background for this direction; `read_elsewhere` of
+    /// the windows were read by another reader of the same mapper directory.
     CalibrationDone {
         source: usize,
+        read_elsewhere: usize,
     },
 }
 
@@ -122,7 +128,7 @@ impl Reply {
             | Reply::Failed { source, .. }
             | Reply::Calibrated { source, .. }
             | Reply::GaveWay { source }
-            | Reply::CalibrationDone { source } => *source,
+            | Reply::CalibrationDone { source, .. } => *source,
         }
     }
 }
@@ -139,7 +145,7 @@ pub(crate) struct Worker {
 impl Worker {
     pub fn spawn(
         models: [Arc<Model>; 2],
-        mapper_dir: PathBuf,
+        mapper_dir: MapperDir,
         setup: LearnSetup,
         anchor: usize,
     ) -> Option<Self> {
@@ -252,22 +258,14 @@ fn background_pool() -> Option<rayon::ThreadPool> {
 
 /// Make the calling thread the last to get a core (Linux keeps a nice value per thread).
 fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: plain system calls on the calling thread's own id; nothing is shared.
-        let done = unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, tid, 19)
-        };
-        if done != 0 {
-            tracing::warn!("could not lower the learning thread's priority");
-        }
+    if !crate::os::lower_thread_priority() {
+        tracing::warn!("could not lower the learning thread's priority");
     }
 }
 
 struct State {
     models: [Arc<Model>; 2],
-    mapper_dir: PathBuf,
+    mapper_dir: MapperDir,
     setup: LearnSetup,
     anchor: usize,
     /// Per source slot: the learner, or why there is none.
@@ -309,6 +307,7 @@ impl State {
                     .then(|| Box::new(o.learner.mapper().clone())),
                 learned_tokens: o.learner.learned_tokens(),
                 updates: o.meta.steps.len(),
+                not_applied: o.meta.not_applied,
             },
             Err(reason) => Reply::Unavailable {
                 source,
@@ -402,7 +401,10 @@ impl State {
             let (Some(Ok(opened)), Some(corpus)) =
                 (self.learners[source].as_ref(), self.corpora[source].clone())
             else {
-                return Reply::CalibrationDone { source };
+                return Reply::CalibrationDone {
+                    source,
+                    read_elsewhere: 0,
+                };
             };
             let learned = opened.meta.clone();
             let docs = match self.docs() {
@@ -411,7 +413,12 @@ impl State {
             };
             match Windows::open(&corpus, &learned, &tgt, docs) {
                 Ok(Some(w)) => self.windows[source] = Some(w),
-                Ok(None) => return Reply::CalibrationDone { source },
+                Ok(None) => {
+                    return Reply::CalibrationDone {
+                        source,
+                        read_elsewhere: 0,
+                    }
+                }
                 Err(reason) => return Reply::Failed { source, reason },
             }
         }
@@ -419,12 +426,30 @@ impl State {
             self.windows[source].as_mut(),
             self.learners[source].as_mut(),
         ) else {
-            return Reply::CalibrationDone { source };
+            return Reply::CalibrationDone {
+                source,
+                read_elsewhere: 0,
+            };
         };
-        let Some((number, tokens)) = windows.current() else {
-            return Reply::CalibrationDone { source };
+        // Claimed before it is read, so that a window is read once for this mapper
+        // whoever reads it (another workbench on this directory may be reading too).
+        // Where nothing can be written, nothing can be kept either: it is read unclaimed.
+        let (number, tokens, claim) = loop {
+            let Some((number, tokens)) = windows.current() else {
+                return Reply::CalibrationDone {
+                    source,
+                    read_elsewhere: windows.read_elsewhere(),
+                };
+            };
+            match opened.files.claim_window(&opened.mapper.identity(), number) {
+                Ok(Some(claim)) => break (number, tokens.to_vec(), Some(claim)),
+                Ok(None) => windows.read_by_another(),
+                Err(e) => {
+                    tracing::warn!("calibration window {number} read unclaimed: {e}");
+                    break (number, tokens.to_vec(), None);
+                }
+            }
         };
-        let tokens = tokens.to_vec();
         let give_way = Arc::clone(&self.give_way);
         let stop = move || give_way.load(Ordering::Relaxed);
         let read = match calibration::read(&src, &tgt, &tokens, self.anchor, &stop) {
@@ -463,7 +488,7 @@ impl State {
         if let Some(o) = outcome.as_ref().filter(|o| o.accepted) {
             mapper = Some(Box::new(opened.learner.mapper().clone()));
             if self.setup.keep {
-                let label = format!("{}{number}", calibration::LABEL);
+                let label = format!("{}{number}", learn::store::CALIBRATION_WINDOW);
                 kept = match opened.keep(&label, o) {
                     Ok(Some(path)) => Some(Ok(path)),
                     Ok(None) => None,
@@ -471,6 +496,15 @@ impl State {
                 };
             } else {
                 opened.learner.take_update();
+            }
+        }
+        // Read for good once what it gave is kept, or it gave nothing to keep; a taken
+        // update that could not be kept leaves the window to a later session.
+        let weighed = outcome.as_ref().is_some_and(|o| !o.accepted)
+            || (self.setup.keep && matches!(kept, Some(Ok(_))));
+        if let (Some(claim), true) = (claim, weighed) {
+            if let Err(e) = claim.read() {
+                tracing::warn!("calibration window {number}: {e}");
             }
         }
         Reply::Calibrated {
@@ -491,7 +525,7 @@ impl State {
         });
         let opened = opened.and_then(|slices| {
             let (art, mapper) =
-                artifact::open_for(Some(&self.mapper_dir), src, tgt).map_err(|e| e.to_string())?;
+                artifact::open_for(&self.mapper_dir, src, tgt).map_err(|e| e.to_string())?;
             learn::open(
                 src,
                 tgt,

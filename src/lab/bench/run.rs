@@ -8,7 +8,6 @@ use crate::mapper::artifact::{self, ArtifactError};
 use crate::mapper::MapPrecision;
 use crate::model::{Model, ModelError};
 use candle_core::Device;
-use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -35,7 +34,7 @@ pub struct SweepPlan<'a> {
     pub lengths: &'a [usize],
     pub options: BenchOptions,
     /// Where the mappers are (the cache dir's mappers/ when `None`).
-    pub mapper_dir: Option<&'a Path>,
+    pub mapper_dir: &'a crate::mapper::dir::MapperDir,
     pub precision: MapPrecision,
     /// Where the models run (the report names it; off the CPU the sweep says what its
     /// speedups are against).

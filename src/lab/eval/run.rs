@@ -12,7 +12,6 @@ use crate::data::tasks::{TaskDef, TaskItem};
 use crate::handoff::reread::RereadSetting;
 use crate::mapper::{artifact, MapPrecision};
 use crate::model::Model;
-use std::path::Path;
 
 /// What to evaluate, the same for every direction.
 pub struct EvalPlan<'a> {
@@ -27,7 +26,7 @@ pub struct EvalPlan<'a> {
     /// Other handoffs the recall suite runs in the same turns as `recall`'s own.
     pub handoffs: &'a [HandoffVariant],
     /// Where the mappers are (the cache's mappers/ when `None`).
-    pub mapper_dir: Option<&'a Path>,
+    pub mapper_dir: &'a crate::mapper::dir::MapperDir,
     pub precision: MapPrecision,
     /// Gains around the mean prediction for the mapped keys and values (1 for none; see
     /// [`crate::mapper::gain`]).
@@ -115,11 +114,19 @@ fn open_learner(
                 .into(),
         ));
     }
-    let dir = art.path.parent().unwrap_or(Path::new("."));
     let docs = crate::data::corpus::read_documents(&crate::data::corpus::default_files()?)?;
     let anchor = plan.recall.anchor;
     let slices = crate::learn::calibration_slices(s, t, &docs, anchor)?;
-    let opened = crate::learn::open(s, t, art, mapper.clone(), dir, learned, slices, anchor)?;
+    let opened = crate::learn::open(
+        s,
+        t,
+        art,
+        mapper.clone(),
+        plan.mapper_dir,
+        learned,
+        slices,
+        anchor,
+    )?;
     Ok(opened.learner)
 }
 

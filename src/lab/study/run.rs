@@ -75,7 +75,9 @@ pub fn item_config(
     let mut cfg = EngineConfig::new(item.models.clone(), device.clone());
     cfg.settings.apply(&script.script.settings);
     cfg.settings.apply(&variant.overrides()?);
-    cfg.mapper_dir = variant.mapper_dir.clone();
+    if let Some(d) = &variant.mapper_dir {
+        cfg.mapper_dir = crate::mapper::dir::MapperDir::named(d);
+    }
     cfg.learning.keep = false;
     cfg.record = Some(record);
     let steps = script

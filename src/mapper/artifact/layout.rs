@@ -369,7 +369,7 @@ mod tests {
             source_scales: &p.scales,
             heads: p.heads.as_ref(),
         };
-        save(maps, &p.meta, path).unwrap();
+        save(maps, &p.meta, path, &path.with_extension("json")).unwrap();
     }
 
     fn refusal(p: &Parts) -> String {

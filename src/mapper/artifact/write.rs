@@ -1,6 +1,7 @@
 //! Writing an artifact: every map's tensors and the trained heads', with the metadata in
-//! the header, to a temporary file renamed into place, and a readable copy of the
-//! metadata beside it.
+//! the header, and a readable copy of the metadata beside it. They are written where
+//! they are asked to be (a mapper directory's staging, see [`crate::mapper::dir`]),
+//! which puts them in place whole.
 
 use super::{io, ArtifactError, MapperMeta};
 use crate::mapper::nonlinear::{stored, Heads};
@@ -24,8 +25,13 @@ pub struct Maps<'a> {
     pub heads: Option<&'a Heads>,
 }
 
-/// Write `maps` atomically to `path` (and `path` with `.json` for people).
-pub fn save(maps: Maps<'_>, meta: &MapperMeta, path: &Path) -> Result<(), ArtifactError> {
+/// Writes `maps` to `path`, and their metadata for people to `readable`.
+pub fn save(
+    maps: Maps<'_>,
+    meta: &MapperMeta,
+    path: &Path,
+    readable: &Path,
+) -> Result<(), ArtifactError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let json = serde_json::to_string_pretty(meta).map_err(|e| ArtifactError::Bad {
@@ -87,29 +93,20 @@ pub fn save(maps: Maps<'_>, meta: &MapperMeta, path: &Path) -> Result<(), Artifa
         .collect::<Result<_, _>>()?;
     let mut header = HashMap::new();
     header.insert("baton".to_string(), json.clone());
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     // A write cut short (a full disk) leaves no part-written file behind.
-    let gone = |tmp: &Path| {
-        let _ = std::fs::remove_file(tmp);
+    let gone = |p: &Path| {
+        let _ = std::fs::remove_file(p);
     };
-    safetensors::serialize_to_file(views, Some(header), &tmp).map_err(|e| {
-        gone(&tmp);
+    safetensors::serialize_to_file(views, Some(header), path).map_err(|e| {
+        gone(path);
         ArtifactError::Bad {
-            path: tmp.clone(),
+            path: path.to_path_buf(),
             reason: e.to_string(),
         }
     })?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        gone(&tmp);
-        io(path)(e)
+    std::fs::write(readable, json).map_err(|e| {
+        gone(readable);
+        io(readable)(e)
     })?;
-    let json_path = path.with_extension("json");
-    let tmp_json = json_path.with_extension(format!("json.tmp.{}", std::process::id()));
-    std::fs::write(&tmp_json, json)
-        .and_then(|()| std::fs::rename(&tmp_json, &json_path))
-        .map_err(|e| {
-            gone(&tmp_json);
-            io(&json_path)(e)
-        })?;
     Ok(())
 }

@@ -73,11 +73,7 @@ impl PairStats {
             path: path.to_path_buf(),
             source,
         })?;
-        // SAFETY: the map is only read while this function runs, and statistics files are
-        // baton's own; if another process truncates the file meanwhile, reading can fault,
-        // the same trade every mmap-based safetensors reader makes to avoid holding a
-        // second copy of a file that can be over half a gigabyte.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| MapperError::Io {
+        let map = crate::os::map_file(&file).map_err(|source| MapperError::Io {
             path: path.to_path_buf(),
             source,
         })?;

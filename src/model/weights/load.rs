@@ -247,13 +247,12 @@ pub(crate) fn load_safetensors(
     device: &Device,
 ) -> Result<Weights> {
     let files = safetensors_files(dir)?;
-    // SAFETY: the files are memory-mapped read-only; baton never writes them, and a file
-    // changed underneath a running process is outside what any loader can defend against.
-    let vb = unsafe { candle_nn::VarBuilder::from_mmaped_safetensors(&files, dtype, device) }
-        .map_err(|e| ModelError::BadSafetensors {
+    let vb = crate::os::mapped_safetensors(&files, dtype, device).map_err(|e| {
+        ModelError::BadSafetensors {
             path: dir.to_path_buf(),
             reason: e.to_string(),
-        })?;
+        }
+    })?;
     let get = |name: &str| -> Result<Tensor> {
         vb.get_unchecked(name)
             .map_err(|e| ModelError::MissingTensor {

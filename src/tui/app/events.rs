@@ -110,16 +110,21 @@ impl App {
                 accepted,
                 before,
                 after,
-                ..
+                kept,
             } => {
                 self.calibration.insert(from.to_string(), (*windows, *full));
                 // Said when the mapper in use changed, between turns; the status line
-                // counts the windows read.
+                // counts the windows read. "Kept" only of what is on disk.
                 if *accepted {
+                    let fate = if *kept {
+                        "taken and kept"
+                    } else {
+                        "taken for this session, not kept"
+                    };
                     self.say(
                         Level::Info,
                         format!(
-                            "mapper {from} -> {to} improved in the background: calibration window {windows} of {full} taken (held-out cosine {before:.3} -> {after:.3})"
+                            "mapper {from} -> {to} improved in the background: calibration window {windows} of {full} {fate} (held-out cosine {before:.3} -> {after:.3})"
                         ),
                     );
                 }
