@@ -11,6 +11,11 @@ fn main() {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     let cli = cli::parse();
+    // Before the log, which lives in the cache dir, and before any kernel runs.
+    if let Err(e) = cli::check_environment() {
+        eprintln!("error: {}", cli::error_line(&e));
+        std::process::exit(1);
+    }
     // The library reads the activations' dtype where it loads a model; the flag wins over
     // the environment it came from. Set before any thread starts.
     std::env::set_var(baton::model::ACTIVATIONS_ENV, &cli.activations);

@@ -285,6 +285,56 @@ fn a_hub_that_stops_answering_fails_in_bounded_time() {
 }
 
 #[test]
+fn a_redirect_loop_is_named_as_one_in_few_requests_whether_relative_or_absolute() {
+    for relative in [false, true] {
+        let hub = FakeHub::start(REPO, vec![("model.gguf", payload(1000), true)]);
+        hub.set_fault(Fault::RedirectLoop { relative });
+        let root = tempfile::tempdir().unwrap();
+        let t = Instant::now();
+        let err = fetch(root.path(), &spec("model.gguf"), &opts(&hub, 0)).unwrap_err();
+        let took = t.elapsed();
+        let msg = err.to_string();
+        let kind = if relative { "relative" } else { "absolute" };
+        assert!(msg.contains("too many redirects"), "{kind}: {msg}");
+        assert!(
+            !matches!(err, FetchError::HubTimeout { .. }),
+            "{kind}: {msg}"
+        );
+        // A loop is a handful of requests, not as many as fit in the time allowed.
+        let asked = hub.requests().len();
+        assert!(asked <= 30, "{kind}: the hub was asked {asked} times");
+        assert!(took < Duration::from_secs(5), "{kind}: took {took:?}");
+        assert!(!root.path().join("models/hf/acme/tiny/model.gguf").exists());
+    }
+}
+
+#[test]
+fn the_binary_names_a_relative_redirect_loop_instead_of_waiting_it_out() {
+    let hub = FakeHub::start(REPO, vec![("model.gguf", payload(1000), true)]);
+    hub.set_fault(Fault::RedirectLoop { relative: true });
+    let root = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_baton"));
+    cmd.args(["info", "-m", &spec("model.gguf")])
+        .env("BATON_CACHE_DIR", root.path())
+        .env("HF_ENDPOINT", hub.url())
+        .env("BATON_HUB_TIMEOUT", "3")
+        .env_remove("HF_TOKEN")
+        .env_remove("BATON_OFFLINE_HUB")
+        .env_remove("HF_HUB_OFFLINE");
+    for proxy in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        cmd.env_remove(proxy);
+    }
+    cmd.env_remove("ALL_PROXY").env_remove("all_proxy");
+    let out = cmd.output().expect("baton runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("too many redirects"), "{err}");
+    assert!(!err.contains("did not answer"), "{err}");
+    let asked = hub.requests().len();
+    assert!(asked <= 30, "the hub was asked {asked} times");
+}
+
+#[test]
 fn a_manifest_entry_with_a_hub_source_is_held_to_the_digest_its_source_pins() {
     let gguf = payload(50_000);
     let hub = FakeHub::start(REPO, vec![("model.gguf", gguf.clone(), true)]);

@@ -2,7 +2,8 @@
 //! this module lays them out for a person: which heading each falls under, the short
 //! forms (one letter means one flag in every command), what `-h` shows in one line
 //! each (`--help` shows every flag with its paragraph), and `baton -h`'s commands
-//! grouped by use. Tests hold every `-h` to one 80×24 screen.
+//! grouped by use. Tests hold every `-h` to 22 rows of 80 columns: one 80×24 screen
+//! with the prompt that follows, its first line still in view.
 
 use clap::{Arg, ArgAction, Command};
 
@@ -352,7 +353,7 @@ const LAYOUTS: &[Layout] = &[
         path: &["study", "run"],
         groups: &[
             (PAIR, &["device"]),
-            (MEASURE, &["study", "shard", "shards", "jobs"]),
+            ("What to run", &["study", "shard", "shards", "jobs"]),
             (OUTPUT, &["out"]),
         ],
         brief: &[
@@ -512,31 +513,35 @@ fn lay_out(mut cmd: Command, layout: &Layout) -> Command {
         let value = VALUE.iter().find(|(v, _)| v == id).map(|(_, n)| *n);
         cmd = cmd.mut_arg(id, |a| arrange(a, heading, brief, short, value));
     }
-    cmd = with_help_flag(cmd);
     let hidden = ids
         .iter()
         .filter(|id| !layout.brief.iter().any(|(b, _)| b == *id))
         .filter(|id| !matches!(id.as_str(), "help" | "version" | "device"))
         .count();
-    if hidden > 0 && !layout.brief.is_empty() {
-        cmd = cmd
-            .after_help(format!(
-                "{hidden} more flags: --help shows every flag, with what it does"
-            ))
-            .after_long_help("");
-    }
-    cmd
+    let more = if hidden > 0 && !layout.brief.is_empty() {
+        hidden
+    } else {
+        0
+    };
+    with_help_flag(cmd, more)
 }
 
 /// -h and --help under the "Output" heading, instead of an "Options" section of their
-/// own that would cost three lines of every `-h`.
-fn with_help_flag(cmd: Command) -> Command {
+/// own that would cost three lines of every `-h`; its line counts the flags `-h` leaves
+/// out, where a note of its own would cost two more.
+fn with_help_flag(cmd: Command, more: usize) -> Command {
+    let line = match more {
+        0 => "this help; --help: every flag, in full".to_string(),
+        1 => "this help; --help: every flag, in full (1 more flag)".to_string(),
+        n => format!("this help; --help: every flag, in full ({n} more flags)"),
+    };
     cmd.disable_help_flag(true).arg(
         Arg::new("help")
             .short('h')
             .long("help")
             .action(ArgAction::Help)
-            .help("this help; --help: every flag, in full")
+            .help(line)
+            .long_help("-h: the common flags, a line each; --help: every flag, in full")
             .help_heading(OUTPUT),
     )
 }
@@ -580,9 +585,12 @@ fn top_template() -> String {
         .flat_map(|(_, cmds)| cmds.iter().map(|(n, _)| n.len()))
         .max()
         .unwrap_or(0);
-    // No about line and no blank line between groups: fifteen commands, grouped, and the
-    // options fit one 80×24 screen. `--help` adds the about.
-    let mut t = String::from("{before-help}{usage-heading} {usage}\n");
+    // No about line, no blank line between groups, and the options in one line:
+    // fifteen commands, grouped, and the options fit 22 rows, so that on a 24-row screen
+    // the first stays in view when the prompt comes back. `--help` adds the about.
+    let mut t = String::from(
+        "{before-help}{usage-heading} {usage}  `baton COMMAND -h`: its flags; -V: version\n",
+    );
     for (group, cmds) in GROUPS {
         t.push_str(&format!("\n{group}:"));
         for (name, line) in *cmds {
@@ -590,8 +598,7 @@ fn top_template() -> String {
         }
     }
     t.push_str(
-        "\n\nOptions: -d, --device <DEV>  cpu (default), cuda or cuda:N [env: BATON_DEVICE]\
-         \n         -h, --help  -V, --version  `baton COMMAND -h`: a command's flags\n",
+        "\nOptions: -d, --device <DEV>  cpu (default), cuda or cuda:N [env: BATON_DEVICE]\n",
     );
     t
 }

@@ -6,6 +6,7 @@ mod bench;
 mod bench_model;
 mod calibrate;
 mod common;
+mod environment;
 mod error_line;
 mod eval;
 mod fetch;
@@ -101,9 +102,16 @@ pub use error_line::error_line;
 /// The command line, laid out for a person (`help`), read from the process's arguments;
 /// a mistake or `-h` prints and exits as clap does.
 pub fn parse() -> Cli {
-    let matches = help::shape(Cli::command()).get_matches();
+    let cmd = help::shape(Cli::command());
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = cmd
+        .clone()
+        .try_get_matches_from(&args)
+        .unwrap_or_else(|e| environment::name_the_source(e, &cmd, &args).exit());
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
+
+pub use environment::check as check_environment;
 
 /// Carry out the command line.
 pub fn run(cli: Cli) -> Result<()> {

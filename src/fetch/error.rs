@@ -31,6 +31,10 @@ pub enum FetchError {
     )]
     BadHubReference(String),
 
+    /// The cache dir is a file, or under one.
+    #[error("{0}")]
+    CacheDir(String),
+
     /// A filesystem operation failed.
     #[error(
         "{action} {path}: {source} (check free disk space and permissions, \

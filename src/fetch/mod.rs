@@ -55,15 +55,55 @@ pub struct Fetched {
     pub hashed_now: bool,
 }
 
+/// The environment variable that moves baton's cache dir.
+pub const CACHE_DIR_ENV: &str = "BATON_CACHE_DIR";
+
 /// baton's cache dir: `BATON_CACHE_DIR` if set, else the platform cache dir for "baton".
 pub fn cache_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("BATON_CACHE_DIR").filter(|d| !d.is_empty()) {
+    if let Some(dir) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
     match directories::ProjectDirs::from("", "", "baton") {
         Some(dirs) => dirs.cache_dir().to_path_buf(),
         None => std::env::temp_dir().join("baton-cache"),
     }
+}
+
+/// [`cache_root`], once it is known to be a directory or a path where one can be made:
+/// a file there (or above it) is refused by name, where otherwise every reader would
+/// find the cache empty and say so, and every writer fail on its own path.
+pub fn check_cache_root() -> Result<PathBuf, FetchError> {
+    let root = cache_root();
+    // The nearest part of the path that exists decides; what is missing is made later.
+    let Some((file, meta)) = root
+        .ancestors()
+        .find_map(|p| std::fs::metadata(p).ok().map(|m| (p, m)))
+    else {
+        return Ok(root);
+    };
+    if meta.is_dir() {
+        return Ok(root);
+    }
+    let what = if file == root {
+        "it is a file".to_string()
+    } else {
+        format!("{} is a file", file.display())
+    };
+    let from_env = std::env::var_os(CACHE_DIR_ENV).is_some_and(|d| !d.is_empty());
+    let message = if from_env {
+        format!(
+            "{CACHE_DIR_ENV}={} is not a directory ({what}): set {CACHE_DIR_ENV} to a \
+             directory (one that does not exist yet is made), or unset it",
+            root.display()
+        )
+    } else {
+        format!(
+            "baton's cache dir {} is not a directory ({what}): move the file away, or set \
+             {CACHE_DIR_ENV} to a directory",
+            root.display()
+        )
+    };
+    Err(FetchError::CacheDir(message))
 }
 
 /// Where `entry` lives under `root`: the file for file entries, the directory for trees.

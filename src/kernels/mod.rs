@@ -42,6 +42,12 @@ pub enum KernelError {
     },
     #[error("kernel input mismatch: {0}")]
     Shape(String),
+    #[error(
+        "{CPU_LEVEL_ENV}=`{value}` is not a CPU level: set it to `avx2` (run an AVX-512 CPU \
+         as one without AVX-512) or `avx512` (every instruction the CPU has, the default), \
+         or unset {CPU_LEVEL_ENV}"
+    )]
+    CpuLevel { value: String },
 }
 
 /// An implementation a kernel can run on.
@@ -117,18 +123,35 @@ impl KernelPath {
 /// The environment variable that forces [`KernelPath::Portable`].
 pub const PORTABLE_ENV: &str = "BATON_PORTABLE_KERNELS";
 
-/// The environment variable that caps the CPU instructions the kernels use: `avx2` runs
+/// The environment variable that caps the CPU instructions the kernels use (`avx2`, or
+/// `avx512`: all of them, as unset; anything else is refused): `avx2` runs
 /// an AVX-512 machine as a machine without AVX-512 runs (baton's kernels, and candle's
 /// through its own switch, which the binary sets), so that both kinds can be measured
 /// on one. Read once.
 pub const CPU_LEVEL_ENV: &str = "BATON_CPU_LEVEL";
 
-/// Whether [`CPU_LEVEL_ENV`] caps the kernels at AVX2.
+/// Whether [`CPU_LEVEL_ENV`] caps the kernels at AVX2. A value [`check_cpu_level`]
+/// refuses caps nothing; the binary refuses it before any kernel runs.
 pub fn avx2_only() -> bool {
     static CAPPED: OnceLock<bool> = OnceLock::new();
-    *CAPPED.get_or_init(|| {
-        std::env::var(CPU_LEVEL_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("avx2"))
-    })
+    *CAPPED.get_or_init(|| check_cpu_level() == Ok(true))
+}
+
+/// Reads [`CPU_LEVEL_ENV`]: whether it caps the kernels at AVX2 (`avx2`), or not
+/// (`avx512`, empty or unset), or an error naming a value it cannot mean, so that a typo
+/// is never a run measured at the wrong level.
+pub fn check_cpu_level() -> Result<bool, KernelError> {
+    let Some(raw) = std::env::var_os(CPU_LEVEL_ENV) else {
+        return Ok(false);
+    };
+    let value = raw.to_string_lossy();
+    match value.trim().to_ascii_lowercase().as_str() {
+        "avx2" => Ok(true),
+        "avx512" | "" => Ok(false),
+        _ => Err(KernelError::CpuLevel {
+            value: value.into_owned(),
+        }),
+    }
 }
 
 /// Whether `BATON_PORTABLE_KERNELS` asks for the portable path (any value but empty or

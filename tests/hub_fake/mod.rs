@@ -10,6 +10,8 @@
 //! - An unknown file is `404` (`X-Error-Code: EntryNotFound`), an unknown repo `401`
 //!   (`RepoNotFound`), as the hub answers without a token.
 //!
+//! - [`Fault::RedirectLoop`] answers every request with a redirect to itself.
+//!
 //! Each connection gets one answer and is closed. The hub stops when dropped, or a minute
 //! after it started, whichever is first, and binds 127.0.0.1 only.
 
@@ -36,6 +38,11 @@ pub enum Fault {
     StallAt(usize),
     /// Downloads send the file with one byte changed, under the true file's name.
     Corrupt,
+    /// Every request is redirected to the path it asked for, by a `Location` that is
+    /// relative (`/path`) or absolute (`http://host/path`), carrying the hub's headers.
+    RedirectLoop {
+        relative: bool,
+    },
 }
 
 /// One request as the hub saw it.
@@ -177,7 +184,18 @@ impl State {
             path: path.clone(),
             range: range.clone(),
         });
-        let resp = self.route(&path);
+        let resp = match *self.fault.lock().unwrap() {
+            Fault::RedirectLoop { relative } => Response::Redirect {
+                location: if relative {
+                    path.clone()
+                } else {
+                    format!("http://{}{path}", self.addr)
+                },
+                etag: "ab".repeat(32),
+                size: 1,
+            },
+            _ => self.route(&path),
+        };
         self.answer(stream, resp, range.as_deref());
     }
 

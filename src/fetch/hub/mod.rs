@@ -6,6 +6,9 @@
 //! for a silent start or a stalled transfer. A worker given up on is left to end when its
 //! connection does; it only ever writes inside baton's hub cache dir.
 //!
+//! hf-hub follows a relative redirect without limit, so those are walked first, bounded
+//! (`redirects`): a loop is named as one after a few requests.
+//!
 //! hf-hub keeps what arrived of a file as `<blob>.part` and asks for the rest with a
 //! `Range` request the next time, so a transfer cut part way is resumed: at once, up to
 //! [`HubOptions::resumes`] times, and otherwise at the next run. hf-hub checks neither the
@@ -15,6 +18,7 @@
 mod errors;
 mod integrity;
 mod probe;
+mod redirects;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -187,6 +191,7 @@ pub fn fetch_file(
         probe::probe(&url, opts.connect_timeout)
             .map_err(|e| FetchError::Hub(format!("hub unreachable: {e}")))?;
     }
+    redirects::check(&url, opts.token.as_deref(), opts.answer_timeout)?;
     let at = errors::Where {
         repo: req.repo,
         file: req.file,
