@@ -2,8 +2,8 @@
 //! joined. The runner blocks on one channel that merges terminal input, engine events,
 //! frames and interrupts (see `inputs`), hands each to the app, and redraws at most ~30
 //! times a second, never once per token; while nothing changes and nothing animates it
-//! sleeps. The terminal is restored on every way out: normal exit, Ctrl-C (as a key or
-//! as a signal) and panic.
+//! sleeps. The terminal is restored on every way out, the keyboard enhancement that
+//! reports Shift-Enter included: normal exit, Ctrl-C (as a key or as a signal) and panic.
 
 mod inputs;
 
