@@ -2,8 +2,8 @@
 //! joined. The runner blocks on one channel that merges terminal input, engine events,
 //! frames and interrupts (see `inputs`), hands each to the app, and redraws at most ~30
 //! times a second, never once per token; while nothing changes and nothing animates it
-//! sleeps. The terminal is restored on every way out: normal exit, Ctrl-C (as a key or
-//! as a signal) and panic.
+//! sleeps. The terminal is restored on every way out, the keyboard enhancement that
+//! reports Shift-Enter included: normal exit, Ctrl-C (as a key or as a signal) and panic.
 
 mod inputs;
 
@@ -19,6 +19,7 @@ use inputs::{Input, Inputs};
 use ratatui::backend::CrosstermBackend;
 use ratatui::Terminal;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -40,10 +41,40 @@ pub struct WorkbenchOptions {
     pub demo: Option<Vec<Command>>,
 }
 
+/// Whether the terminal took the keyboard enhancement (see [`enhance_keyboard`]), so that
+/// leaving takes it back exactly once, whichever way out runs first.
+static KEYBOARD_ENHANCED: AtomicBool = AtomicBool::new(false);
+
+/// Ask a terminal that supports the kitty keyboard protocol to tell modified keys apart,
+/// so that Shift-Enter reaches the workbench as such (a line break in the message)
+/// rather than as Enter; elsewhere Alt-Enter does it. Unmodified Enter, Tab and
+/// Backspace keep their usual bytes under this flag. Asked before the terminal reader
+/// starts, as the question's answer arrives as input.
+fn enhance_keyboard(out: &mut impl Write) {
+    use cevent::{KeyboardEnhancementFlags as F, PushKeyboardEnhancementFlags};
+    if !matches!(
+        crossterm::terminal::supports_keyboard_enhancement(),
+        Ok(true)
+    ) {
+        return;
+    }
+    if execute!(
+        out,
+        PushKeyboardEnhancementFlags(F::DISAMBIGUATE_ESCAPE_CODES)
+    )
+    .is_ok()
+    {
+        KEYBOARD_ENHANCED.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Put the terminal back as it was; safe to call more than once.
 fn restore_terminal() {
     let _ = disable_raw_mode();
     let mut out = std::io::stdout();
+    if KEYBOARD_ENHANCED.swap(false, Ordering::SeqCst) {
+        let _ = execute!(out, cevent::PopKeyboardEnhancementFlags);
+    }
     let _ = execute!(
         out,
         LeaveAlternateScreen,
@@ -102,6 +133,7 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
         cevent::EnableMouseCapture,
         cevent::EnableBracketedPaste
     )?;
+    enhance_keyboard(&mut stdout);
     let mut terminal = Terminal::new(CrosstermBackend::new(stdout))?;
     terminal.clear()?;
     // Made after the guard, so that it is dropped (its reader stopped) before the

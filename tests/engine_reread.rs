@@ -366,3 +366,70 @@ fn the_opening_is_the_targets_own_and_no_plan_reads_or_counts_it() {
     let budget = ((n - opening) as f64 * 0.5).round() as usize;
     assert_eq!(count(spans), budget, "{spans:?}");
 }
+
+#[test]
+fn the_answer_after_a_plan_records_the_wait_from_the_message_which_the_follow_up_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), false);
+    let mut rig = rig_with(dir.path(), |c| {
+        c.settings.reread = RereadSetting::parse("0.5:source-attention:word").unwrap();
+    });
+    rig.talk_and_switch(1);
+    // A long message: its own reading is part of the answer's time, the plan's re-read
+    // comes before the answer starts.
+    let events = rig.handle(Command::Submit {
+        text: tiny().chat_text(300, 4),
+    });
+    let Some(Event::SwitchReread {
+        select_ms,
+        reread_ms,
+        positions,
+        ..
+    }) = events
+        .iter()
+        .find(|e| matches!(e, Event::SwitchReread { .. }))
+    else {
+        panic!("no re-read in {events:?}");
+    };
+    assert!(*positions > 0);
+    let timings = events
+        .iter()
+        .find_map(|e| match e {
+            Event::Generation {
+                path: baton::protocol::PathKind::Mapped,
+                timings,
+                ..
+            } => Some(*timings),
+            _ => None,
+        })
+        .expect("the answer");
+    let Some(Event::SwitchFollowUp { end_to_end_ms, .. }) = events
+        .iter()
+        .find(|e| matches!(e, Event::SwitchFollowUp { .. }))
+    else {
+        panic!("no follow-up in {events:?}");
+    };
+    let waited = timings.waited_ms.expect("the wait is recorded");
+    // One figure in both places: the conversation's and the switch's.
+    assert_eq!(waited, *end_to_end_ms);
+    // It holds the plan and the answer's own time to its first token, which holds the
+    // message's reading.
+    assert!(
+        waited >= select_ms + reread_ms + timings.first_token_ms,
+        "waited {waited} ms; plan {select_ms} + {reread_ms} ms, first token {} ms",
+        timings.first_token_ms
+    );
+    assert!(timings.first_token_ms >= timings.prefill_ms);
+    // A later turn, with no plan, waits from its message too.
+    let events = rig.handle(Command::Submit {
+        text: tiny().chat_text(8, 5),
+    });
+    let later = events
+        .iter()
+        .find_map(|e| match e {
+            Event::Generation { timings, .. } => Some(*timings),
+            _ => None,
+        })
+        .expect("the answer");
+    assert!(later.waited_ms.is_some_and(|w| w >= later.first_token_ms));
+}

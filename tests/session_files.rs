@@ -48,6 +48,7 @@ fn generation(turn: u32, path: PathKind, model: &str, ids: &[u32]) -> Event {
             first_token_ms: 9.5,
             decode_tokens_per_s: 40.0,
             total_ms: 120.0,
+            waited_ms: None,
         },
         stop: StopKind::Eos,
     }

@@ -77,6 +77,9 @@ fn gen_timings(first_token_ms: f64) -> GenerationTimings {
         first_token_ms,
         decode_tokens_per_s: 41.5,
         total_ms: 1480.0,
+        // The message came with the handoff's 12.4 ms still to wait for (turn 2's
+        // end-to-end).
+        waited_ms: Some(first_token_ms + 12.4),
     }
 }
 
@@ -936,11 +939,16 @@ fn a_pasted_block_shows_its_lines_and_a_message_queued_behind_a_switch_says_so()
     let fx = app.update(Msg::Key(Key::plain(KeyCode::Tab)));
     assert_eq!(fx, vec![Effect::Send(Command::Switch)]);
     app.update(Msg::Paste("line one\r\nline two\r\nline three".into()));
+    // The box grows by a row for each line.
     let shown = screen(&app, 80, 24);
-    let (title, body) = (row(&shown, 19), row(&shown, 20));
+    let title = row(&shown, 17);
     assert!(title.contains("· 3 lines"), "{title}");
-    assert!(body.contains("line one↵line two↵line three"), "{body}");
+    for (y, line) in [(18, "line one"), (19, "line two"), (20, "line three")] {
+        let body = row(&shown, y);
+        assert!(body.starts_with(&format!("│{line} ")), "{body}");
+    }
     assert_eq!(app.update(Msg::Key(Key::plain(KeyCode::Enter))), vec![]);
+    // Sent, the message leaves the box, which is one row again.
     let shown = screen(&app, 80, 24);
     let (activity, body) = (row(&shown, 18), row(&shown, 20));
     assert!(activity.contains("then your message"), "{activity}");

@@ -549,3 +549,43 @@ fn a_dumb_terminal_is_sent_no_colour() {
     let colours = colour_sequences(&with_styles);
     assert!(colours.is_empty(), "colours sent: {colours:?}");
 }
+
+#[test]
+fn alt_enter_starts_a_new_line_and_a_blank_message_is_refused_with_a_reason() {
+    let test = "alt_enter_starts_a_new_line_and_a_blank_message_is_refused_with_a_reason";
+    if no_tmux(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (session, record, _kill) = tiny_workbench(dir.path(), "lines");
+    let keys = |keys: &[&str]| {
+        let mut args = vec!["send-keys", "-t", &session];
+        args.extend(keys);
+        tmux(&args);
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    // Spaces alone: nothing is sent, the screen says why, the spaces stay.
+    keys(&["-l", "   "]);
+    keys(&["Enter"]);
+    wait_for(&session, "the refusal", Duration::from_secs(10), &|| {
+        screen(&session).contains("not sent:")
+    });
+    keys(&["BSpace", "BSpace", "BSpace"]);
+    // Alt-Enter as the terminal sends it (Escape, then a carriage return).
+    keys(&["-l", "w1 w2"]);
+    keys(&["M-Enter"]);
+    keys(&["-l", "w3"]);
+    let s = screen(&session);
+    let rows: Vec<&str> = s.lines().collect();
+    let at = rows
+        .iter()
+        .position(|r| r.contains("│w1 w2 "))
+        .unwrap_or_else(|| panic!("the first line is not shown:\n{s}"));
+    assert!(rows[at + 1].starts_with("│w3 "), "{s}");
+    assert!(rows[at - 1].contains("· 2 lines"), "{s}");
+    keys(&["Enter"]);
+    wait_for(&session, "the answer", Duration::from_secs(60), &|| {
+        count_in(&record, "\"type\":\"done\"") == 1
+    });
+    assert_eq!(user_messages(&record), vec!["w1 w2\nw3".to_string()]);
+}

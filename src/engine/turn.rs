@@ -135,6 +135,7 @@ fn generate_on(
             first_token_ms,
             decode_tokens_per_s: g.decode.tokens_per_second(),
             total_ms: ms(t0),
+            waited_ms: Some(since_sent_ms),
         },
         since_sent_ms,
         ids: g.tokens,

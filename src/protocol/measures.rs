@@ -16,7 +16,11 @@ pub fn unverified_baseline(device_is_cpu: bool) -> Option<&'static str> {
     )
 }
 
-/// Where the time of one generation went.
+/// Where the time of one generation went. `first_token_ms` counts from the generation's
+/// start (the prefill of what the model had not read, the message included, then the
+/// first step); `waited_ms` from the message's sending, so it adds whatever the message
+/// waited behind before that: a plan's choosing and re-read after a switch, a
+/// measurement giving way. The second is what the person waited.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct GenerationTimings {
     #[serde(with = "float")]
@@ -27,6 +31,14 @@ pub struct GenerationTimings {
     pub decode_tokens_per_s: f64,
     #[serde(with = "float")]
     pub total_ms: f64,
+    /// From the message's sending to this path's first token; `None` in sessions that
+    /// did not record it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "float::option"
+    )]
+    pub waited_ms: Option<f64>,
 }
 
 /// Where the time of one switch went. "Full" covers the whole conversation's cache;

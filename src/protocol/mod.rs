@@ -34,6 +34,7 @@ mod tests {
             first_token_ms: 14.0,
             decode_tokens_per_s: 31.0,
             total_ms: 400.0,
+            waited_ms: None,
         }
     }
 

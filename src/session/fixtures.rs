@@ -54,6 +54,7 @@ pub fn generation(turn: u32, path: PathKind, model: &str, ids: &[u32]) -> Event 
             first_token_ms: 12.0,
             decode_tokens_per_s: 50.0,
             total_ms: 100.0,
+            waited_ms: None,
         },
         stop: StopKind::Eos,
     }

@@ -10,6 +10,7 @@ mod actions;
 mod demo;
 mod events;
 mod keymap;
+mod plan_cycle;
 mod queue;
 #[cfg(test)]
 mod tests;
@@ -110,6 +111,9 @@ pub struct App {
     repair: bool,
     /// The re-read setting last asked of the engine.
     reread: Option<String>,
+    /// The plan Ctrl-E last stepped to off: the next step brings back its selector and
+    /// spans.
+    reread_before_off: Option<String>,
     /// Whether the conversation panel lists the words each switch's re-read read again.
     mark_reread: bool,
     /// The active model's cache repaired so far, of its length, since the last switch.
@@ -147,6 +151,7 @@ impl App {
             reference: info.reference,
             repair: info.repair,
             reread: info.reread.clone(),
+            reread_before_off: None,
             mark_reread: false,
             repaired: None,
             calibration: Default::default(),
@@ -280,7 +285,12 @@ impl App {
 
     /// Where the panels are at the current size; `None` when the screen is too small.
     fn areas(&self) -> Option<Areas> {
-        layout::layout(Rect::new(0, 0, self.size.0, self.size.1))
+        layout::layout(Rect::new(0, 0, self.size.0, self.size.1), self.input_rows())
+    }
+
+    /// Rows of text the input box shows.
+    fn input_rows(&self) -> u16 {
+        self.input.rows() as u16
     }
 
     /// The transcript as its panel draws it.

@@ -26,11 +26,35 @@ pub enum KeyCode {
 pub struct Key {
     pub code: KeyCode,
     pub ctrl: bool,
+    /// Alt (Option, Meta) held; Alt-Enter types a line break.
+    pub alt: bool,
+    /// Shift held, as far as the terminal says: most report it with Enter only under
+    /// the keyboard enhancement the workbench asks for where it is supported.
+    pub shift: bool,
 }
 
 impl Key {
     pub fn plain(code: KeyCode) -> Self {
-        Self { code, ctrl: false }
+        Self {
+            code,
+            ctrl: false,
+            alt: false,
+            shift: false,
+        }
+    }
+
+    pub fn alt(code: KeyCode) -> Self {
+        Self {
+            alt: true,
+            ..Self::plain(code)
+        }
+    }
+
+    pub fn shift(code: KeyCode) -> Self {
+        Self {
+            shift: true,
+            ..Self::plain(code)
+        }
     }
 
     pub fn char(c: char) -> Self {
@@ -39,9 +63,14 @@ impl Key {
 
     pub fn ctrl(c: char) -> Self {
         Self {
-            code: KeyCode::Char(c),
             ctrl: true,
+            ..Self::char(c)
         }
+    }
+
+    /// Enter with Alt or Shift: a line break in the message rather than sending it.
+    pub fn is_line_break(&self) -> bool {
+        self.code == KeyCode::Enter && !self.ctrl && (self.alt || self.shift)
     }
 
     pub fn is_ctrl(&self, c: char) -> bool {
@@ -75,8 +104,13 @@ impl From<crossterm::event::KeyEvent> for Key {
             _ => KeyCode::Other,
         };
         // AltGr arrives as Ctrl+Alt on some systems and must stay a typed character.
-        let ctrl = e.modifiers.contains(M::CONTROL) && !e.modifiers.contains(M::ALT);
-        Self { code, ctrl }
+        let altgr = e.modifiers.contains(M::CONTROL | M::ALT);
+        Self {
+            code,
+            ctrl: e.modifiers.contains(M::CONTROL) && !altgr,
+            alt: e.modifiers.contains(M::ALT) && !altgr,
+            shift: e.modifiers.contains(M::SHIFT),
+        }
     }
 }
 
@@ -105,5 +139,12 @@ mod tests {
         let altgr = KeyModifiers::CONTROL | KeyModifiers::ALT;
         let k: Key = event(C::Char('@'), altgr, KeyEventKind::Press).into();
         assert_eq!(k, Key::char('@'));
+        let k: Key = event(C::Enter, KeyModifiers::ALT, KeyEventKind::Press).into();
+        assert_eq!(k, Key::alt(KeyCode::Enter));
+        assert!(k.is_line_break());
+        let k: Key = event(C::Enter, KeyModifiers::SHIFT, KeyEventKind::Press).into();
+        assert!(k.is_line_break());
+        let k: Key = event(C::Enter, KeyModifiers::NONE, KeyEventKind::Press).into();
+        assert!(!k.is_line_break());
     }
 }

@@ -20,15 +20,16 @@ pub(crate) struct Areas {
     pub hints: Rect,
 }
 
-/// The panels' places on a screen of `area`, or `None` when it is too small for them.
-pub(crate) fn layout(area: Rect) -> Option<Areas> {
+/// The panels' places on a screen of `area`, with `input_rows` rows of text in the input
+/// box (it grows with the lines of a message), or `None` when the screen is too small.
+pub(crate) fn layout(area: Rect, input_rows: u16) -> Option<Areas> {
     if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
         return None;
     }
     let [main, message, input, status, hints] = Layout::vertical([
         Constraint::Min(0),
         Constraint::Length(1),
-        Constraint::Length(3),
+        Constraint::Length(input_rows.max(1) + 2),
         Constraint::Length(1),
         Constraint::Length(1),
     ])

@@ -1,13 +1,25 @@
 //! What the keys ask for: each checks that the engine can take it now, updates the
 //! screen's state and returns the commands to send.
 
-use super::{App, Effect, Level, Overlay};
+use super::{plan_cycle, App, Effect, Level, Overlay};
 use crate::protocol::Command;
+use crate::tui::input::shows_nothing;
+use crate::tui::panels::session_line::plan_item;
 use crate::tui::panels::transcript::Transcript;
 
 impl App {
     pub(super) fn submit_input(&mut self) -> Vec<Effect> {
-        if self.input.message().trim().is_empty() {
+        if self.input.message_is_empty() {
+            self.say(Level::Info, "nothing to send: type a message, then Enter");
+            return vec![];
+        }
+        // Kept in the box, so a stray key costs nothing.
+        if shows_nothing(self.input.message()) {
+            self.say(
+                Level::Warn,
+                "not sent: the message is only spaces, line breaks or invisible characters \
+                 (zero-width spaces, joiners); type some text",
+            );
             return vec![];
         }
         if let Some(why) = self.phase.unavailable() {
@@ -89,25 +101,36 @@ impl App {
         vec![Effect::Send(Command::SetRepair { enabled })]
     }
 
-    /// The next re-read budget (off, 10%, 20%, 40%), keeping the selector and spans.
+    /// The next budget of the plan's kind (see [`plan_cycle::next_budget`]), keeping the
+    /// kind, the selector and the spans.
     pub(super) fn cycle_reread(&mut self) -> Vec<Effect> {
-        let next = next_reread(self.reread.as_deref());
+        let next =
+            plan_cycle::next_budget(self.reread.as_deref(), self.reread_before_off.as_deref());
+        if next.is_none() {
+            self.reread_before_off = self.reread.clone();
+        }
         self.set_reread(next)
     }
 
     /// The next plan kind (map → drop → attend → trusted), keeping the budget, the
     /// selector and the spans; from off, the default budget's plan of the next kind.
     pub(super) fn cycle_plan_kind(&mut self) -> Vec<Effect> {
-        let next = next_plan_kind(self.reread.as_deref());
+        let next = plan_cycle::next_plan_kind(self.reread.as_deref());
         self.set_reread(Some(next))
     }
 
+    /// Sets the plan and says on screen what it is now and what it was, so that a step
+    /// never changes the plan without a word.
     pub(super) fn set_reread(&mut self, setting: Option<String>) -> Vec<Effect> {
-        self.reread = setting.clone();
-        let what = match &setting {
-            Some(s) => format!("plan {s}: {}", plan_words(s)),
-            None => "plan off: the target answers from the map as handed over".into(),
+        let name = |s: Option<&str>| s.map_or_else(|| "off".to_string(), plan_item);
+        let (now, was) = (name(setting.as_deref()), name(self.reread.as_deref()));
+        let words = plan_cycle::plan_words(setting.as_deref());
+        let what = if now == was {
+            format!("plan {now}: {words}")
+        } else {
+            format!("plan {now} (was {was}): {words}")
         };
+        self.reread = setting.clone();
         self.say(Level::Info, what);
         vec![Effect::Send(Command::SetReread { setting })]
     }
@@ -167,7 +190,8 @@ impl App {
 
     pub(super) fn finish_bookmark(&mut self) -> Vec<Effect> {
         let note = self.input.take_note();
-        if note.trim().is_empty() {
+        if shows_nothing(&note) {
+            self.say(Level::Info, "no bookmark: the note was empty");
             return vec![];
         }
         vec![Effect::Send(Command::Bookmark { note })]
@@ -207,123 +231,5 @@ impl App {
                 .scroll(delta, &conversation, a.transcript);
         }
         vec![]
-    }
-}
-
-/// The budgets Ctrl-E steps through, after off.
-const REREAD_STEPS: [&str; 3] = ["10%", "20%", "40%"];
-
-/// The plan kinds Ctrl-T steps through; `map` is written without its name.
-const PLAN_KINDS: [&str; 4] = ["map", "drop", "attend", "trusted"];
-
-/// A setting's text split into its kind (`map` when it names none) and the rest; an
-/// `up:` in front (a plan for switches up only) stays with the kind's side, dropped, as
-/// a cycle sets one plan for both directions.
-fn split_kind(s: &str) -> (&str, &str) {
-    let s = s.strip_prefix("up:").unwrap_or(s);
-    match s.split_once(':') {
-        Some((k, rest)) if PLAN_KINDS.contains(&k) || k == "tail" => (k, rest),
-        _ => ("map", s),
-    }
-}
-
-/// `rest` under plan `kind`.
-fn with_kind(kind: &str, rest: &str) -> String {
-    if kind == "map" {
-        rest.to_string()
-    } else {
-        format!("{kind}:{rest}")
-    }
-}
-
-/// The setting after `current` in the cycle off → 10% → 20% → 40% → off; a budget not
-/// in the cycle (a time, 25%) goes to off. The kind, selector and spans stay.
-fn next_reread(current: Option<&str>) -> Option<String> {
-    let (kind, rest) = match current {
-        None => return Some(REREAD_STEPS[0].to_string()),
-        Some(s) => split_kind(s),
-    };
-    let (budget, tail) = rest.split_once(':').map_or((rest, ""), |(b, r)| (b, r));
-    let i = REREAD_STEPS.iter().position(|b| *b == budget)?;
-    let next = REREAD_STEPS.get(i + 1)?;
-    let rest = if tail.is_empty() {
-        next.to_string()
-    } else {
-        format!("{next}:{tail}")
-    };
-    Some(with_kind(kind, &rest))
-}
-
-/// The setting with the next plan kind, the rest kept; off becomes 20% of the next kind
-/// after `map`.
-fn next_plan_kind(current: Option<&str>) -> String {
-    let (kind, rest) = current.map_or(("map", "20%"), split_kind);
-    let kind = if kind == "tail" { "drop" } else { kind };
-    let i = PLAN_KINDS.iter().position(|k| *k == kind).unwrap_or(0);
-    with_kind(PLAN_KINDS[(i + 1) % PLAN_KINDS.len()], rest)
-}
-
-/// What a plan does, in words, for the line that confirms it.
-fn plan_words(setting: &str) -> &'static str {
-    match split_kind(setting).0 {
-        "drop" | "tail" => {
-            "at the first message after a switch the target re-reads that much of the mapped \
-             history and drops the rest"
-        }
-        "attend" => {
-            "at the first message after a switch the target keeps that much of the mapped \
-             history, the part the message attends to, and drops the rest"
-        }
-        "trusted" => {
-            "at the first message after a switch the target re-reads that much, keeps mapped \
-             what the map is trusted with and drops the rest"
-        }
-        _ => {
-            "at the first message after a switch the target re-reads that much of the mapped \
-             history"
-        }
-    }
-}
-
-#[cfg(test)]
-mod reread_cycle_tests {
-    use super::next_reread;
-
-    #[test]
-    fn the_budget_cycles_through_off_and_keeps_the_selector() {
-        assert_eq!(next_reread(None).as_deref(), Some("10%"));
-        let s = next_reread(Some("10%:round-trip:word"));
-        assert_eq!(s.as_deref(), Some("20%:round-trip:word"));
-        assert_eq!(next_reread(Some("20%")).as_deref(), Some("40%"));
-        assert_eq!(next_reread(Some("40%:deviation:token")), None);
-        assert_eq!(next_reread(Some("150ms:recency:word")), None);
-        assert_eq!(
-            next_reread(Some("drop:10%:source-attention:word")).as_deref(),
-            Some("drop:20%:source-attention:word")
-        );
-        assert_eq!(next_reread(Some("attend:40%")), None);
-    }
-
-    #[test]
-    fn the_plan_kind_cycles_and_keeps_the_budget() {
-        use super::next_plan_kind;
-        assert_eq!(next_plan_kind(None), "drop:20%");
-        assert_eq!(
-            next_plan_kind(Some("10%:round-trip:word")),
-            "drop:10%:round-trip:word"
-        );
-        assert_eq!(next_plan_kind(Some("drop:10%")), "attend:10%");
-        assert_eq!(next_plan_kind(Some("attend:10%")), "trusted:10%");
-        assert_eq!(next_plan_kind(Some("trusted:40%:recency")), "40%:recency");
-        assert_eq!(next_plan_kind(Some("tail:20%")), "attend:20%");
-        // The default, for switches up only, steps to a plan for both directions.
-        assert_eq!(
-            next_plan_kind(Some("up:40%:cheaper-attention:word")),
-            "drop:40%:cheaper-attention:word"
-        );
-        assert_eq!(
-            next_reread(Some("up:20%:cheaper-attention:word")).as_deref(),
-            Some("40%:cheaper-attention:word")
-        );
     }
 }

@@ -72,6 +72,10 @@ impl App {
                 _ => vec![],
             };
         }
+        if key.is_line_break() {
+            self.input.line_break();
+            return vec![];
+        }
         match key.code {
             KeyCode::Enter => self.submit_input(),
             KeyCode::Tab => self.request_switch(),

@@ -45,6 +45,7 @@ fn timings() -> GenerationTimings {
         first_token_ms: 12.0,
         decode_tokens_per_s: 30.0,
         total_ms: 100.0,
+        waited_ms: None,
     }
 }
 

@@ -33,7 +33,7 @@ pub enum Panel {
 
 pub fn render(frame: &mut Frame, app: &App) {
     let area = frame.area();
-    let Some(a) = layout::layout(area) else {
+    let Some(a) = layout::layout(area, app.input_rows()) else {
         let msg = format!(
             "terminal too small: {MIN_WIDTH}x{MIN_HEIGHT} needed, have {}x{}",
             area.width, area.height

@@ -7,10 +7,14 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Clear, Paragraph, Wrap};
 use ratatui::Frame;
 
-const KEYS: [(&str, &str); 15] = [
+const KEYS: [(&str, &str); 16] = [
     (
         "Enter",
         "send the message (queued during a switch; not while a turn runs)",
+    ),
+    (
+        "Alt-Enter",
+        "a new line in the message (also Shift-Enter where the terminal tells it)",
     ),
     (
         "Tab",
@@ -30,7 +34,7 @@ const KEYS: [(&str, &str); 15] = [
     ),
     (
         "Ctrl-E",
-        "plan budget at the next message after a switch: off → 10% → 20% → 40%",
+        "plan budget, same kind: re-read off → 10% → 20% → 40%, others from 0%",
     ),
     (
         "Ctrl-T",
@@ -51,7 +55,7 @@ const KEYS: [(&str, &str); 15] = [
     ),
     (
         "← → Home End",
-        "move in the message · Backspace Delete edit it",
+        "move in the message (Home End: in its line) · Backspace Delete edit it",
     ),
     ("?, F1", "this help"),
     (

@@ -2,7 +2,7 @@
 //! both buffers; the message is kept while a note is written.
 
 use super::{panel, DIM};
-use crate::tui::input::{LineInput, LINE_BREAK};
+use crate::tui::input::LineInput;
 use crate::tui::keys::{Key, KeyCode};
 use crate::tui::layout::inner;
 use ratatui::layout::{Position, Rect};
@@ -10,6 +10,9 @@ use ratatui::style::{Color, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 use ratatui::Frame;
+
+/// The most rows the message box grows to; a longer message scrolls within them.
+pub(crate) const MAX_ROWS: usize = 5;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct InputBox {
@@ -43,6 +46,23 @@ impl InputBox {
     /// Empties the message, handing back what it held.
     pub fn take_message(&mut self) -> String {
         self.message.take()
+    }
+
+    /// A line break in the message (Alt-Enter, Shift-Enter): text like any other, which
+    /// the message sends as it is.
+    pub fn line_break(&mut self) {
+        if self.note.is_none() {
+            self.message.insert('\n');
+        }
+    }
+
+    /// How many rows of text the box wants: one per line of the message, up to
+    /// [`MAX_ROWS`]; a note is one line.
+    pub fn rows(&self) -> usize {
+        match self.note {
+            Some(_) => 1,
+            None => self.message.lines().min(MAX_ROWS),
+        }
     }
 
     /// Types `c` into the message even while a note is open.
@@ -121,7 +141,7 @@ impl InputBox {
                 let to = ctx
                     .to
                     .map_or_else(String::new, |name| format!(" to {name}"));
-                // The box shows one row; the count says a pasted block is all there.
+                // The count says a block longer than the box is all there.
                 let lines = match self.message.lines() {
                     1 => String::new(),
                     n => format!(" · {n} lines"),
@@ -135,36 +155,30 @@ impl InputBox {
         };
         let block = panel(title).border_style(style.fg(style.fg.unwrap_or(Color::Gray)));
         let body = inner(area);
-        let (shown, cursor) = input.window(body.width as usize);
-        let empty_message = shown.is_empty() && self.note.is_none();
-        let content = if empty_message && ctx.queued {
-            Line::from(Span::styled(
+        let rows = (body.height as usize).max(1);
+        let (shown, (row, column)) = input.window(body.width as usize, rows);
+        let empty_message = input.is_empty() && self.note.is_none();
+        let content: Vec<Line> = if empty_message && ctx.queued {
+            vec![Line::from(Span::styled(
                 "message queued: sent when the handoff is done · Esc takes it back",
                 DIM,
-            ))
+            ))]
         } else if empty_message && !ctx.busy {
-            Line::from(Span::styled("type here, Enter sends", DIM))
+            vec![Line::from(Span::styled(
+                "type here · Enter sends · Alt-Enter (or Shift-Enter) starts a new line",
+                DIM,
+            ))]
         } else {
-            with_marked_breaks(&shown, style)
+            shown
+                .into_iter()
+                .map(|l| Line::from(Span::styled(l, style)))
+                .collect()
         };
         frame.render_widget(Paragraph::new(content).block(block), area);
         if ctx.cursor && !body.is_empty() {
-            let x = body.x + (cursor as u16).min(body.width.saturating_sub(1));
-            frame.set_cursor_position(Position::new(x, body.y));
+            let x = body.x + (column as u16).min(body.width.saturating_sub(1));
+            let y = body.y + (row as u16).min(body.height.saturating_sub(1));
+            frame.set_cursor_position(Position::new(x, y));
         }
     }
-}
-
-/// `shown` with its line-break marks dimmed, so they read as marks and not as text.
-fn with_marked_breaks(shown: &str, style: Style) -> Line<'static> {
-    let mut spans = Vec::new();
-    for (i, part) in shown.split(LINE_BREAK).enumerate() {
-        if i > 0 {
-            spans.push(Span::styled(LINE_BREAK.to_string(), DIM));
-        }
-        if !part.is_empty() {
-            spans.push(Span::styled(part.to_string(), style));
-        }
-    }
-    Line::from(spans)
 }

@@ -327,7 +327,7 @@ fn items(s: &Session, shorten: Shorten) -> Vec<Item> {
 /// A plan setting as the status line names it: the kind (the re-read over the map is
 /// "re-read") and the budget, and "up" for a plan that runs on switches up only; the
 /// selector and spans are in the help and the session.
-fn plan_item(setting: &str) -> String {
+pub(crate) fn plan_item(setting: &str) -> String {
     let (up, rest) = match setting.strip_prefix("up:") {
         Some(rest) => (true, rest),
         None => (false, setting),

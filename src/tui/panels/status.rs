@@ -111,10 +111,12 @@ fn describe(activity: Activity) -> String {
     }
 }
 
-/// The keys worth knowing, shortened when the line is narrow.
+/// The keys worth knowing, shortened when the line is narrow, and then without the keys
+/// the help lists that matter least here.
 pub(crate) fn render_hints(frame: &mut Frame, area: Rect) {
-    const FULL: [(&str, &str); 7] = [
+    const FULL: [(&str, &str); 8] = [
         ("Enter", "send"),
+        ("Alt-Enter", "new line"),
         ("Tab", "switch"),
         ("Esc", "cancel"),
         ("Ctrl-R", "reference"),
@@ -122,16 +124,28 @@ pub(crate) fn render_hints(frame: &mut Frame, area: Rect) {
         ("?", "help"),
         ("q", "quit"),
     ];
+    /// Left out in this order while the line is still too long.
+    const LEAST: [&str; 2] = ["Ctrl-R", "Ctrl-B"];
     let full = hint_line(&FULL, " · ");
     let line = if full.width() <= area.width as usize {
         full
     } else {
-        let compact: Vec<(String, &str)> = FULL
+        let mut keys: Vec<(String, &str)> = FULL
             .iter()
             .map(|(k, d)| (k.replace("Ctrl-", "^"), *d))
             .collect();
-        let compact: Vec<(&str, &str)> = compact.iter().map(|(k, d)| (k.as_str(), *d)).collect();
-        hint_line(&compact, "  ")
+        let compact = |keys: &[(String, &str)]| {
+            let keys: Vec<(&str, &str)> = keys.iter().map(|(k, d)| (k.as_str(), *d)).collect();
+            hint_line(&keys, "  ")
+        };
+        for least in LEAST {
+            if compact(&keys).width() <= area.width as usize {
+                break;
+            }
+            let least = least.replace("Ctrl-", "^");
+            keys.retain(|(k, _)| *k != least);
+        }
+        compact(&keys)
     };
     frame.render_widget(Paragraph::new(line), area);
 }

@@ -208,11 +208,19 @@ fn reply(out: &mut Vec<Line<'static>>, r: &Reply, width: usize) {
     out.extend(wrap(&chunks, width));
     let mut notes = Vec::new();
     if let Some(f) = r.finished {
+        // What the person waited, as the latency panel's end-to-end counts it: from
+        // Enter, a plan's re-read and the message's reading included. A session that
+        // did not record it has only the answer's own time.
+        let first = match f.timings.waited_ms {
+            Some(waited) => format!("first token {} ms after Enter", fmt_ms(waited)),
+            None => format!(
+                "first token {} ms into the answer",
+                fmt_ms(f.timings.first_token_ms)
+            ),
+        };
         notes.push(format!(
-            "{} tokens · {:.1} tok/s · first token {} ms",
-            f.tokens,
-            f.timings.decode_tokens_per_s,
-            fmt_ms(f.timings.first_token_ms)
+            "{} tokens · {:.1} tok/s · {first}",
+            f.tokens, f.timings.decode_tokens_per_s,
         ));
         match f.stop {
             StopKind::Eos => {}
