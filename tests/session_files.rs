@@ -511,12 +511,13 @@ fn rewrite(
 
 #[test]
 fn a_replay_makes_a_mid_session_plan_change_where_it_was_made_and_names_one_it_cannot() {
+    use baton::protocol::Command;
     use common::engine_rig::{rig_with, tiny, write_pair};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     write_pair(d, false);
     // Recorded as the workbench does it: no plan at the start, then Ctrl-E between
-    // turns sets one, which the next switch makes.
+    // turns sets one, which the next switch makes, and sets it off again after.
     let recorded = d.join("recorded.jsonl");
     let rig = rig_with(d, |cfg| {
         cfg.settings.reread = None;
@@ -528,11 +529,12 @@ fn a_replay_makes_a_mid_session_plan_change_where_it_was_made_and_names_one_it_c
     };
     let steps = [
         say(120, 1),
+        Command::SetReread {
+            setting: Some("40%".into()),
+        },
         Command::Switch,
         say(12, 2),
-        Command::SetReread {
-            setting: Some("60%".into()),
-        },
+        Command::SetReread { setting: None },
         Command::Switch,
         say(12, 3),
         Command::Finish,
@@ -545,18 +547,26 @@ fn a_replay_makes_a_mid_session_plan_change_where_it_was_made_and_names_one_it_c
     .unwrap();
     handle.shutdown();
     let session = read_session(&recorded).unwrap();
-    assert!(
-        session.events().any(|e| matches!(
-            e,
-            Event::SettingChanged { turn: 2, setting, value } if setting == "reread" && value.starts_with("60%")
-        )),
-        "the change is an event of its own"
-    );
+    let changes: Vec<(u32, String)> = session
+        .events()
+        .filter_map(|e| match e {
+            Event::SettingChanged {
+                turn,
+                setting,
+                value,
+            } if setting == "reread" => Some((*turn, value.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(changes.len(), 2, "each change is an event of its own: {changes:?}");
+    assert_eq!(changes[0].0, 1);
+    assert!(changes[0].1.starts_with("40%"), "{changes:?}");
+    assert_eq!(changes[1], (2, "off".to_string()));
     let planned = session
         .events()
         .filter(|e| matches!(e, Event::SwitchReread { .. }))
         .count();
-    assert_eq!(planned, 1, "the second switch's plan re-read before turn 3");
+    assert_eq!(planned, 1, "the first switch's plan re-read before turn 2, the second's none");
 
     let out = replay(d, &recorded, "replayed.jsonl");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -588,9 +598,9 @@ fn a_replay_makes_a_mid_session_plan_change_where_it_was_made_and_names_one_it_c
             return None;
         }
         if v["event"]["type"] == "notice"
-            && v["event"]["message"].as_str().unwrap().starts_with("re-read 60%")
+            && v["event"]["message"].as_str().unwrap().starts_with("re-read 40%")
         {
-            v["event"]["message"] = "re-read sixty percent from now on".into();
+            v["event"]["message"] = "re-read forty percent from now on".into();
         }
         Some(v)
     });
@@ -599,13 +609,13 @@ fn a_replay_makes_a_mid_session_plan_change_where_it_was_made_and_names_one_it_c
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stdout}");
     assert!(
-        stderr.contains("cannot apply") && stderr.contains("sixty percent"),
+        stderr.contains("cannot apply") && stderr.contains("forty percent"),
         "{stderr}"
     );
     let first = stdout.lines().next().unwrap_or("");
     assert_eq!(first, "run under other settings:", "{stdout}");
     assert!(
-        stdout.contains("switch 1 (turn 3): plan recorded 60%") && stdout.contains("replayed none"),
+        stdout.contains("switch 0 (turn 2): plan recorded 40%") && stdout.contains("replayed none"),
         "{stdout}"
     );
 }

@@ -184,9 +184,13 @@ fn run_one(
         .and_then(|(cfg, steps)| run_headless(cfg, &steps, &mut |_| {}).map_err(|e| e.to_string()));
     match ran {
         Ok(r) if !r.failed() => match std::fs::rename(&partial, &path) {
-            Ok(()) => Outcome::Done {
-                seconds: started.elapsed().as_secs_f64(),
-            },
+            Ok(()) => {
+                // What an earlier failed run kept no longer says how the item went.
+                let _ = std::fs::remove_file(path.with_extension("jsonl.failed"));
+                Outcome::Done {
+                    seconds: started.elapsed().as_secs_f64(),
+                }
+            }
             Err(e) => Outcome::Failed(format!("cannot put {} in place: {e}", path.display())),
         },
         Ok(r) => {
