@@ -558,7 +558,11 @@ fn a_replay_makes_a_mid_session_plan_change_where_it_was_made_and_names_one_it_c
             _ => None,
         })
         .collect();
-    assert_eq!(changes.len(), 2, "each change is an event of its own: {changes:?}");
+    assert_eq!(
+        changes.len(),
+        2,
+        "each change is an event of its own: {changes:?}"
+    );
     assert_eq!(changes[0].0, 1);
     assert!(changes[0].1.starts_with("40%"), "{changes:?}");
     assert_eq!(changes[1], (2, "off".to_string()));
@@ -566,7 +570,10 @@ fn a_replay_makes_a_mid_session_plan_change_where_it_was_made_and_names_one_it_c
         .events()
         .filter(|e| matches!(e, Event::SwitchReread { .. }))
         .count();
-    assert_eq!(planned, 1, "the first switch's plan re-read before turn 2, the second's none");
+    assert_eq!(
+        planned, 1,
+        "the first switch's plan re-read before turn 2, the second's none"
+    );
 
     let out = replay(d, &recorded, "replayed.jsonl");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -598,7 +605,10 @@ fn a_replay_makes_a_mid_session_plan_change_where_it_was_made_and_names_one_it_c
             return None;
         }
         if v["event"]["type"] == "notice"
-            && v["event"]["message"].as_str().unwrap().starts_with("re-read 40%")
+            && v["event"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("re-read 40%")
         {
             v["event"]["message"] = "re-read forty percent from now on".into();
         }

@@ -308,6 +308,11 @@ fn a_variant_without_the_switch_gives_the_source_alone_and_the_gap_recovered() {
             .events()
             .any(|e| matches!(e, baton::protocol::Event::Switch(_)));
         assert_eq!(switched, !n.contains(".alone."), "{n}");
+        if n.contains(".alone.") {
+            // Nothing handed over, nothing to learn: no learner reads the mappers'
+            // saved statistics while the item runs, nor holds its end up.
+            assert_eq!(s.header.settings["learn"], false, "{n}");
+        }
     }
     let o = baton(&["study", "report", "out", "--json"], d);
     let r: serde_json::Value = serde_json::from_str(&ok_stdout(&o)).unwrap();
@@ -496,9 +501,15 @@ fn study_run_takes_the_mapper_dir_from_the_environment_and_a_failed_item_keeps_i
     let out = run(&empty);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
-    assert!(err.contains("0 recorded, 0 finished before, 4 failed"), "{err}");
+    assert!(
+        err.contains("0 recorded, 0 finished before, 4 failed"),
+        "{err}"
+    );
     let names = sessions(&d.join("out"));
-    let failed: Vec<&String> = names.iter().filter(|n| n.ends_with(".jsonl.failed")).collect();
+    let failed: Vec<&String> = names
+        .iter()
+        .filter(|n| n.ends_with(".jsonl.failed"))
+        .collect();
     assert_eq!(failed.len(), 4, "{names:?}");
     for n in &failed {
         let kept = std::fs::read_to_string(d.join("out/items").join(n)).unwrap();
@@ -510,7 +521,10 @@ fn study_run_takes_the_mapper_dir_from_the_environment_and_a_failed_item_keeps_i
     // The directory that holds the pair's mappers, named the same way: every item runs
     // (the cache dir holds none), and what the failed run kept goes.
     let err = ok(&run(&d.join("mappers")));
-    assert!(err.contains("4 recorded, 0 finished before, 0 failed"), "{err}");
+    assert!(
+        err.contains("4 recorded, 0 finished before, 0 failed"),
+        "{err}"
+    );
     let names = sessions(&d.join("out"));
     assert_eq!(names.len(), 4, "{names:?}");
     assert!(names.iter().all(|n| n.ends_with(".jsonl")), "{names:?}");

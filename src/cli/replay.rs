@@ -48,8 +48,7 @@ pub fn replay(a: ReplayArgs, dev: &Device) -> Result<()> {
         }
     })?;
     let replayed = session::read_session(&record)?;
-    let mut diff =
-        session::diff_sessions(&recorded, &replayed, &session::DiffOptions::default());
+    let mut diff = session::diff_sessions(&recorded, &replayed, &session::DiffOptions::default());
     // A change the replay could not make is a setting the two ran under apart.
     diff.settings
         .splice(0..0, recorded_commands.unapplied.iter().cloned());

@@ -206,8 +206,14 @@ mod tests {
         b.header.models[1].sha256 = "ee".repeat(32);
         let said = compare(&a, &b);
         let has = |needle: &str| said.iter().any(|s| s.contains(needle));
-        assert!(has("setting temperature: recorded 0.0, replayed 0.7"), "{said:?}");
-        assert!(!has("added_later"), "a key one file lacks is not compared: {said:?}");
+        assert!(
+            has("setting temperature: recorded 0.0, replayed 0.7"),
+            "{said:?}"
+        );
+        assert!(
+            !has("added_later"),
+            "a key one file lacks is not compared: {said:?}"
+        );
         assert!(has("device: recorded cpu, replayed cuda"), "{said:?}");
         assert!(
             has("mapper a -> b: recorded cccccccccccc (k 2), replayed dddddddddddd (k 2)"),

@@ -392,14 +392,8 @@ fn config_of(study: &Study, m: &Manifest, variant: &str) -> crate::engine::Engin
         .iter()
         .find(|i| i.variant == variant)
         .unwrap_or_else(|| panic!("no item of {variant}"));
-    let (cfg, _) = run::item_config(
-        study,
-        m,
-        item,
-        &candle_core::Device::Cpu,
-        "s.jsonl".into(),
-    )
-    .unwrap();
+    let (cfg, _) =
+        run::item_config(study, m, item, &candle_core::Device::Cpu, "s.jsonl".into()).unwrap();
     cfg
 }
 
@@ -417,7 +411,12 @@ fn the_example_studys_variants_run_different_plans_and_the_map_runs_none() {
     assert!(switching.len() >= 2, "{switching:?}");
     let plans: Vec<Option<String>> = switching
         .iter()
-        .map(|v| config_of(&study, &m, v).settings.reread.map(|r| r.to_string()))
+        .map(|v| {
+            config_of(&study, &m, v)
+                .settings
+                .reread
+                .map(|r| r.to_string())
+        })
         .collect();
     for (i, p) in plans.iter().enumerate() {
         for (j, q) in plans.iter().enumerate().skip(i + 1) {
@@ -446,7 +445,9 @@ fn an_item_without_a_switch_does_not_learn() {
 
 #[test]
 fn the_commands_mapper_dir_serves_the_variants_that_name_none() {
-    let (d, path) = study_dir(&format!("{STUDY}\n[variants.own]\nmapper_dir = \"theirs\"\n"));
+    let (d, path) = study_dir(&format!(
+        "{STUDY}\n[variants.own]\nmapper_dir = \"theirs\"\n"
+    ));
     let mut study = Study::load(&path).unwrap();
     let m = plan(&study);
     assert_eq!(config_of(&study, &m, "map").mapper_dir, None);
