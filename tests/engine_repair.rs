@@ -197,7 +197,11 @@ fn repair_runs_only_when_turned_on() {
     );
     let events = r.handle(Command::SetRepair { enabled: true });
     assert!(
-        matches!(events.as_slice(), [Event::Notice { message }] if message == "cache repair on")
+        matches!(events.as_slice(), [
+            Event::SettingChanged { setting, value, .. },
+            Event::Notice { message },
+        ] if setting == "repair" && value == "on" && message == "cache repair on"),
+        "{events:?}"
     );
     r.engine.repair_pending(&r.rx);
     assert!(r

@@ -1,6 +1,8 @@
 //! Session files on disk: written by SessionWriter, read back, recovered after a crash,
 //! refused when they are not ours to read, and summarised by `baton report`.
 
+mod common;
+
 use baton::protocol::*;
 use baton::session::{
     default_session_path, read_session, SessionError, SessionHeader, SessionWriter,
@@ -472,4 +474,159 @@ fn baton_report_warns_on_a_cut_file_and_fails_on_a_foreign_one() {
     let out = baton(&["report", foreign.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a baton session header"));
+}
+
+/// `baton replay` of `session` on the tiny pair under `dir`, recording to `record`.
+fn replay(dir: &Path, session: &Path, record: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["replay", session.to_str().unwrap(), "--record", record])
+        .arg("--mapper-dir")
+        .arg(dir.join("mappers"))
+        .current_dir(dir)
+        .env("BATON_CACHE_DIR", dir.join("cache"))
+        .env_remove("BATON_MAPPER_DIR")
+        .output()
+        .unwrap()
+}
+
+/// `path`'s lines with `edit` applied to each event line's JSON (`None` drops the line)
+/// and the header's minor version set to `minor`.
+fn rewrite(
+    path: &Path,
+    to: &Path,
+    minor: u32,
+    edit: impl Fn(serde_json::Value) -> Option<serde_json::Value>,
+) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let mut header: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    header["minor"] = minor.into();
+    let mut out = vec![header.to_string()];
+    for l in lines {
+        if let Some(v) = edit(serde_json::from_str(l).unwrap()) {
+            out.push(v.to_string());
+        }
+    }
+    std::fs::write(to, out.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn a_replay_makes_a_mid_session_plan_change_where_it_was_made_and_names_one_it_cannot() {
+    use baton::protocol::Command;
+    use common::engine_rig::{rig_with, tiny, write_pair};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_pair(d, false);
+    // Recorded as the workbench does it: no plan at the start, then Ctrl-E between
+    // turns sets one, which the next switch makes, and sets it off again after.
+    let recorded = d.join("recorded.jsonl");
+    let rig = rig_with(d, |cfg| {
+        cfg.settings.reread = None;
+        cfg.record = Some(recorded.clone());
+    });
+    let handle = rig.start();
+    let say = |words, seed| Command::Submit {
+        text: tiny().chat_text(words, seed),
+    };
+    let steps = [
+        say(120, 1),
+        Command::SetReread {
+            setting: Some("40%".into()),
+        },
+        Command::Switch,
+        say(12, 2),
+        Command::SetReread { setting: None },
+        Command::Switch,
+        say(12, 3),
+        Command::Finish,
+    ];
+    baton::headless::script::run_steps(&steps, &|c| handle.send(c), &handle.events, &mut |e| {
+        if let Event::Error { message, .. } = e {
+            panic!("{message}");
+        }
+    })
+    .unwrap();
+    handle.shutdown();
+    let session = read_session(&recorded).unwrap();
+    let changes: Vec<(u32, String)> = session
+        .events()
+        .filter_map(|e| match e {
+            Event::SettingChanged {
+                turn,
+                setting,
+                value,
+            } if setting == "reread" => Some((*turn, value.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        changes.len(),
+        2,
+        "each change is an event of its own: {changes:?}"
+    );
+    assert_eq!(changes[0].0, 1);
+    assert!(changes[0].1.starts_with("40%"), "{changes:?}");
+    assert_eq!(changes[1], (2, "off".to_string()));
+    let planned = session
+        .events()
+        .filter(|e| matches!(e, Event::SwitchReread { .. }))
+        .count();
+    assert_eq!(
+        planned, 1,
+        "the first switch's plan re-read before turn 2, the second's none"
+    );
+
+    let out = replay(d, &recorded, "replayed.jsonl");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("identical"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A file from before the event: the notice says what the change was, and the
+    // replay makes it from there.
+    let older = d.join("older.jsonl");
+    rewrite(&recorded, &older, 7, |v| {
+        (v["event"]["type"] != "setting_changed").then_some(v)
+    });
+    let out = replay(d, &older, "older-replayed.jsonl");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("identical"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A notice that does not read back: the replay says it cannot make that change and
+    // names the plan the switch ran under on each side, before any other difference.
+    let unreadable = d.join("unreadable.jsonl");
+    rewrite(&recorded, &unreadable, 7, |mut v| {
+        if v["event"]["type"] == "setting_changed" {
+            return None;
+        }
+        if v["event"]["type"] == "notice"
+            && v["event"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("re-read 40%")
+        {
+            v["event"]["message"] = "re-read forty percent from now on".into();
+        }
+        Some(v)
+    });
+    let out = replay(d, &unreadable, "unreadable-replayed.jsonl");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("cannot apply") && stderr.contains("forty percent"),
+        "{stderr}"
+    );
+    let first = stdout.lines().next().unwrap_or("");
+    assert_eq!(first, "run under other settings:", "{stdout}");
+    assert!(
+        stdout.contains("switch 0 (turn 2): plan recorded 40%") && stdout.contains("replayed none"),
+        "{stdout}"
+    );
 }

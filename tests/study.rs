@@ -308,6 +308,11 @@ fn a_variant_without_the_switch_gives_the_source_alone_and_the_gap_recovered() {
             .events()
             .any(|e| matches!(e, baton::protocol::Event::Switch(_)));
         assert_eq!(switched, !n.contains(".alone."), "{n}");
+        if n.contains(".alone.") {
+            // Nothing handed over, nothing to learn: no learner reads the mappers'
+            // saved statistics while the item runs, nor holds its end up.
+            assert_eq!(s.header.settings["learn"], false, "{n}");
+        }
     }
     let o = baton(&["study", "report", "out", "--json"], d);
     let r: serde_json::Value = serde_json::from_str(&ok_stdout(&o)).unwrap();
@@ -467,4 +472,60 @@ fn an_output_directory_that_cannot_be_written_is_refused_before_any_model_loads(
     for p in unwritable {
         chmod(&d.join(p), 0o755);
     }
+}
+
+#[test]
+fn study_run_takes_the_mapper_dir_from_the_environment_and_a_failed_item_keeps_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    study_in(d);
+    // The variants name no mappers directory of their own: the command's serves them.
+    let text = std::fs::read_to_string(d.join("study.toml")).unwrap();
+    std::fs::write(
+        d.join("study.toml"),
+        text.replace("mapper_dir = \"mappers\"\n", ""),
+    )
+    .unwrap();
+    let run = |mapper_dir: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(["study", "run", "study.toml", "--out", "out"])
+            .current_dir(d)
+            .env("BATON_CACHE_DIR", d.join("cache"))
+            .env("BATON_MAPPER_DIR", mapper_dir)
+            .output()
+            .unwrap()
+    };
+    // A directory with no mapper: every item fails, and keeps a file naming why.
+    let empty = d.join("no-mappers");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = run(&empty);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("0 recorded, 0 finished before, 4 failed"),
+        "{err}"
+    );
+    let names = sessions(&d.join("out"));
+    let failed: Vec<&String> = names
+        .iter()
+        .filter(|n| n.ends_with(".jsonl.failed"))
+        .collect();
+    assert_eq!(failed.len(), 4, "{names:?}");
+    for n in &failed {
+        let kept = std::fs::read_to_string(d.join("out/items").join(n)).unwrap();
+        assert!(
+            kept.contains("no mapper from") && kept.contains("no-mappers"),
+            "{n}: {kept}"
+        );
+    }
+    // The directory that holds the pair's mappers, named the same way: every item runs
+    // (the cache dir holds none), and what the failed run kept goes.
+    let err = ok(&run(&d.join("mappers")));
+    assert!(
+        err.contains("4 recorded, 0 finished before, 0 failed"),
+        "{err}"
+    );
+    let names = sessions(&d.join("out"));
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(names.iter().all(|n| n.ends_with(".jsonl")), "{names:?}");
 }

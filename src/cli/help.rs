@@ -352,13 +352,14 @@ const LAYOUTS: &[Layout] = &[
     Layout {
         path: &["study", "run"],
         groups: &[
-            (PAIR, &["device"]),
+            (PAIR, &["mapper_dir", "device"]),
             ("What to run", &["study", "shard", "shards", "jobs"]),
             (OUTPUT, &["out"]),
         ],
         brief: &[
             ("study", "study file (TOML)"),
             ("out", "output directory"),
+            ("mapper_dir", "mappers directory"),
             ("shard", "this shard's number"),
             ("shards", "shards in all"),
         ],

@@ -32,7 +32,11 @@ pub fn replay(a: ReplayArgs, dev: &Device) -> Result<()> {
     cfg.learning.keep = false;
     let record = record_path(a.record.as_deref())?;
     cfg.record = Some(record.clone());
-    let steps = replay::replay_steps(&recorded);
+    let recorded_commands = replay::replay_commands(&recorded);
+    for u in &recorded_commands.unapplied {
+        eprintln!("warning: {u}");
+    }
+    let steps = recorded_commands.commands;
     eprintln!(
         "replaying {} commands from {}",
         steps.len(),
@@ -44,7 +48,10 @@ pub fn replay(a: ReplayArgs, dev: &Device) -> Result<()> {
         }
     })?;
     let replayed = session::read_session(&record)?;
-    let diff = session::diff_sessions(&recorded, &replayed, &session::DiffOptions::default());
+    let mut diff = session::diff_sessions(&recorded, &replayed, &session::DiffOptions::default());
+    // A change the replay could not make is a setting the two ran under apart.
+    diff.settings
+        .splice(0..0, recorded_commands.unapplied.iter().cloned());
     if a.json {
         print_json(&diff)?;
     } else {

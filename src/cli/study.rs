@@ -1,7 +1,7 @@
 //! `baton study`: drift studies over many scripted conversations. `plan` expands a study
 //! file into its work items and saves the manifest.
 
-use super::common::print_json;
+use super::common::{print_json, MapperDirArgs};
 use anyhow::{bail, Result};
 use baton::lab::study::run::Outcome;
 use baton::lab::study::{self, Shard, Study};
@@ -79,6 +79,9 @@ pub struct RunArgs {
     /// Items run at once (default: what the machine's cores and memory hold).
     #[arg(long, value_parser = baton::engine::config::at_least_one)]
     pub jobs: Option<usize>,
+    // For the variants that name no `mapper_dir` of their own.
+    #[command(flatten)]
+    pub mappers: MapperDirArgs,
 }
 
 #[derive(Debug, Args)]
@@ -153,7 +156,8 @@ fn run(a: RunArgs, dev: &Device) -> Result<()> {
         "auto" => Shard::auto(&|k| std::env::var(k).ok(), a.shards)?,
         s => Shard::parse(s)?,
     };
-    let s = Study::load(&a.study)?;
+    let mut s = Study::load(&a.study)?;
+    s.mapper_dir = a.mappers.mapper_dir;
     let manifest = study::plan(&s);
     study::save_manifest(&a.out, &manifest)?;
     let jobs = a.jobs.unwrap_or_else(study::run::default_jobs);

@@ -20,7 +20,7 @@ use super::slot::{opening, PendingReread, Slot};
 use super::switch::{hand_over, Sides};
 use crate::metrics::probe_positions;
 use crate::model::KvCache;
-use crate::protocol::{CacheOrigin, Command, Event};
+use crate::protocol::{setting, CacheOrigin, Command, Event};
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
@@ -183,6 +183,7 @@ impl Engine {
             }
             Command::SetReference { enabled } => {
                 self.settings.reference = enabled;
+                self.setting_changed(setting::REFERENCE, on_off(enabled));
                 self.out.emit(Event::Notice {
                     message: format!("reference path {}", if enabled { "on" } else { "off" }),
                 });
@@ -190,6 +191,7 @@ impl Engine {
             }
             Command::SetRepair { enabled } => {
                 self.settings.repair = enabled;
+                self.setting_changed(setting::REPAIR, on_off(enabled));
                 self.out.emit(Event::Notice {
                     message: format!("cache repair {}", if enabled { "on" } else { "off" }),
                 });
@@ -203,6 +205,8 @@ impl Engine {
                 match parsed {
                     Ok(r) => {
                         self.settings.reread = r;
+                        let value = r.map_or_else(|| setting::OFF.to_string(), |r| r.to_string());
+                        self.setting_changed(setting::REREAD, &value);
                         self.out.emit(Event::Notice {
                             message: match r {
                                 Some(r) => {
@@ -245,6 +249,16 @@ impl Engine {
         if let Err(e) = result {
             self.report(&e);
         }
+    }
+
+    /// Recorded as an event of its own, beside the notice a person reads, so that a
+    /// replay makes the same change at the same step.
+    fn setting_changed(&mut self, name: &str, value: &str) {
+        self.out.emit(Event::SettingChanged {
+            turn: self.turn,
+            setting: name.into(),
+            value: value.into(),
+        });
     }
 
     pub(super) fn report(&mut self, e: &super::EngineError) {
@@ -440,5 +454,13 @@ impl Engine {
     /// Whether the learning thread has work in flight for either direction.
     pub fn learning_in_flight(&self) -> bool {
         self.learning.busy()
+    }
+}
+
+fn on_off(enabled: bool) -> &'static str {
+    if enabled {
+        setting::ON
+    } else {
+        setting::OFF
     }
 }

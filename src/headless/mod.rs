@@ -2,6 +2,7 @@
 //! session's commands replayed on this build ([`replay`]). Both talk to the engine only
 //! through its public API and [`crate::protocol`], as the workbench does.
 
+pub mod recorded;
 pub mod replay;
 pub mod script;
 

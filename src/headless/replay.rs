@@ -2,6 +2,7 @@
 //! commands replayed on this build with the settings it was recorded under, so its
 //! numbers can be compared with the recording's.
 
+use super::recorded::{recorded_commands, RecordedCommands};
 use super::script::{self, ScriptError};
 use crate::engine::{self, EngineConfig, Settings};
 use crate::fetch::Manifest;
@@ -54,8 +55,14 @@ pub fn replay_config(
 
 /// The commands that produced `recorded`, in order.
 pub fn replay_steps(recorded: &Session) -> Vec<Command> {
+    replay_commands(recorded).commands
+}
+
+/// The commands that produced `recorded`, in order, with the settings changes among them
+/// (each at the step it was made), and the changes a replay cannot make.
+pub fn replay_commands(recorded: &Session) -> RecordedCommands {
     let events: Vec<Event> = recorded.events().cloned().collect();
-    script::session_commands(&events)
+    recorded_commands(&events)
 }
 
 /// Starts an engine on `cfg`, waits for it to be ready, sends `steps` one by one (each

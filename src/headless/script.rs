@@ -21,7 +21,7 @@
 //! ```
 
 use crate::engine::SettingsOverrides;
-use crate::protocol::{Command, Event, PathKind};
+use crate::protocol::{Command, Event};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -230,59 +230,12 @@ pub fn run_steps(
     Ok(())
 }
 
-/// The commands that produced a recorded session, in order: its user messages,
-/// switches, bookmarks and reference toggles (for a replay on the current build).
-pub fn session_commands(events: &[Event]) -> Vec<Command> {
-    let mut out = Vec::new();
-    for e in events {
-        match e {
-            Event::UserMessage { text, .. } => out.push(Command::Submit { text: text.clone() }),
-            Event::Switch(_) => out.push(Command::Switch),
-            Event::Notice { message } if message.contains("no conversation to hand over") => {
-                out.push(Command::Switch)
-            }
-            Event::Notice { message } if message.starts_with("reference path") => {
-                out.push(Command::SetReference {
-                    enabled: message.ends_with("on"),
-                })
-            }
-            Event::Notice { message } if message.starts_with("cache repair") => {
-                out.push(Command::SetRepair {
-                    enabled: message.ends_with("on"),
-                })
-            }
-            Event::Bookmark { note, .. } => out.push(Command::Bookmark { note: note.clone() }),
-            // How far the repair had got where it ended (a switch, or complete between
-            // turns), and where an answer started over a cache being repaired: a replay
-            // repairs as far at the same step.
-            Event::CacheRepaired { repaired, .. } => out.push(Command::RepairTo {
-                positions: *repaired,
-            }),
-            Event::TurnStarted {
-                path: PathKind::Mapped,
-                repaired: Some(positions),
-                ..
-            } => {
-                let at = out
-                    .iter()
-                    .rposition(|c| matches!(c, Command::Submit { .. }))
-                    .unwrap_or(out.len());
-                out.insert(
-                    at,
-                    Command::RepairTo {
-                        positions: *positions,
-                    },
-                );
-            }
-            _ => {}
-        }
-    }
-    out
-}
+pub use super::recorded::session_commands;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::PathKind;
 
     #[test]
     fn a_recorded_repair_becomes_a_repair_as_far_before_the_same_step() {

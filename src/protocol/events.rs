@@ -272,6 +272,18 @@ pub enum Event {
         #[serde(with = "float")]
         compute_ms: f64,
     },
+    /// A setting changed mid-session (the workbench's Ctrl-E, Ctrl-T, Ctrl-R, Ctrl-P, a
+    /// script's step): `setting` is its key in the session header's settings (`reread`,
+    /// `reference`, `repair`) and `value` what it became (`40%:facts:word`, `off`, `on`),
+    /// from `turn` (the last turn started) on. A replay sends the same change at the same
+    /// step. (Session format 1.8 on; older files say it only in a notice.)
+    SettingChanged {
+        #[serde(default)]
+        turn: u32,
+        setting: String,
+        #[serde(default)]
+        value: String,
+    },
     /// Something the user should know that is not an error (a queued switch, a pre-map).
     Notice {
         message: String,
@@ -320,6 +332,16 @@ pub struct SwitchEvent {
     pub reread: Option<String>,
 }
 
+/// The settings an [`Event::SettingChanged`] names, by their keys in the session
+/// header's settings, and the values of the switches among them.
+pub mod setting {
+    pub const REREAD: &str = "reread";
+    pub const REFERENCE: &str = "reference";
+    pub const REPAIR: &str = "repair";
+    pub const ON: &str = "on";
+    pub const OFF: &str = "off";
+}
+
 impl Event {
     /// Every `type` tag an [`Event`] can carry, so a reader can tell an event type added
     /// by a newer baton from a damaged line.
@@ -340,6 +362,7 @@ impl Event {
         "background_calibration",
         "repair_progress",
         "cache_repaired",
+        "setting_changed",
         "notice",
         "bookmark",
         "error",
@@ -376,6 +399,7 @@ impl Event {
             | Event::MapperLearned { turn, .. }
             | Event::CacheRepaired { turn, .. }
             | Event::Bookmark { turn, .. }
+            | Event::SettingChanged { turn, .. }
             | Event::Done { turn } => Some(*turn),
             Event::Loading { .. }
             | Event::Ready { .. }

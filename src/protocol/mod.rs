@@ -15,7 +15,7 @@ pub mod summary;
 mod switch_row;
 
 pub use commands::Command;
-pub use events::{Event, SwitchEvent};
+pub use events::{setting, Event, SwitchEvent};
 pub use ids::ModelName;
 pub use kinds::{CacheOrigin, MapperInfo, ModelInfo, PathKind, PlanPart, PlanText, StopKind};
 pub use measures::{
@@ -242,6 +242,11 @@ mod tests {
                 complete: true,
                 after_switch_ms: 9000.0,
                 compute_ms: 6500.0,
+            },
+            Event::SettingChanged {
+                turn: 2,
+                setting: setting::REREAD.into(),
+                value: "40%:facts:word".into(),
             },
             Event::Notice {
                 message: "switch queued".into(),

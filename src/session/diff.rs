@@ -24,20 +24,27 @@ impl Default for DiffOptions {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SessionDiff {
     pub tolerance: f64,
+    /// What the two ran under that differs (models, mappers, device, a header's setting,
+    /// a setting changed during the conversation, a switch's plan), one sentence each:
+    /// the likeliest cause of any difference below.
+    pub settings: Vec<String>,
     /// Turns and switches present in both sessions.
     pub turns_compared: usize,
     pub switches_compared: usize,
     /// Per path, the first turn whose generated tokens differ, and where.
     pub tokens: Vec<TokenDifference>,
     pub metrics: Vec<MetricDifference>,
-    /// What cannot be compared number by number: other models, turns or switches present
-    /// in one session only, a different gate choice.
+    /// What cannot be compared number by number: turns or switches present in one
+    /// session only, a different gate choice.
     pub structure: Vec<String>,
 }
 
 impl SessionDiff {
     pub fn is_identical(&self) -> bool {
-        self.tokens.is_empty() && self.metrics.is_empty() && self.structure.is_empty()
+        self.settings.is_empty()
+            && self.tokens.is_empty()
+            && self.metrics.is_empty()
+            && self.structure.is_empty()
     }
 }
 
@@ -66,45 +73,19 @@ pub struct MetricDifference {
 pub fn diff_sessions(recorded: &Session, replayed: &Session, opts: &DiffOptions) -> SessionDiff {
     let mut d = SessionDiff {
         tolerance: opts.tolerance,
+        settings: super::settings_diff::compare(recorded, replayed),
         turns_compared: 0,
         switches_compared: 0,
         tokens: vec![],
         metrics: vec![],
         structure: vec![],
     };
-    compare_models(recorded, replayed, &mut d);
     compare_generations(recorded, replayed, &mut d);
     compare_switches(recorded, replayed, opts, &mut d);
     compare_agreement(recorded, replayed, opts, &mut d);
     d.structure
         .extend(super::repair_states::compare(recorded, replayed));
     d
-}
-
-fn compare_models(a: &Session, b: &Session, d: &mut SessionDiff) {
-    let (ma, mb) = (&a.header.models, &b.header.models);
-    if ma.len() != mb.len() {
-        d.structure.push(format!(
-            "{} models recorded, {} replayed",
-            ma.len(),
-            mb.len()
-        ));
-    }
-    for (i, (x, y)) in ma.iter().zip(mb).enumerate() {
-        if x.sha256 != y.sha256 {
-            d.structure.push(format!(
-                "model {i}: recorded {} ({}), replayed {} ({})",
-                x.name,
-                short(&x.sha256),
-                y.name,
-                short(&y.sha256)
-            ));
-        }
-    }
-}
-
-fn short(sha: &str) -> &str {
-    sha.get(..12).unwrap_or(sha)
 }
 
 type Generations<'a> = BTreeMap<(PathKind, u32), &'a [u32]>;
@@ -352,6 +333,12 @@ impl Display for SessionDiff {
                 "identical: {} turns and {} switches compared (metric tolerance {})",
                 self.turns_compared, self.switches_compared, self.tolerance
             );
+        }
+        if !self.settings.is_empty() {
+            writeln!(f, "run under other settings:")?;
+            for s in &self.settings {
+                writeln!(f, "  {s}")?;
+            }
         }
         for t in &self.tokens {
             let token = |v: Option<u32>| v.map_or("end".to_string(), |id| id.to_string());

@@ -31,7 +31,10 @@ pub const VERSION: u32 = 1;
 ///   re-prefill it replaces would cost (`predicted_ms`, `reprefill_predicted_ms`), and
 ///   its plan may re-read positions mapped at an earlier switch (any the target never
 ///   computed); its `index` is the latest switch to the model, whose plan it is.
-pub const MINOR: u32 = 7;
+/// - 8: a `setting_changed` event records a setting changed mid-session (the plan, the
+///   reference path, repair), so a replay makes the same change at the same step; before
+///   it only a notice said so.
+pub const MINOR: u32 = 8;
 
 /// Line 1 of a session file: which build, models, mappers and settings produced it, so a
 /// report or a replay can tell whether it is looking at comparable runs.

@@ -14,6 +14,7 @@ mod reader;
 mod repair_states;
 mod report_table;
 pub mod session_report;
+mod settings_diff;
 mod switch_json;
 mod writer;
 

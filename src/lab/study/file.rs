@@ -118,6 +118,10 @@ pub struct Study {
     pub directions: Vec<Direction>,
     pub repeats: u32,
     pub variants: BTreeMap<String, Variant>,
+    /// The mappers directory of the variants that name none: the running command's
+    /// (`--mapper-dir`, `BATON_MAPPER_DIR`), not the file's, so it is no part of the
+    /// study's identity; `None`, the cache dir's.
+    pub mapper_dir: Option<PathBuf>,
 }
 
 fn sha256(bytes: &[u8]) -> String {
@@ -225,6 +229,7 @@ impl Study {
             directions,
             repeats,
             variants,
+            mapper_dir: None,
         })
     }
 }

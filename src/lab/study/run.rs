@@ -54,8 +54,9 @@ impl Variant {
 }
 
 /// The engine set-up of `item`: its models in order, the script's settings, then the
-/// variant's, recording to `record`. Learning keeps nothing: every item of a variant
-/// starts from the same mapper, whichever ran first.
+/// variant's, recording to `record`, with the variant's mappers directory or else the
+/// study's. Learning keeps nothing: every item of a variant starts from the same
+/// mapper, whichever ran first; an item without a switch does not learn at all.
 pub fn item_config(
     study: &Study,
     manifest: &Manifest,
@@ -75,7 +76,14 @@ pub fn item_config(
     let mut cfg = EngineConfig::new(item.models.clone(), device.clone());
     cfg.settings.apply(&script.script.settings);
     cfg.settings.apply(&variant.overrides()?);
-    if let Some(d) = &variant.mapper_dir {
+    if variant.stays() {
+        // Nothing is handed over, so nothing is learned: a learner set up anyway reads
+        // the mappers' saved statistics in the background, and the item waited for it
+        // at its end, longer than its whole conversation took.
+        cfg.settings.learn = false;
+    }
+    // A variant's own directory first, then the command's (flag or BATON_MAPPER_DIR).
+    if let Some(d) = variant.mapper_dir.as_ref().or(study.mapper_dir.as_ref()) {
         cfg.mapper_dir = crate::mapper::dir::MapperDir::named(d);
     }
     cfg.learning.keep = false;
@@ -176,20 +184,39 @@ fn run_one(
         .and_then(|(cfg, steps)| run_headless(cfg, &steps, &mut |_| {}).map_err(|e| e.to_string()));
     match ran {
         Ok(r) if !r.failed() => match std::fs::rename(&partial, &path) {
-            Ok(()) => Outcome::Done {
-                seconds: started.elapsed().as_secs_f64(),
-            },
+            Ok(()) => {
+                // What an earlier failed run kept no longer says how the item went.
+                let _ = std::fs::remove_file(path.with_extension("jsonl.failed"));
+                Outcome::Done {
+                    seconds: started.elapsed().as_secs_f64(),
+                }
+            }
             Err(e) => Outcome::Failed(format!("cannot put {} in place: {e}", path.display())),
         },
         Ok(r) => {
-            // Kept for a look at what went wrong, under a name no rerun takes for done.
-            let _ = std::fs::rename(&partial, path.with_extension("jsonl.failed"));
-            Outcome::Failed(r.errors.join("; "))
+            let cause = r.errors.join("; ");
+            keep_failed(&partial, &path, &item.id, &cause);
+            Outcome::Failed(cause)
         }
         Err(e) => {
-            let _ = std::fs::remove_file(&partial);
+            keep_failed(&partial, &path, &item.id, &e);
             Outcome::Failed(e)
         }
+    }
+}
+
+/// Keeps what a failed item left for a look, as `<id>.jsonl.failed`, a name no rerun
+/// takes for done: its session, whose `error` events name the cause; or, where it failed
+/// before its session began (its models or mappers did not load), a line naming the
+/// cause.
+fn keep_failed(partial: &Path, path: &Path, id: &str, cause: &str) {
+    let failed = path.with_extension("jsonl.failed");
+    if std::fs::rename(partial, &failed).is_ok() {
+        return;
+    }
+    let line = format!("study item {id} failed before its session began: {cause}\n");
+    if let Err(e) = std::fs::write(&failed, line) {
+        tracing::warn!("cannot keep {}: {e}", failed.display());
     }
 }
 

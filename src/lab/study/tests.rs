@@ -384,3 +384,84 @@ fn an_output_directory_that_cannot_take_files_is_refused_as_a_write() {
         "{e}"
     );
 }
+
+/// The engine set-up of the first item of `variant` in `study`'s plan.
+fn config_of(study: &Study, m: &Manifest, variant: &str) -> crate::engine::EngineConfig {
+    let item = m
+        .items
+        .iter()
+        .find(|i| i.variant == variant)
+        .unwrap_or_else(|| panic!("no item of {variant}"));
+    let (cfg, _) =
+        run::item_config(study, m, item, &candle_core::Device::Cpu, "s.jsonl".into()).unwrap();
+    cfg
+}
+
+#[test]
+fn the_example_studys_variants_run_different_plans_and_the_map_runs_none() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/study/example.toml");
+    let study = Study::load(&path).unwrap();
+    let m = plan(&study);
+    let switching: Vec<&String> = study
+        .variants
+        .iter()
+        .filter(|(_, v)| !v.stays())
+        .map(|(name, _)| name)
+        .collect();
+    assert!(switching.len() >= 2, "{switching:?}");
+    let plans: Vec<Option<String>> = switching
+        .iter()
+        .map(|v| {
+            config_of(&study, &m, v)
+                .settings
+                .reread
+                .map(|r| r.to_string())
+        })
+        .collect();
+    for (i, p) in plans.iter().enumerate() {
+        for (j, q) in plans.iter().enumerate().skip(i + 1) {
+            assert_ne!(
+                p, q,
+                "variants {} and {} run the same plan",
+                switching[i], switching[j]
+            );
+        }
+    }
+    // The variant named for the map alone re-reads nothing.
+    assert_eq!(config_of(&study, &m, "map").settings.reread, None);
+    assert!(config_of(&study, &m, "reread").settings.reread.is_some());
+}
+
+#[test]
+fn an_item_without_a_switch_does_not_learn() {
+    let (_d, path) = study_dir(&format!("{STUDY}\n[variants.alone]\nswitch = false\n"));
+    let study = Study::load(&path).unwrap();
+    let m = plan(&study);
+    // Learning is on by default: an item that never switches would set up a learner
+    // (reading the mappers' saved statistics) for nothing.
+    assert!(crate::engine::Settings::default().learn);
+    assert!(!config_of(&study, &m, "alone").settings.learn);
+}
+
+#[test]
+fn the_commands_mapper_dir_serves_the_variants_that_name_none() {
+    let (d, path) = study_dir(&format!(
+        "{STUDY}\n[variants.own]\nmapper_dir = \"theirs\"\n"
+    ));
+    let mut study = Study::load(&path).unwrap();
+    let m = plan(&study);
+    use crate::mapper::dir::MapperDir;
+    assert_eq!(
+        config_of(&study, &m, "map").mapper_dir,
+        MapperDir::default_location()
+    );
+    study.mapper_dir = Some("from-env".into());
+    assert_eq!(
+        config_of(&study, &m, "map").mapper_dir,
+        MapperDir::named("from-env")
+    );
+    assert_eq!(
+        config_of(&study, &m, "own").mapper_dir,
+        MapperDir::named(d.path().join("theirs"))
+    );
+}

@@ -134,6 +134,8 @@ impl App {
                     self.say(Level::Info, line);
                 }
             }
+            // The notice beside it says so on screen.
+            Event::SettingChanged { .. } => {}
             Event::Notice { message } => self.notice(message),
             Event::Bookmark { turn, note } => {
                 self.transcript.push(Entry::Bookmark {
