@@ -461,9 +461,14 @@ fn what_a_mapper_learned_stays_with_it_when_a_calibration_replaces_it() {
     let fresh = open(&a, &b, dir.path(), true);
     assert_eq!(fresh.learner.learned_tokens(), 0);
     assert_eq!((fresh.meta.steps.len(), fresh.meta.not_applied), (0, 2));
-    let listing = baton::console::mappers::MapperListing::read(&at.dir)
-        .unwrap()
-        .to_string();
+    // As `baton mappers` says it.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args(["mappers", "--mapper-dir"])
+        .arg(at.dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let listing = String::from_utf8_lossy(&out.stdout);
     assert!(
         listing.contains("2 more updates kept here are not applied to this mapper")
             && listing.contains("--reset-learned"),
