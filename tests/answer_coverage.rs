@@ -6,7 +6,7 @@
 mod common;
 
 use baton::data::recall::{RecallConversation, RecallQuestion};
-use baton::handoff::reread::lexical::{message_words, rare_tokens};
+use baton::handoff::reread::lexical::{message_sentences, message_words, rare_tokens};
 use baton::lab::eval::recall::coverage::answer_positions;
 use baton::lab::eval::recall::messages_for;
 use baton::text::{ChatMessage, ChatTemplate, TextTokenizer};
@@ -122,6 +122,54 @@ fn the_messages_words_point_at_the_fact_beside_them_and_numbers_score_as_facts()
     assert_eq!(rare[room], 1.0);
     let moved = find(&tok, &history, " moved");
     assert_eq!(rare[moved], 0.0);
+}
+
+#[test]
+fn the_sentence_that_names_most_of_what_is_asked_is_read_first_and_whole() {
+    let (tok, tmpl) = qwen();
+    let passage = "Warsaw is the capital of Poland. The city has a mermaid on its coat of \
+                   arms. This mermaid imagery has been in use since at least the mid-14th \
+                   century. The Vistula river flows through Warsaw.";
+    let history = tmpl
+        .render_ids(
+            &tok,
+            &[ChatMessage::user(passage), ChatMessage::assistant("OK.")],
+            false,
+        )
+        .unwrap();
+    let full = tmpl
+        .render_ids(
+            &tok,
+            &[
+                ChatMessage::user(passage),
+                ChatMessage::assistant("OK."),
+                ChatMessage::user("Since when has Warsaw used the mermaid imagery?"),
+            ],
+            true,
+        )
+        .unwrap();
+    let message = &full[history.len()..];
+    let scores = message_sentences(&tok, &history, message);
+    let text: Vec<String> = history.iter().map(|&id| decode(&tok, &[id])).collect();
+    let start = find(&tok, &history, "This");
+    let end = start + text[start..].iter().position(|t| t.contains('.')).unwrap() + 1;
+    let answer = find(&tok, &history, " century");
+    assert!((start..end).contains(&answer));
+    // Every position of the answer's sentence, its century included (a word the
+    // question never says), ranks above every position outside it.
+    let inside = scores[start..end]
+        .iter()
+        .cloned()
+        .fold(f64::INFINITY, f64::min);
+    let outside = (0..history.len())
+        .filter(|p| !(start..end).contains(p))
+        .map(|p| scores[p])
+        .fold(0.0, f64::max);
+    assert!(inside > outside, "{inside} against {outside}");
+    // By nearness alone, the century is behind the words the question repeats.
+    let near = message_words(&tok, &history, message);
+    let mermaid = find(&tok, &history, " mer");
+    assert!(near[answer] < near[mermaid]);
 }
 
 /// The first position of `history` whose token's text contains `piece`.

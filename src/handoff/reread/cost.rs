@@ -181,6 +181,7 @@ impl PlanParts {
             Some(Selector::RoundTrip)
             | Some(Selector::Recency)
             | Some(Selector::MessageWords)
+            | Some(Selector::MessageSentences)
             | Some(Selector::Rare)
             | None => {}
         }

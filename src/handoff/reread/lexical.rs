@@ -115,6 +115,61 @@ pub fn message_words(tok: &TextTokenizer, history: &[u32], message: &[u32]) -> V
     scores
 }
 
+/// How many leading letters of a word match it to another (`meeting`, `meetings`):
+/// endings differ between a question and the text it asks about.
+const STEM: usize = 5;
+
+/// How much the nearness to a matched word orders positions within one sentence, against
+/// the sentence's own score (at most 1).
+const WITHIN: f64 = 0.1;
+
+/// `message-sentences`: each sentence (or line) of the history scores the message's
+/// content words it says, each once, weighed by how few sentences say it (`ln(1 + S/n)`
+/// over `S` sentences, `n` of them saying it); every position takes its sentence's
+/// score, rescaled to at most 1, and the `message-words` score orders positions within a
+/// sentence. An answer is usually in the sentence that names most of what the question
+/// names: the best sentence is read first, whole where the budget allows.
+pub fn message_sentences(tok: &TextTokenizer, history: &[u32], message: &[u32]) -> Vec<f64> {
+    let stem = |k: &str| k.chars().take(STEM).collect::<String>();
+    let asked: std::collections::HashSet<String> = words(tok, message, &texts(tok, message))
+        .into_iter()
+        .filter(|w| content(&w.key))
+        .map(|w| stem(&w.key))
+        .collect();
+    let starts = super::unit_starts(tok, history, super::SpanGrowth::Sentence);
+    let mut sentence = Vec::with_capacity(history.len());
+    let mut current = 0usize;
+    for (p, &start) in starts.iter().enumerate().take(history.len()) {
+        if p > 0 && start {
+            current += 1;
+        }
+        sentence.push(current);
+    }
+    let sentences = current + 1;
+    // (sentence, stem) pairs the history holds, each once.
+    let mut held = std::collections::HashSet::new();
+    for w in words(tok, history, &texts(tok, history)) {
+        if content(&w.key) {
+            held.insert((sentence[w.start], stem(&w.key)));
+        }
+    }
+    let mut saying: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (_, k) in &held {
+        *saying.entry(k.as_str()).or_default() += 1;
+    }
+    let mut score = vec![0.0f64; sentences];
+    for (s, k) in &held {
+        if asked.contains(k) {
+            score[*s] += (1.0 + sentences as f64 / saying[k.as_str()] as f64).ln();
+        }
+    }
+    let score = unit_max(&score);
+    let near = unit_max(&message_words(tok, history, message));
+    (0..history.len())
+        .map(|p| score[sentence[p]] + WITHIN * near[p])
+        .collect()
+}
+
 /// `rare`: the tokens that carry facts a map blurs: a word with a digit scores 1, a
 /// capitalised word inside a sentence (a name) 0.5, every other position 0.
 pub fn rare_tokens(tok: &TextTokenizer, history: &[u32]) -> Vec<f64> {

@@ -90,6 +90,10 @@ pub enum Selector {
     /// The message's own words found in the history, spread to the positions around
     /// them ([`lexical`]); no model call.
     MessageWords,
+    /// The history's sentences ranked by the message's words they hold (each word
+    /// weighed by how few sentences say it), the best sentence first ([`lexical`]); no
+    /// model call.
+    MessageSentences,
     /// Numbers and names: the tokens that carry facts; no model call.
     Rare,
     /// `contrast`, `message-words` and `rare` together, each rescaled to at most 1.
@@ -97,7 +101,7 @@ pub enum Selector {
 }
 
 impl Selector {
-    pub const ALL: [Selector; 10] = [
+    pub const ALL: [Selector; 11] = [
         Selector::SourceAttention,
         Selector::TargetAttention,
         Selector::RoundTrip,
@@ -106,6 +110,7 @@ impl Selector {
         Selector::CheaperAttention,
         Selector::Contrast,
         Selector::MessageWords,
+        Selector::MessageSentences,
         Selector::Rare,
         Selector::Facts,
     ];
@@ -120,6 +125,7 @@ impl Selector {
             Selector::CheaperAttention => "cheaper-attention",
             Selector::Contrast => "contrast",
             Selector::MessageWords => "message-words",
+            Selector::MessageSentences => "message-sentences",
             Selector::Rare => "rare",
             Selector::Facts => "facts",
         }

@@ -98,6 +98,11 @@ pub fn score_positions(
             &inputs.tokens[..h],
             &inputs.tokens[h..],
         ),
+        Selector::MessageSentences => lexical::message_sentences(
+            &inputs.target.tokenizer,
+            &inputs.tokens[..h],
+            &inputs.tokens[h..],
+        ),
         Selector::Rare => lexical::rare_tokens(&inputs.target.tokenizer, &inputs.tokens[..h]),
         Selector::Facts => {
             let tok = &inputs.target.tokenizer;
