@@ -78,14 +78,17 @@ def step(work, name):
 def summary(work, device, activations):
     work = Path(work)
     doc = {"format": "baton.device-check", "device": device, "activations": activations, "steps": {}}
-    for name in ("libraries", "models", "generate", "logits", "calibrate", "bench", "eval", "switch", "switch-cpu"):
+    for name in ("version", "libraries", "models", "generate", "logits", "calibrate", "bench", "eval", "switch", "switch-cpu"):
         got = step(work, name)
         if got == {"ran": False}:
             doc["steps"][name] = got
             continue
         s, out, err = got
         if s["exit"] == 0:
-            if name == "generate":
+            if name == "version":
+                doc["build"] = out.strip()
+                doc["fused_attention"] = "fused attention" in out
+            elif name == "generate":
                 m = re.search(r"prefill (\d+) tokens at ([\d.]+) tokens/s; decode (\d+) tokens at ([\d.]+)", err)
                 if m:
                     s["prefill_tokens"], s["prefill_tok_s"] = int(m[1]), float(m[2])

@@ -39,6 +39,15 @@ fn the_device_check_dry_runs_on_the_cpu() {
     let doc: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("check.json")).unwrap()).unwrap();
     assert_eq!(doc["format"], "baton.device-check");
+    // What the binary was built with, so that a device's first call says whether it ran
+    // the fused attention kernels: this test's binary is built without them.
+    let build = doc["build"].as_str().unwrap_or_default();
+    assert!(
+        build.starts_with(&format!("baton {}", env!("CARGO_PKG_VERSION"))),
+        "{}",
+        doc["build"]
+    );
+    assert_eq!(doc["fused_attention"], cfg!(feature = "flash"), "{build}");
     for (name, step) in doc["steps"].as_object().unwrap() {
         assert_eq!(step["exit"], 0, "{name}: {step}\n{log}");
     }

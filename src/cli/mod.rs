@@ -102,7 +102,12 @@ pub use error_line::error_line;
 /// The command line, laid out for a person (`help`), read from the process's arguments;
 /// a mistake or `-h` prints and exits as clap does.
 pub fn parse() -> Cli {
-    let cmd = help::shape(Cli::command());
+    let mut cmd = help::shape(Cli::command());
+    if let Some(kernels) = baton::model::fused_attention::coverage() {
+        // Once, at start: clap keeps a version for the process's life.
+        let version = format!("{} with {kernels}", env!("CARGO_PKG_VERSION"));
+        cmd = cmd.version(&*Box::leak(version.into_boxed_str()));
+    }
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let matches = cmd
         .clone()

@@ -5,6 +5,7 @@ pub mod complete;
 pub mod config;
 pub mod decoder;
 pub mod error;
+pub mod fused_attention;
 pub mod generate;
 pub mod kv_cache;
 pub mod layer_zero;
