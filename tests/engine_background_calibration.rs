@@ -13,19 +13,22 @@ use baton::protocol::{Command, Event};
 use common::engine_rig::{models, rig_with, slice_docs, write_pair};
 use std::time::Duration;
 
+/// Learning on, kept, and calibration read in the background while idle.
+fn learning_in_background(c: &mut baton::engine::EngineConfig) {
+    c.settings.learn = true;
+    c.learning = baton::engine::LearnSetup {
+        keep: true,
+        use_learned: true,
+        slice_docs: Some(slice_docs()),
+        background_calibration: true,
+    };
+}
+
 #[test]
 fn an_idle_engine_reads_more_calibration_text_and_stops_by_itself() {
     let dir = tempfile::tempdir().unwrap();
     write_pair(dir.path(), true);
-    let r = rig_with(dir.path(), |c| {
-        c.settings.learn = true;
-        c.learning = baton::engine::LearnSetup {
-            keep: true,
-            use_learned: true,
-            slice_docs: Some(slice_docs()),
-            background_calibration: true,
-        };
-    });
+    let r = rig_with(dir.path(), learning_in_background);
     let handle = r.start();
     let mut seen: Vec<Event> = Vec::new();
     let mut asked = false;
@@ -156,17 +159,8 @@ fn windows_read(events: &[Event], from: &str) -> Vec<usize> {
 fn two_workbenches_on_one_mapper_directory_read_each_window_once() {
     let dir = tempfile::tempdir().unwrap();
     write_pair(dir.path(), true);
-    let setup = |c: &mut baton::engine::EngineConfig| {
-        c.settings.learn = true;
-        c.learning = baton::engine::LearnSetup {
-            keep: true,
-            use_learned: true,
-            slice_docs: Some(slice_docs()),
-            background_calibration: true,
-        };
-    };
-    let first = rig_with(dir.path(), setup).start();
-    let second = rig_with(dir.path(), setup).start();
+    let first = rig_with(dir.path(), learning_in_background).start();
+    let second = rig_with(dir.path(), learning_in_background).start();
     let seen = until_both_stop(&[&first, &second]);
     for from in ["a", "b"] {
         let (one, two) = (windows_read(&seen[0], from), windows_read(&seen[1], from));
@@ -247,15 +241,7 @@ fn a_mapper_directory_that_cannot_be_written_is_said_at_start_and_nothing_is_cal
     let dir = tempfile::tempdir().unwrap();
     write_pair(dir.path(), true);
     let _locked = Unwritable::new(&dir.path().join("mappers"));
-    let r = rig_with(dir.path(), |c| {
-        c.settings.learn = true;
-        c.learning = baton::engine::LearnSetup {
-            keep: true,
-            use_learned: true,
-            slice_docs: Some(slice_docs()),
-            background_calibration: true,
-        };
-    });
+    let r = rig_with(dir.path(), learning_in_background);
     let handle = r.start();
     let mut seen = Vec::new();
     let start = std::time::Instant::now();

@@ -131,8 +131,8 @@ fn an_update_is_taken_exactly_when_it_does_not_score_lower_and_is_kept_found_aga
         .contains(&format!("learned from {accepted} positions")));
     // Starting from the calibration ignores it; a reset forgets it.
     assert_eq!(open(&a, &b, dir.path(), false).learner.learned_tokens(), 0);
-    assert!(store::reset(&opened.files).unwrap());
-    assert!(!store::reset(&opened.files).unwrap());
+    assert!(store::reset(&opened.files()).unwrap());
+    assert!(!store::reset(&opened.files()).unwrap());
     assert_eq!(open(&a, &b, dir.path(), true).learner.learned_tokens(), 0);
 }
 

@@ -185,7 +185,7 @@ impl Engine {
                 self.settings.reference = enabled;
                 self.setting_changed(setting::REFERENCE, on_off(enabled));
                 self.out.emit(Event::Notice {
-                    message: format!("reference path {}", if enabled { "on" } else { "off" }),
+                    message: format!("reference path {}", on_off(enabled)),
                 });
                 Ok(())
             }
@@ -193,7 +193,7 @@ impl Engine {
                 self.settings.repair = enabled;
                 self.setting_changed(setting::REPAIR, on_off(enabled));
                 self.out.emit(Event::Notice {
-                    message: format!("cache repair {}", if enabled { "on" } else { "off" }),
+                    message: format!("cache repair {}", on_off(enabled)),
                 });
                 Ok(())
             }

@@ -32,8 +32,6 @@ struct PathRun {
     ids: Vec<u32>,
     text: String,
     timings: GenerationTimings,
-    /// From the command's sending to the first token.
-    since_sent_ms: f64,
     stop: StopReason,
     prompt_tokens: usize,
 }
@@ -137,7 +135,6 @@ fn generate_on(
             total_ms: ms(t0),
             waited_ms: Some(since_sent_ms),
         },
-        since_sent_ms,
         ids: g.tokens,
         text,
         stop: g.stop,
@@ -232,7 +229,11 @@ impl Engine {
                 kl: agreement.map(|a| a.kl),
                 positions: agreement.map(|a| a.positions).unwrap_or(0),
                 first_token_ms: shown.timings.first_token_ms,
-                end_to_end_ms: shown.since_sent_ms,
+                // Set on every run this engine makes; the follow-up is what it waited.
+                end_to_end_ms: shown
+                    .timings
+                    .waited_ms
+                    .unwrap_or(shown.timings.first_token_ms),
             });
         }
         if compare {

@@ -30,8 +30,6 @@ pub struct Opened {
     pub meta: LearnedMeta,
     /// The mapper directory what it learns is kept in.
     pub dir: MapperDir,
-    /// What is kept about this pair there.
-    pub files: PairFiles,
     /// The mapper it learns on: what it keeps is bound to it.
     pub mapper: MapperMeta,
 }
@@ -141,12 +139,16 @@ pub fn open(
         learner,
         meta,
         dir: mapper_dir.clone(),
-        files,
         mapper: art.meta.clone(),
     })
 }
 
 impl Opened {
+    /// What is kept about this pair in the mapper directory.
+    pub fn files(&self) -> PairFiles {
+        self.dir.pair(&self.mapper.source, &self.mapper.target)
+    }
+
     /// Keeps the update the learner took last as a new shard, counted in `meta` once it
     /// is on disk; its path. `Ok(None)` when there is no update to keep.
     pub fn keep(&mut self, from: &str, o: &LearnOutcome) -> Result<Option<PathBuf>, LearnError> {

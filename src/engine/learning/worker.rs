@@ -441,7 +441,10 @@ impl State {
                     read_elsewhere: windows.read_elsewhere(),
                 };
             };
-            match opened.files.claim_window(&opened.mapper.identity(), number) {
+            match opened
+                .files()
+                .claim_window(&opened.mapper.identity(), number)
+            {
                 Ok(Some(claim)) => break (number, tokens.to_vec(), Some(claim)),
                 Ok(None) => windows.read_by_another(),
                 Err(e) => {

@@ -88,6 +88,15 @@ impl MapperDir {
         self.named.then_some(self.path.as_path())
     }
 
+    /// `e`, met writing in this directory, as the error that names it and the fix.
+    fn not_writable(&self, e: std::io::Error) -> DirError {
+        DirError::NotWritable {
+            path: self.path.clone(),
+            reason: e.to_string(),
+            fix: self.fix(),
+        }
+    }
+
     /// What a fix tells the user to do about this directory.
     fn fix(&self) -> String {
         if self.named {
@@ -116,11 +125,7 @@ impl MapperDir {
     /// Whether what is learned or calibrated can be kept here: the directory is made if
     /// missing and a file is written and removed in it.
     pub fn check_writable(&self) -> Result<(), DirError> {
-        let not = |e: std::io::Error| DirError::NotWritable {
-            path: self.path.clone(),
-            reason: e.to_string(),
-            fix: self.fix(),
-        };
+        let not = |e| self.not_writable(e);
         std::fs::create_dir_all(&self.path).map_err(not)?;
         let probe = self
             .path

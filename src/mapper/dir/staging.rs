@@ -79,18 +79,10 @@ impl Staging {
     /// A fresh staging directory in `dir` (made if missing), locked while this lives.
     pub(super) fn new(dir: &MapperDir) -> Result<Self, DirError> {
         let path = dir.path();
-        std::fs::create_dir_all(path).map_err(|e| DirError::NotWritable {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-            fix: dir.fix(),
-        })?;
+        std::fs::create_dir_all(path).map_err(|e| dir.not_writable(e))?;
         dir.clear_leftovers();
         let root = path.join(format!("{PREFIX}{}", unique_name()));
-        std::fs::create_dir(&root).map_err(|e| DirError::NotWritable {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-            fix: dir.fix(),
-        })?;
+        std::fs::create_dir(&root).map_err(|e| dir.not_writable(e))?;
         let lock = File::create(root.join(LOCK)).and_then(|f| f.lock().map(|()| f));
         let lock = match lock {
             Ok(l) => l,
