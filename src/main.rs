@@ -16,9 +16,11 @@ fn main() {
         eprintln!("error: {}", cli::error_line(&e));
         std::process::exit(1);
     }
-    // The library reads the activations' dtype where it loads a model; the flag wins over
-    // the environment it came from. Set before any thread starts.
+    // The library reads the activations' dtype and the attention path where it loads a
+    // model; the flag wins over the environment it came from. Set before any thread
+    // starts.
     std::env::set_var(baton::model::ACTIVATIONS_ENV, &cli.activations);
+    std::env::set_var(baton::model::ATTENTION_ENV, &cli.attention);
     // candle's quantized kernels take their own switch down to AVX2.
     if baton::kernels::avx2_only() {
         std::env::set_var("MISTRALRS_FORCE_AVX2", "1");

@@ -15,6 +15,7 @@ fn baton(cache: &Path, args: &[&str]) -> Command {
         "BATON_CPU_LEVEL",
         "BATON_DEVICE",
         "BATON_ACTIVATIONS",
+        "BATON_ATTENTION",
         "BATON_MAPPER_DIR",
     ] {
         c.env_remove(var);
@@ -92,6 +93,12 @@ fn a_bad_value_names_the_variable_it_came_from_or_else_the_flag() {
             "xyz",
             "--activations",
             "auto, f32, bf16 or f16",
+        ),
+        (
+            "BATON_ATTENTION",
+            "flash",
+            "--attention",
+            "batched or fused",
         ),
         (
             "BATON_MAPPER_DIR",

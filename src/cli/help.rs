@@ -463,8 +463,13 @@ pub fn shape(cmd: Command) -> Command {
                 .help_heading(PAIR)
                 .hide_env_values(true)
         })
-        // A test and debugging setting: in `--help`, not in `-h`.
+        // Test and device settings: in `--help`, not in `-h`.
         .mut_arg("activations", |a| {
+            a.help_heading(PAIR)
+                .hide_short_help(true)
+                .hide_env_values(true)
+        })
+        .mut_arg("attention", |a| {
             a.help_heading(PAIR)
                 .hide_short_help(true)
                 .hide_env_values(true)

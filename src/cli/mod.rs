@@ -45,6 +45,14 @@ pub struct Cli {
     /// `f16`. `bf16` on the CPU runs the arithmetic a GPU runs, slowly.
     #[arg(long, global = true, env = "BATON_ACTIVATIONS", default_value = "auto", value_name = "DTYPE", value_parser = activations)]
     pub activations: String,
+    /// How attention runs off the CPU's f32 kernels: `batched` (masked matmuls) or
+    /// `fused` (one kernel; a GPU build from scripts/check-cuda --flash).
+    #[arg(long, global = true, env = "BATON_ATTENTION", default_value = "batched", value_name = "PATH", value_parser = attention)]
+    pub attention: String,
+}
+
+fn attention(s: &str) -> Result<String, String> {
+    baton::model::AttentionPath::parse(s).map(|p| p.name().to_string())
 }
 
 fn activations(s: &str) -> Result<String, String> {

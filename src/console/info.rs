@@ -16,6 +16,9 @@ pub struct ModelSummary<'a> {
     pub load_conversions: Vec<Conversion<'a>>,
     /// The CPU kernel paths this model runs on; `None` off the CPU.
     pub kernels: Option<Kernels>,
+    /// What runs its attention: "exact" (baton's CPU kernels, f32 on the CPU),
+    /// "batched" (masked matmuls) or "fused" (one kernel per layer and chunk).
+    pub attention: &'static str,
 }
 
 /// Which implementation runs the quantized products and the attention on this CPU, as
@@ -93,6 +96,7 @@ impl<'a> ModelSummary<'a> {
                 let f32 = m.decoder.dtype() == candle_core::DType::F32;
                 Kernels::here(c.head_dim, packed, f32)
             }),
+            attention: m.decoder.attention_name(),
         }
     }
 
@@ -155,6 +159,14 @@ impl<'a> ModelSummary<'a> {
                 format!("int8 products {}, attention {}", k.int8, k.attention),
             );
         }
+        row(
+            "attention",
+            match self.attention {
+                "fused" => "fused: one kernel per layer and chunk (--attention fused)".into(),
+                "batched" => "batched: masked matmuls".into(),
+                other => format!("{other}: baton's CPU kernels (f32; the same bits however the input is chunked)"),
+            },
+        );
         for x in &self.load_conversions {
             row(
                 "converted",

@@ -17,31 +17,67 @@ use std::ops::Range;
 /// [n_kv_head, start + t, hd] with unit stride in the last dim. Returns [t, n_head * hd].
 /// No row attends to a position in `hidden` (increasing, disjoint; what lies at or past
 /// `start` is ignored, since the rows attend causally and are never hidden themselves).
-/// `masks` keeps the batched path's mask from one layer to the next: every layer of a
-/// chunk attends under the same one.
+/// `masks` keeps what every layer of a chunk shares (the batched path's mask, the fused
+/// path's kept positions) from one layer to the next. f32 on the CPU always runs the
+/// exact kernel; everywhere else `path` chooses.
 pub fn causal_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     start: usize,
     hidden: &[Range<usize>],
+    path: AttentionPath,
     masks: &mut Masks,
 ) -> Result<Tensor> {
     let hidden = before(hidden, start);
     if q.device().is_cpu() && q.dtype() == DType::F32 && k.dtype() == DType::F32 {
         cpu_exact(q, k, v, start, &hidden)
     } else {
-        batched(q, k, v, start, &hidden, masks)
+        match path {
+            AttentionPath::Batched => batched(q, k, v, start, &hidden, masks),
+            AttentionPath::Fused => super::fused_attention::attend(q, k, v, start, &hidden, masks),
+        }
     }
 }
 
-/// The additive masks of a forward pass (one per run of rows: a prefill chunk has one,
-/// a re-read one per span), built on the device once per pass instead of once per layer,
-/// and never on the host: at 16K positions a host-built mask is 32 MB a layer to fill
-/// and upload.
+/// How a model attends off the CPU's f32 kernel: masked batched matmuls (the default),
+/// or one fused kernel per layer and chunk (`--attention fused`, a build with
+/// `--features flash`; see [`super::fused_attention`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionPath {
+    #[default]
+    Batched,
+    Fused,
+}
+
+impl AttentionPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionPath::Batched => "batched",
+            AttentionPath::Fused => "fused",
+        }
+    }
+
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "batched" => Ok(AttentionPath::Batched),
+            "fused" => Ok(AttentionPath::Fused),
+            other => Err(format!(
+                "unknown attention path `{other}`: use batched or fused"
+            )),
+        }
+    }
+}
+
+/// What every layer of a forward pass shares, built on the device once per pass instead
+/// of once per layer: the batched path's additive masks (one per run of rows: a prefill
+/// chunk has one, a re-read one per span), and the fused path's indices of the positions
+/// kept out of the hidden ones. Never built on the host: at 16K positions a host-built
+/// mask is 32 MB a layer to fill and upload.
 #[derive(Default)]
 pub struct Masks {
     built: Vec<(MaskKey, Tensor)>,
+    kept: Vec<(MaskKey, Tensor)>,
 }
 
 struct MaskKey {
@@ -98,6 +134,39 @@ impl Masks {
             Some((_, m)) => Ok(m),
             None => Err(ModelError::Cache("no attention mask".into())),
         }
+    }
+}
+
+impl Masks {
+    /// The indices of the positions a run of `t` rows at `start` attends over when
+    /// `hidden` (before `start`) is left out; `None` when nothing is.
+    pub(super) fn kept(
+        &mut self,
+        start: usize,
+        t: usize,
+        hidden: &[Range<usize>],
+        device: &Device,
+    ) -> Result<Option<&Tensor>> {
+        if hidden.is_empty() {
+            return Ok(None);
+        }
+        let location = device.location();
+        let same = |k: &MaskKey| {
+            k.start == start && k.t == t && k.hidden == hidden && k.device == location
+        };
+        if let Some(i) = self.kept.iter().position(|(k, _)| same(k)) {
+            return Ok(Some(&self.kept[i].1));
+        }
+        let idx = super::fused_attention::kept_positions(start, t, hidden);
+        let key = MaskKey {
+            start,
+            t,
+            hidden: hidden.to_vec(),
+            dtype: DType::U32,
+            device: location,
+        };
+        self.kept.push((key, Tensor::new(idx.as_slice(), device)?));
+        Ok(self.kept.last().map(|(_, idx)| idx))
     }
 }
 
@@ -181,7 +250,7 @@ fn cpu_exact(
 /// The keys and values are read where the cache holds them: a view of a larger buffer
 /// with a batch stride of its capacity, which the strided batched products take as it is
 /// (a copy of the whole cache per layer and chunk is what they would cost otherwise).
-fn batched(
+pub(super) fn batched(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -286,7 +355,15 @@ mod tests {
         let hidden = [1..4, 9..15, 25..40];
         for (start, t) in [(20, 10), (29, 1)] {
             let q = Tensor::randn(0f32, 1.0, (nh, t, hd), &dev)?;
-            let exact = causal_attention(&q, &k, &v, start, &hidden, &mut Masks::default())?;
+            let exact = causal_attention(
+                &q,
+                &k,
+                &v,
+                start,
+                &hidden,
+                AttentionPath::Batched,
+                &mut Masks::default(),
+            )?;
             let masked = batched(
                 &q,
                 &k,
@@ -297,7 +374,15 @@ mod tests {
             )?;
             let err = (&exact - &masked)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(err < 1e-5, "{start}+{t}: {err}");
-            let plain = causal_attention(&q, &k, &v, start, &[], &mut Masks::default())?;
+            let plain = causal_attention(
+                &q,
+                &k,
+                &v,
+                start,
+                &[],
+                AttentionPath::Batched,
+                &mut Masks::default(),
+            )?;
             let moved = (&exact - plain)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(moved > 1e-3, "hiding changed nothing at {start}+{t}");
         }
@@ -351,7 +436,16 @@ mod tests {
         let q = Tensor::randn(0f32, 1.0, (nh, n, hd), &dev)?;
         let k = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
         let good = Tensor::randn(0f32, 1.0, (nkv, n, hd), &dev)?;
-        assert!(causal_attention(&q, &k, &good, 0, &[], &mut Masks::default()).is_ok());
+        assert!(causal_attention(
+            &q,
+            &k,
+            &good,
+            0,
+            &[],
+            AttentionPath::Batched,
+            &mut Masks::default()
+        )
+        .is_ok());
         for v in [
             good.narrow(1, 0, n - 1)?,
             good.narrow(2, 0, hd / 2)?,
@@ -360,7 +454,15 @@ mod tests {
             good.to_dtype(DType::BF16)?,
             Tensor::randn(0f32, 1.0, (nkv + 1, n, hd), &dev)?,
         ] {
-            let e = causal_attention(&q, &k, &v, 0, &[], &mut Masks::default());
+            let e = causal_attention(
+                &q,
+                &k,
+                &v,
+                0,
+                &[],
+                AttentionPath::Batched,
+                &mut Masks::default(),
+            );
             assert!(
                 matches!(e, Err(ModelError::Cache(_))),
                 "value {:?} {:?}: {e:?}",

@@ -57,12 +57,17 @@ pub struct ForwardOutput {
 /// (heads x chunk x context floats).
 pub const PREFILL_CHUNK: usize = 512;
 
+/// How many rows a chunk of the fused path takes: its memory grows with the rows alone
+/// (no [rows, positions] scores), and fewer chunks are fewer kernel launches per token.
+pub const FUSED_CHUNK: usize = 4096;
+
 pub struct Decoder {
     cfg: ModelConfig,
     weights: Weights,
     rope: Rope,
     dtype: DType,
     device: Device,
+    attention: attention::AttentionPath,
 }
 
 impl Decoder {
@@ -74,7 +79,37 @@ impl Decoder {
             rope,
             dtype,
             device: device.clone(),
+            attention: attention::AttentionPath::Batched,
         })
+    }
+
+    /// This decoder attending on `path`, or why it cannot here (a build without the
+    /// fused kernels, the CPU, f32 activations, a head width they do not cover).
+    pub fn with_attention(mut self, path: attention::AttentionPath) -> Result<Self> {
+        if path == attention::AttentionPath::Fused {
+            super::fused_attention::check(&self.device, self.dtype, self.cfg.head_dim)?;
+        }
+        self.attention = path;
+        Ok(self)
+    }
+
+    /// What runs this model's attention: "exact" (baton's CPU kernels, f32 on the CPU),
+    /// else the path chosen: "batched" or "fused".
+    pub fn attention_name(&self) -> &'static str {
+        if self.device.is_cpu() && self.dtype == DType::F32 {
+            "exact"
+        } else {
+            self.attention.name()
+        }
+    }
+
+    /// Rows per forward chunk: bounded for the batched path's scores, larger for the
+    /// fused path.
+    fn chunk_rows(&self) -> usize {
+        match self.attention {
+            attention::AttentionPath::Fused => FUSED_CHUNK,
+            attention::AttentionPath::Batched => PREFILL_CHUNK,
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -138,7 +173,8 @@ impl Decoder {
         }
     }
 
-    /// Run `tokens` after what `cache` holds, in chunks of at most [`PREFILL_CHUNK`];
+    /// Run `tokens` after what `cache` holds, in chunks of at most [`PREFILL_CHUNK`]
+    /// ([`FUSED_CHUNK`] on the fused path);
     /// logits rows and probes refer to the whole of `tokens`.
     pub fn forward(
         &self,
@@ -192,8 +228,9 @@ impl Decoder {
                 self.cfg.n_layer
             }
         ];
-        let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
-        for (ci, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+        let rows = self.chunk_rows();
+        let n_chunks = tokens.len().div_ceil(rows);
+        for (ci, chunk) in tokens.chunks(rows).enumerate() {
             let chunk_start = cache.len();
             let want = match opts.logits {
                 Logits::None => Logits::None,
@@ -329,6 +366,7 @@ impl Decoder {
         };
         // Dropped positions stay out of every row's attention.
         let hidden = cache.dropped().to_vec();
+        let path = self.attention;
         let o = if let [run] = runs {
             // One run (every prefill): no row is split off or joined.
             let q = self.rope.rotate(&q, run.start)?;
@@ -337,7 +375,7 @@ impl Decoder {
                 queries.push(q.index_select(idx, 1)?);
             }
             let kv = cache.write_at(l, run.start, &k, &v)?;
-            attention::causal_attention(&q, &kv.k, &kv.v, run.start, &hidden, masks)?
+            attention::causal_attention(&q, &kv.k, &kv.v, run.start, &hidden, path, masks)?
         } else {
             let mut outs = Vec::with_capacity(runs.len());
             let mut row = 0;
@@ -347,7 +385,7 @@ impl Decoder {
                 let k = self.rope.rotate(&k.narrow(1, row, n)?, run.start)?;
                 let kv = cache.write_at(l, run.start, &k, &v.narrow(1, row, n)?)?;
                 outs.push(attention::causal_attention(
-                    &q, &kv.k, &kv.v, run.start, &hidden, masks,
+                    &q, &kv.k, &kv.v, run.start, &hidden, path, masks,
                 )?);
                 row += n;
             }

@@ -16,6 +16,9 @@ pub enum ModelError {
     UnsupportedArchitecture { arch: String },
     #[error("unsupported model: {0}")]
     Unsupported(String),
+    /// The attention path asked for cannot run here; the message names why and the fix.
+    #[error("{0}")]
+    Attention(String),
     #[error("model metadata is missing `{key}`{hint}")]
     MissingMetadata { key: String, hint: String },
     #[error("model metadata `{key}` is invalid: {reason}")]

@@ -1,6 +1,7 @@
 //! Opening a model from disk: format detection, integrity checks that turn a truncated
 //! or foreign file into a clear error, and decoder construction.
 
+use super::attention::AttentionPath;
 use super::config::ModelConfig;
 use super::decoder::Decoder;
 use super::error::{ModelError, Result};
@@ -35,6 +36,19 @@ pub fn activation_dtype(device: &Device) -> DType {
         Some(d) => *d,
         None if device.is_cpu() => DType::F32,
         None => DType::BF16,
+    }
+}
+
+/// The environment variable that chooses the attention path (`batched` or `fused`), as
+/// `--attention` sets it: every model the process loads attends on it.
+pub const ATTENTION_ENV: &str = "BATON_ATTENTION";
+
+/// The path [`ATTENTION_ENV`] names; batched when it is unset.
+pub fn attention_path() -> Result<AttentionPath> {
+    match std::env::var(ATTENTION_ENV) {
+        Ok(v) if !v.trim().is_empty() => AttentionPath::parse(&v)
+            .map_err(|e| ModelError::Attention(format!("{ATTENTION_ENV}: {e}"))),
+        _ => Ok(AttentionPath::Batched),
     }
 }
 
@@ -151,10 +165,11 @@ pub fn load_decoder(path: &Path, device: &Device, opts: LoadOptions) -> Result<L
                 let t = src.dense_f32("rope_freqs.weight", device)?;
                 cfg.rope.freq_factors = Some(t);
             }
+            let attention = attention_for(&cfg, device, dtype)?;
             let w = weights::load_gguf(&mut src, &cfg, opts, dtype, device)?;
             tracing::info!(path = %path.display(), arch = cfg.arch.name(), layers = cfg.n_layer, converted = ?w.conversion, "loaded GGUF model");
             Ok(LoadedDecoder {
-                decoder: Decoder::new(cfg, w, dtype, device)?,
+                decoder: Decoder::new(cfg, w, dtype, device)?.with_attention(attention)?,
                 format,
                 path: path.to_path_buf(),
                 gguf: Some(content),
@@ -168,16 +183,27 @@ pub fn load_decoder(path: &Path, device: &Device, opts: LoadOptions) -> Result<L
             })?;
             let cfg = ModelConfig::from_hf_json(&text)?;
             let tied = tied_embeddings(&text)?;
+            let attention = attention_for(&cfg, device, dtype)?;
             let w = weights::load_safetensors(path, &cfg, tied, dtype, device)?;
             tracing::info!(path = %path.display(), arch = cfg.arch.name(), layers = cfg.n_layer, "loaded safetensors model");
             Ok(LoadedDecoder {
-                decoder: Decoder::new(cfg, w, dtype, device)?,
+                decoder: Decoder::new(cfg, w, dtype, device)?.with_attention(attention)?,
                 format,
                 path: path.to_path_buf(),
                 gguf: None,
             })
         }
     }
+}
+
+/// The attention path the process asked for, refused before any weight is read where
+/// this model cannot run it.
+fn attention_for(cfg: &ModelConfig, device: &Device, dtype: DType) -> Result<AttentionPath> {
+    let path = attention_path()?;
+    if path == AttentionPath::Fused {
+        super::fused_attention::check(device, dtype, cfg.head_dim)?;
+    }
+    Ok(path)
 }
 
 /// Whether config.json ties the output projection to the embedding: transformers' default

@@ -18,6 +18,7 @@ pub mod rope;
 pub mod sampler;
 pub mod weights;
 
+pub use attention::AttentionPath;
 pub use complete::{complete, prompt_ids};
 pub use config::{Arch, ModelConfig, RopeLayout};
 pub use decoder::{Decoder, ForwardOptions, ForwardOutput, Logits};
@@ -28,7 +29,8 @@ pub use generate::{
 pub use kv_cache::{KvCache, KvShape, LayerKv};
 pub use layer_zero::LayerZero;
 pub use load::{
-    activation_dtype, load_decoder, parse_activations, LoadedDecoder, ModelFormat, ACTIVATIONS_ENV,
+    activation_dtype, attention_path, load_decoder, parse_activations, LoadedDecoder, ModelFormat,
+    ACTIVATIONS_ENV, ATTENTION_ENV,
 };
 pub use loaded::{DigestCheck, Model, ModelIdentity, ResolvedModel};
 pub use sampler::{Sampler, Sampling};
