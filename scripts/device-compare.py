@@ -5,6 +5,14 @@ usage:
       PyTorch (transformers, SDPA attention, bf16 on a GPU, f32 on the CPU) runs the ids
       baton ran and the cosine of the two last-position logits is printed as JSON.
       Exits 0 with {"skipped": why} where torch or transformers cannot be imported.
+  device-compare.py paths BATCHED_JSON FUSED_JSON
+      The cosine of the last-position logits baton wrote on its two attention paths for
+      the same ids, and whether their top tokens agree.
+  device-compare.py prefill MODEL_DIR DEVICE LENGTHS
+      PyTorch's prefill (transformers, SDPA attention, bf16 on a GPU) of LENGTHS tokens
+      (comma-separated) on MODEL_DIR: median ms of three after a warm-up, the cache
+      built and the last position's logits, as baton's re-prefill does. Exits 0 with
+      {"skipped": why} where torch or transformers cannot be imported.
   device-compare.py summary WORK_DIR DEVICE ACTIVATIONS
       One JSON document of every step: exit code, seconds, and what it measured.
 """
@@ -47,6 +55,61 @@ def logits(model_dir, logits_json, device):
     )
 
 
+def paths(batched_json, fused_json):
+    a = json.loads(Path(batched_json).read_text())
+    b = json.loads(Path(fused_json).read_text())
+    if a["ids"] != b["ids"]:
+        sys.exit("the two runs read different ids")
+    x, y = a["logits"], b["logits"]
+    dot = sum(p * q for p, q in zip(x, y))
+    norm = math.sqrt(sum(p * p for p in x)) * math.sqrt(sum(q * q for q in y))
+    top = lambda v: max(range(len(v)), key=v.__getitem__)  # noqa: E731
+    print(json.dumps({"tokens": len(a["ids"]), "cosine": dot / norm if norm else None,
+                      "same_top1": top(x) == top(y)}))
+
+
+def prefill(model_dir, device, lengths):
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except Exception as e:  # noqa: BLE001 - any import failure means no comparison
+        print(json.dumps({"skipped": f"no torch/transformers here ({type(e).__name__})"}))
+        return
+    import time
+
+    on_gpu = device.startswith("cuda") and torch.cuda.is_available()
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    dev = "cuda" if on_gpu else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, torch_dtype=dtype, attn_implementation="sdpa"
+    ).to(dev)
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    rows = []
+    with torch.no_grad():
+        for n in (int(x) for x in lengths.split(",")):
+            ids = torch.randint(0, vocab, (1, n), generator=gen).to(dev)
+
+            def once():
+                sync()
+                t0 = time.perf_counter()
+                # The base model, then the head on the last position only: a prefill's
+                # output, without 32K rows of vocabulary logits no prefill keeps.
+                h = model.model(input_ids=ids, use_cache=True).last_hidden_state
+                model.lm_head(h[:, -1:])
+                sync()
+                return (time.perf_counter() - t0) * 1000
+
+            once()
+            times = sorted(once() for _ in range(3))
+            rows.append({"tokens": n, "median_ms": times[1], "min_ms": times[0], "max_ms": times[2]})
+            # Printed as it goes: a step that runs out of time keeps the lengths it timed.
+            print(json.dumps({"partial": rows}), file=sys.stderr, flush=True)
+    print(json.dumps({"torch": torch.__version__, "pytorch_dtype": str(dtype),
+                      "attention": "sdpa", "results": rows}))
+
+
 def switch_measures(session):
     """The first switch's per-layer measures in a session file."""
     if not session.is_file():
@@ -75,10 +138,51 @@ def step(work, name):
     return s, out, err
 
 
+STEPS = ("version", "libraries", "models", "generate", "logits", "generate-fused", "paths",
+         "calibrate", "bench", "bench-long", "bench-fused", "prefill-torch", "eval", "switch",
+         "switch-cpu")
+
+
+def prefill_table(steps):
+    """The re-prefill of the target on each attention path beside PyTorch's, and the map,
+    per length: what docs/gpu.md's table holds."""
+    def points(name):
+        try:
+            return {p["tokens"]: p for p in steps[name]["result"]["results"][0]["points"]}
+        except (KeyError, IndexError, TypeError):
+            return {}
+
+    batched = {**points("bench"), **points("bench-long")}
+    fused = points("bench-fused")
+    try:
+        torch = {r["tokens"]: r["median_ms"] for r in steps["prefill-torch"]["result"]["results"]}
+    except (KeyError, TypeError):
+        torch = {}
+    rows = []
+    for n in sorted(set(batched) | set(fused) | set(torch)):
+        row = {"tokens": n}
+        for path, got in (("batched", batched), ("fused", fused)):
+            if n in got:
+                row[f"reprefill_{path}_ms"] = got[n]["reprefill_full"]["median_ms"]
+                row[f"map_{path}_ms"] = got[n]["map_full"]["median_ms"]
+        if n in torch:
+            row["prefill_torch_ms"] = torch[n]
+            for path in ("batched", "fused"):
+                ms = row.get(f"reprefill_{path}_ms")
+                if ms is not None and torch[n] > 0:
+                    row[f"{path}_over_torch"] = ms / torch[n]
+        rows.append(row)
+    return rows
+
+
 def summary(work, device, activations):
     work = Path(work)
     doc = {"format": "baton.device-check", "device": device, "activations": activations, "steps": {}}
-    for name in ("version", "libraries", "models", "generate", "logits", "calibrate", "bench", "eval", "switch", "switch-cpu"):
+    for name in STEPS:
+        skip = work / "steps" / f"{name}.skip"
+        if skip.is_file():
+            doc["steps"][name] = {"skipped": skip.read_text().strip()}
+            continue
         got = step(work, name)
         if got == {"ran": False}:
             doc["steps"][name] = got
@@ -88,14 +192,15 @@ def summary(work, device, activations):
             if name == "version":
                 doc["build"] = out.strip()
                 doc["fused_attention"] = "fused attention" in out
-            elif name == "generate":
+            elif name in ("generate", "generate-fused"):
                 m = re.search(r"prefill (\d+) tokens at ([\d.]+) tokens/s; decode (\d+) tokens at ([\d.]+)", err)
                 if m:
                     s["prefill_tokens"], s["prefill_tok_s"] = int(m[1]), float(m[2])
                     s["decode_tokens"], s["decode_tok_s"] = int(m[3]), float(m[4])
-            elif name in ("logits", "bench", "eval"):
+            elif name in ("logits", "paths", "prefill-torch", "eval") or name.startswith("bench"):
                 s["result"] = json.loads(out)
         doc["steps"][name] = s
+    doc["prefill"] = prefill_table(doc["steps"])
     dev, cpu = switch_measures(work / "device.jsonl"), switch_measures(work / "cpu.jsonl")
     if dev and cpu:
         diff = {
@@ -112,6 +217,10 @@ def summary(work, device, activations):
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "logits":
         logits(*sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "paths":
+        paths(*sys.argv[2:])
+    elif len(sys.argv) == 5 and sys.argv[1] == "prefill":
+        prefill(*sys.argv[2:])
     elif len(sys.argv) == 5 and sys.argv[1] == "summary":
         summary(*sys.argv[2:])
     else:

@@ -48,7 +48,23 @@ fn the_device_check_dry_runs_on_the_cpu() {
         doc["build"]
     );
     assert_eq!(doc["fused_attention"], cfg!(feature = "flash"), "{build}");
+    let fused_steps = ["generate-fused", "paths", "bench-fused"];
     for (name, step) in doc["steps"].as_object().unwrap() {
+        if fused_steps.contains(&name.as_str()) && !cfg!(feature = "flash") {
+            // Without the kernels the fused steps say so, and why, instead of failing.
+            let why = step["skipped"].as_str().unwrap_or_default();
+            assert!(why.contains("scripts/check-cuda --flash"), "{name}: {step}");
+            continue;
+        }
+        if fused_steps.contains(&name.as_str()) && name != "paths" {
+            // With them, on the dry run's CPU, the binary refuses the fused path by name.
+            assert_eq!(step["exit"], 1, "{name}: {step}");
+            assert!(
+                step["error"].to_string().contains("--device cuda"),
+                "{step}"
+            );
+            continue;
+        }
         assert_eq!(step["exit"], 0, "{name}: {step}\n{log}");
     }
     let steps = &doc["steps"];
@@ -61,6 +77,24 @@ fn the_device_check_dry_runs_on_the_cpu() {
     );
     let bench = steps["bench"]["result"]["results"].as_array().unwrap();
     assert!(!bench.is_empty(), "{}", steps["bench"]);
+    // The prefill table: every length of both bench steps, short and long, with the
+    // target's re-prefill and the map on the batched path; PyTorch's prefill beside it
+    // where torch ran.
+    let table = doc["prefill"].as_array().unwrap();
+    let tokens: Vec<u64> = table.iter().filter_map(|r| r["tokens"].as_u64()).collect();
+    assert_eq!(tokens, [128, 256, 384], "{}", doc["prefill"]);
+    for row in table {
+        assert!(row["reprefill_batched_ms"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["map_batched_ms"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let torch = &steps["prefill-torch"]["result"];
+    match torch["results"].as_array() {
+        Some(rows) => {
+            assert_eq!(rows.len(), 3, "{torch}");
+            assert!(table.iter().all(|r| r["batched_over_torch"].is_number()));
+        }
+        None => assert!(torch["skipped"].is_string(), "{torch}"),
+    }
     let eval = &steps["eval"]["result"]["results"][0]["text"];
     assert!(eval["cosine_continuation"].is_array(), "{eval}");
     // The map in bf16 against the same mapper in f32 on the CPU: per-layer attention

@@ -194,12 +194,7 @@ pub fn build(
         Slot::new(first, g0, infos[0].clone()),
         Slot::new(second, g1, infos[1].clone()),
     ];
-    let mut device = format!("{:?}", config.device.location()).to_lowercase();
-    // Timings on the fused path are not the batched path's: a replay or a report that
-    // compares sessions sees the difference where it sees the device's.
-    if slots[0].model.decoder.attention_name() == "fused" {
-        device.push_str(", fused attention");
-    }
+    let device = slots[0].model.decoder.device_label();
     let mappers_info = vec![mappers[0].info.clone(), mappers[1].info.clone()];
     let ready = Event::Ready {
         models: infos.to_vec(),

@@ -103,6 +103,17 @@ impl Decoder {
         }
     }
 
+    /// Where this model runs, as sessions and benches record it: the device, and the
+    /// attention path where it is not the default (timings on it are not the batched
+    /// path's, so a report or a replay that compares runs sees the difference).
+    pub fn device_label(&self) -> String {
+        let mut label = format!("{:?}", self.device.location()).to_lowercase();
+        if self.attention_name() == "fused" {
+            label.push_str(", fused attention");
+        }
+        label
+    }
+
     /// Rows per forward chunk: bounded for the batched path's scores, larger for the
     /// fused path.
     fn chunk_rows(&self) -> usize {

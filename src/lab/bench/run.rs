@@ -82,7 +82,10 @@ pub fn sweep(
     Ok(BenchReport {
         format: bench_json::FORMAT.into(),
         version: bench_json::VERSION,
-        device: format!("{:?}", plan.device.location()).to_lowercase(),
+        device: match directions.first() {
+            Some((s, _)) => s.decoder.device_label(),
+            None => format!("{:?}", plan.device.location()).to_lowercase(),
+        },
         repeats: opts.repeats,
         suffix: opts.suffix,
         results,
