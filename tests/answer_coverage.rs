@@ -6,7 +6,9 @@
 mod common;
 
 use baton::data::recall::{RecallConversation, RecallQuestion};
-use baton::handoff::reread::lexical::{message_sentences, message_words, rare_tokens};
+use baton::handoff::reread::lexical::{
+    best_sentence, message_sentences, message_words, rare_tokens,
+};
 use baton::lab::eval::recall::coverage::answer_positions;
 use baton::lab::eval::recall::messages_for;
 use baton::text::{ChatMessage, ChatTemplate, TextTokenizer};
@@ -170,6 +172,25 @@ fn the_sentence_that_names_most_of_what_is_asked_is_read_first_and_whole() {
     let near = message_words(&tok, &history, message);
     let mermaid = find(&tok, &history, " mer");
     assert!(near[answer] < near[mermaid]);
+    // `sentence-facts` lifts that sentence, and only it, above everything else.
+    let best = best_sentence(&tok, &history, message);
+    for (p, b) in best.iter().enumerate() {
+        assert_eq!(*b, f64::from(u8::from((start..end).contains(&p))), "{p}");
+    }
+    // A message that names nothing the history says lifts nothing.
+    let other = tmpl
+        .render_ids(
+            &tok,
+            &[
+                ChatMessage::user(passage),
+                ChatMessage::assistant("OK."),
+                ChatMessage::user("Tell me a joke about cats?"),
+            ],
+            true,
+        )
+        .unwrap();
+    let none = best_sentence(&tok, &history, &other[history.len()..]);
+    assert!(none.iter().all(|&b| b == 0.0));
 }
 
 /// The first position of `history` whose token's text contains `piece`.

@@ -89,9 +89,8 @@ pub struct EvalArgs {
     /// its tail; a text window's --tail): a share (0.2 or 20%) or a time (150ms),
     /// optionally with the selector and the spans chosen positions grow into
     /// (0.2:facts:word; selectors source-attention, target-attention, cheaper-attention,
-    /// contrast, message-words, message-sentences, rare, facts, round-trip, deviation,
-    /// recency; spans token,
-    /// word, sentence). 0 re-reads nothing.
+    /// contrast, message-words, message-sentences, rare, facts, sentence-facts,
+    /// round-trip, deviation, recency; spans token, word, sentence). 0 re-reads nothing.
     #[arg(long)]
     pub reread: Option<baton::engine::RereadOverride>,
     /// Also hand each recall turn over this way, in the same run (repeatable): map,

@@ -108,7 +108,7 @@ pub fn predict(
     // Who reads the message to choose: `contrast` and `facts` read it with the cheaper
     // model, as `cheaper-attention` does.
     let reader = match selector {
-        Selector::Contrast | Selector::Facts => cheaper_reader(inputs),
+        Selector::Contrast | Selector::Facts | Selector::SentenceFacts => cheaper_reader(inputs),
         s => s,
     };
     let parts = PlanParts {
@@ -170,7 +170,8 @@ impl PlanParts {
             | Some(Selector::TargetAttention)
             | Some(Selector::CheaperAttention)
             | Some(Selector::Contrast)
-            | Some(Selector::Facts) => {
+            | Some(Selector::Facts)
+            | Some(Selector::SentenceFacts) => {
                 plan += self.message as f64 * self.reader_weights;
                 calls += self.reader_weights;
             }

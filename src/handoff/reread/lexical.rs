@@ -130,6 +130,31 @@ const WITHIN: f64 = 0.1;
 /// sentence. An answer is usually in the sentence that names most of what the question
 /// names: the best sentence is read first, whole where the budget allows.
 pub fn message_sentences(tok: &TextTokenizer, history: &[u32], message: &[u32]) -> Vec<f64> {
+    let (sentence, score) = sentence_scores(tok, history, message);
+    let near = unit_max(&message_words(tok, history, message));
+    (0..history.len())
+        .map(|p| score[sentence[p]] + WITHIN * near[p])
+        .collect()
+}
+
+/// 1 at the positions of the sentence (or sentences, on a tie) that says most of what
+/// the message asks about, by [`message_sentences`]' weighing; 0 elsewhere, and
+/// everywhere when no sentence says any of it.
+pub fn best_sentence(tok: &TextTokenizer, history: &[u32], message: &[u32]) -> Vec<f64> {
+    let (sentence, score) = sentence_scores(tok, history, message);
+    sentence
+        .iter()
+        .map(|&s| if score[s] >= 1.0 { 1.0 } else { 0.0 })
+        .collect()
+}
+
+/// Each history position's sentence, and each sentence's score (at most 1): the
+/// message's content words it holds, each weighed by how few sentences say it.
+fn sentence_scores(
+    tok: &TextTokenizer,
+    history: &[u32],
+    message: &[u32],
+) -> (Vec<usize>, Vec<f64>) {
     let stem = |k: &str| k.chars().take(STEM).collect::<String>();
     let asked: std::collections::HashSet<String> = words(tok, message, &texts(tok, message))
         .into_iter()
@@ -163,11 +188,7 @@ pub fn message_sentences(tok: &TextTokenizer, history: &[u32], message: &[u32]) 
             score[*s] += (1.0 + sentences as f64 / saying[k.as_str()] as f64).ln();
         }
     }
-    let score = unit_max(&score);
-    let near = unit_max(&message_words(tok, history, message));
-    (0..history.len())
-        .map(|p| score[sentence[p]] + WITHIN * near[p])
-        .collect()
+    (sentence, unit_max(&score))
 }
 
 /// `rare`: the tokens that carry facts a map blurs: a word with a digit scores 1, a

@@ -98,10 +98,13 @@ pub enum Selector {
     Rare,
     /// `contrast`, `message-words` and `rare` together, each rescaled to at most 1.
     Facts,
+    /// The sentence that says most of what the message asks about (by
+    /// `message-sentences`' weighing) first, then `facts`.
+    SentenceFacts,
 }
 
 impl Selector {
-    pub const ALL: [Selector; 11] = [
+    pub const ALL: [Selector; 12] = [
         Selector::SourceAttention,
         Selector::TargetAttention,
         Selector::RoundTrip,
@@ -113,6 +116,7 @@ impl Selector {
         Selector::MessageSentences,
         Selector::Rare,
         Selector::Facts,
+        Selector::SentenceFacts,
     ];
 
     pub fn name(self) -> &'static str {
@@ -128,6 +132,7 @@ impl Selector {
             Selector::MessageSentences => "message-sentences",
             Selector::Rare => "rare",
             Selector::Facts => "facts",
+            Selector::SentenceFacts => "sentence-facts",
         }
     }
 

@@ -104,19 +104,17 @@ pub fn score_positions(
             &inputs.tokens[h..],
         ),
         Selector::Rare => lexical::rare_tokens(&inputs.target.tokenizer, &inputs.tokens[..h]),
-        Selector::Facts => {
-            let tok = &inputs.target.tokenizer;
-            let read = lexical::unit_max(&contrast(inputs)?);
-            let asked = lexical::unit_max(&lexical::message_words(
-                tok,
+        Selector::Facts => facts(inputs)?,
+        Selector::SentenceFacts => {
+            let best = lexical::best_sentence(
+                &inputs.target.tokenizer,
                 &inputs.tokens[..h],
                 &inputs.tokens[h..],
-            ));
-            let rare = lexical::rare_tokens(tok, &inputs.tokens[..h]);
-            read.iter()
-                .zip(&asked)
-                .zip(&rare)
-                .map(|((r, a), x)| r + a + FACTS_RARE_WEIGHT * x)
+            );
+            facts(inputs)?
+                .iter()
+                .zip(&best)
+                .map(|(f, b)| f + BEST_SENTENCE_FIRST * b)
                 .collect()
         }
     };
@@ -127,6 +125,31 @@ pub fn score_positions(
     }
     Ok(scores)
 }
+
+/// `facts`: the cheaper model's contrast of heads, the message's words and the
+/// fact-bearing tokens, each rescaled to at most 1.
+fn facts(inputs: &SelectInputs<'_>) -> Result<Vec<f64>, RereadError> {
+    let h = inputs.history;
+    let tok = &inputs.target.tokenizer;
+    let read = lexical::unit_max(&contrast(inputs)?);
+    let asked = lexical::unit_max(&lexical::message_words(
+        tok,
+        &inputs.tokens[..h],
+        &inputs.tokens[h..],
+    ));
+    let rare = lexical::rare_tokens(tok, &inputs.tokens[..h]);
+    Ok(read
+        .iter()
+        .zip(&asked)
+        .zip(&rare)
+        .map(|((r, a), x)| r + a + FACTS_RARE_WEIGHT * x)
+        .collect())
+}
+
+/// In `sentence-facts`, the best sentence's lift: past the most `facts` gives any
+/// position (1 + 1 + [`FACTS_RARE_WEIGHT`]), so the sentence is read before anything
+/// else and `facts` orders it and the rest.
+const BEST_SENTENCE_FIRST: f64 = 3.0;
 
 /// In `facts`, a fact-bearing token's weight beside the read and the message's words
 /// (each rescaled to at most 1): enough to order the tokens of a passage the message
