@@ -24,19 +24,29 @@ import sys
 from pathlib import Path
 
 
-def logits(model_dir, logits_json, device):
-    doc = json.loads(Path(logits_json).read_text())
+def torch_model(model_dir, device):
+    """(torch, the model on the device with SDPA attention, its dtype), or None after
+    printing why there is no comparison where torch or transformers cannot be imported."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
     except Exception as e:  # noqa: BLE001 - any import failure means no comparison
         print(json.dumps({"skipped": f"no torch/transformers here ({type(e).__name__})"}))
-        return
+        return None
     on_gpu = device.startswith("cuda") and torch.cuda.is_available()
     dtype = torch.bfloat16 if on_gpu else torch.float32
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, torch_dtype=dtype, attn_implementation="sdpa"
     ).to("cuda" if on_gpu else "cpu")
+    return torch, model, dtype
+
+
+def logits(model_dir, logits_json, device):
+    doc = json.loads(Path(logits_json).read_text())
+    got = torch_model(model_dir, device)
+    if got is None:
+        return
+    torch, model, dtype = got
     ids = torch.tensor([doc["ids"]], device=model.device)
     with torch.no_grad():
         theirs = model(ids).logits[0, -1].float().cpu()
@@ -69,27 +79,20 @@ def paths(batched_json, fused_json):
 
 
 def prefill(model_dir, device, lengths):
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM
-    except Exception as e:  # noqa: BLE001 - any import failure means no comparison
-        print(json.dumps({"skipped": f"no torch/transformers here ({type(e).__name__})"}))
-        return
     import time
 
-    on_gpu = device.startswith("cuda") and torch.cuda.is_available()
-    dtype = torch.bfloat16 if on_gpu else torch.float32
-    dev = "cuda" if on_gpu else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, torch_dtype=dtype, attn_implementation="sdpa"
-    ).to(dev)
+    got = torch_model(model_dir, device)
+    if got is None:
+        return
+    torch, model, dtype = got
+    on_gpu = model.device.type == "cuda"
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     rows = []
     with torch.no_grad():
         for n in (int(x) for x in lengths.split(",")):
-            ids = torch.randint(0, vocab, (1, n), generator=gen).to(dev)
+            ids = torch.randint(0, vocab, (1, n), generator=gen).to(model.device)
 
             def once():
                 sync()
@@ -199,6 +202,11 @@ def summary(work, device, activations):
                     s["decode_tokens"], s["decode_tok_s"] = int(m[3]), float(m[4])
             elif name in ("logits", "paths", "prefill-torch", "eval") or name.startswith("bench"):
                 s["result"] = json.loads(out)
+        elif name == "prefill-torch":
+            # Out of time or failed part way: the lengths it timed, as it printed them.
+            partial = [l for l in err.splitlines() if l.startswith('{"partial"')]
+            if partial:
+                s["result"] = {"results": json.loads(partial[-1])["partial"], "partial": True}
         doc["steps"][name] = s
     doc["prefill"] = prefill_table(doc["steps"])
     dev, cpu = switch_measures(work / "device.jsonl"), switch_measures(work / "cpu.jsonl")
