@@ -99,45 +99,23 @@ impl Masks {
         dtype: DType,
         device: &Device,
     ) -> Result<&Tensor> {
-        let location = device.location();
-        let same = |k: &MaskKey| {
-            k.start == start
-                && k.t == t
-                && k.hidden == hidden
-                && k.dtype == dtype
-                && k.device == location
-        };
-        // Every layer after the first finds its mask here, with nothing allocated.
-        if let Some(i) = self.built.iter().position(|(k, _)| same(k)) {
-            return Ok(&self.built[i].1);
-        }
-        let key = MaskKey {
-            start,
-            t,
-            hidden: hidden.to_vec(),
-            dtype,
-            device: location,
-        };
-        let total = (start + t) as u32;
-        let cols = Tensor::arange(0u32, total, device)?.reshape((1, total as usize))?;
-        let rows = Tensor::arange(start as u32, total, device)?.reshape((t, 1))?;
-        let mut blocked = cols.broadcast_gt(&rows)?;
-        for r in hidden {
-            let inside = (cols.ge(r.start as u32)? * cols.lt(r.end as u32)?)?;
-            blocked = blocked.broadcast_maximum(&inside)?;
-        }
-        let shape = (t, total as usize);
-        let ninf = Tensor::full(f32::NEG_INFINITY, shape, device)?.to_dtype(dtype)?;
-        let zero = Tensor::zeros(shape, dtype, device)?;
-        self.built.push((key, blocked.where_cond(&ninf, &zero)?));
-        match self.built.last() {
-            Some((_, m)) => Ok(m),
-            None => Err(ModelError::Cache("no attention mask".into())),
-        }
+        let key = (start, t, hidden, dtype);
+        memo(&mut self.built, key, device, || {
+            let total = (start + t) as u32;
+            let cols = Tensor::arange(0u32, total, device)?.reshape((1, total as usize))?;
+            let rows = Tensor::arange(start as u32, total, device)?.reshape((t, 1))?;
+            let mut blocked = cols.broadcast_gt(&rows)?;
+            for r in hidden {
+                let inside = (cols.ge(r.start as u32)? * cols.lt(r.end as u32)?)?;
+                blocked = blocked.broadcast_maximum(&inside)?;
+            }
+            let shape = (t, total as usize);
+            let ninf = Tensor::full(f32::NEG_INFINITY, shape, device)?.to_dtype(dtype)?;
+            let zero = Tensor::zeros(shape, dtype, device)?;
+            Ok(blocked.where_cond(&ninf, &zero)?)
+        })
     }
-}
 
-impl Masks {
     /// The indices of the positions a run of `t` rows at `start` attends over when
     /// `hidden` (before `start`) is left out; `None` when nothing is.
     pub(super) fn kept(
@@ -150,24 +128,47 @@ impl Masks {
         if hidden.is_empty() {
             return Ok(None);
         }
-        let location = device.location();
-        let same = |k: &MaskKey| {
-            k.start == start && k.t == t && k.hidden == hidden && k.device == location
-        };
-        if let Some(i) = self.kept.iter().position(|(k, _)| same(k)) {
-            return Ok(Some(&self.kept[i].1));
-        }
-        let idx = super::fused_attention::kept_positions(start, t, hidden);
-        let key = MaskKey {
-            start,
-            t,
-            hidden: hidden.to_vec(),
-            dtype: DType::U32,
-            device: location,
-        };
-        self.kept.push((key, Tensor::new(idx.as_slice(), device)?));
-        Ok(self.kept.last().map(|(_, idx)| idx))
+        let key = (start, t, hidden, DType::U32);
+        memo(&mut self.kept, key, device, || {
+            let idx = super::fused_attention::kept_positions(start, t, hidden);
+            Ok(Tensor::new(idx.as_slice(), device)?)
+        })
+        .map(Some)
     }
+}
+
+/// The tensor `built` holds for (start, t, hidden, dtype) on `device`, built by `build`
+/// the first time: every layer after a pass's first finds it here, with nothing
+/// allocated.
+fn memo<'a>(
+    built: &'a mut Vec<(MaskKey, Tensor)>,
+    (start, t, hidden, dtype): (usize, usize, &[Range<usize>], DType),
+    device: &Device,
+    build: impl FnOnce() -> Result<Tensor>,
+) -> Result<&'a Tensor> {
+    let location = device.location();
+    let same = |k: &MaskKey| {
+        k.start == start
+            && k.t == t
+            && k.hidden == hidden
+            && k.dtype == dtype
+            && k.device == location
+    };
+    let i = match built.iter().position(|(k, _)| same(k)) {
+        Some(i) => i,
+        None => {
+            let key = MaskKey {
+                start,
+                t,
+                hidden: hidden.to_vec(),
+                dtype,
+                device: location,
+            };
+            built.push((key, build()?));
+            built.len() - 1
+        }
+    };
+    Ok(&built[i].1)
 }
 
 /// The parts of `hidden` before `start`.

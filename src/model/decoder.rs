@@ -108,7 +108,8 @@ impl Decoder {
     /// path's, so a report or a replay that compares runs sees the difference).
     pub fn device_label(&self) -> String {
         let mut label = format!("{:?}", self.device.location()).to_lowercase();
-        if self.attention_name() == "fused" {
+        // (The fused path is refused at load wherever the exact kernels would run.)
+        if self.attention == attention::AttentionPath::Fused {
             label.push_str(", fused attention");
         }
         label
