@@ -320,6 +320,7 @@ fn every_selector_chooses_within_its_budget_inside_the_map_and_the_reread_change
                 spans,
                 kind: baton::handoff::reread::PlanKind::Map,
                 up_only: false,
+                layers: None,
             };
             let choice = choose(
                 &setting,

@@ -761,8 +761,14 @@ fn status_line(app: &App) -> String {
 
 /// The run, then a third switch set to re-read and what it re-read at the next message.
 fn app_with_a_reread() -> App {
+    app_with_plan("20%:source-attention:word", None)
+}
+
+/// [`app_with_a_reread`] under plan `setting`, whose layers (positions, milliseconds)
+/// ran where given.
+fn app_with_plan(setting: &str, layers: Option<(usize, f64)>) -> App {
     let mut app = App::new(AppInfo {
-        reread: Some("20%:source-attention:word".into()),
+        reread: Some(setting.into()),
         ..AppInfo::default()
     });
     app.update(Msg::Resize(140, 40));
@@ -785,13 +791,13 @@ fn app_with_a_reread() -> App {
         &COSINE_1,
     );
     if let Event::Switch(baton::protocol::SwitchEvent { reread, .. }) = &mut switched {
-        *reread = Some("20%:source-attention:word".into());
+        *reread = Some(setting.into());
     }
     app.update(Msg::Engine(switched));
     app.update(Msg::Engine(Event::SwitchReread {
         index: 2,
         turn: 4,
-        setting: "20%:source-attention:word".into(),
+        setting: setting.into(),
         positions: 60,
         context_tokens: 300,
         spans: vec![[0, 20], [200, 240]],
@@ -823,8 +829,24 @@ fn app_with_a_reread() -> App {
         ],
         predicted_ms: Some(48.0),
         reprefill_predicted_ms: Some(130.0),
+        layer_positions: layers.map(|l| l.0),
+        layers_ms: layers.map(|l| l.1),
     }));
     app
+}
+
+#[test]
+fn a_plan_with_layers_shows_them_in_the_latency_panel_and_the_status_line() {
+    let app = app_with_plan("20%:facts:word:upper=14", Some((180, 80.0)));
+    let latency = format!("{:?}", panel(&app, 70, 18, Panel::Latency).backend());
+    // The plan's whole time: choosing, layers and the re-read.
+    assert!(latency.contains("re-read 125.0 ms"), "{latency}");
+    assert!(
+        latency.contains("layers 80.0 ms over 180 tokens"),
+        "{latency}"
+    );
+    let status = status_line(&app);
+    assert!(status.contains("re-read 20% · upper 14"), "{status}");
 }
 
 #[test]

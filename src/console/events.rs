@@ -172,13 +172,17 @@ fn switch_line(e: &Event, s: &SwitchRow) -> String {
                 r.ms
             ),
             Some(r) => format!(
-                "[switch {index}] plan {}: {} of {} positions re-read, {} dropped, in {:.0} ms ({:.0} ms choosing)",
+                "[switch {index}] plan {}: {} of {} positions re-read, {} dropped, in {:.0} ms ({:.0} ms choosing{})",
                 s.plan.as_deref().unwrap_or("-"),
                 r.positions,
                 r.context_tokens,
                 r.dropped,
                 r.ms,
-                r.select_ms
+                r.select_ms,
+                match r.layers {
+                    Some((n, ms)) => format!(", {ms:.0} ms of layers over {n} positions"),
+                    None => String::new(),
+                }
             ),
             None => String::new(),
         },

@@ -87,6 +87,7 @@ pub const DEFAULT_REREAD: Option<RereadSetting> = Some(RereadSetting {
     spans: SpanGrowth::Word,
     kind: PlanKind::Map,
     up_only: true,
+    layers: None,
 });
 
 impl Settings {

@@ -56,6 +56,11 @@ pub struct Engine {
     pub(super) learning: Learning,
     /// The active model's cache being repaired since the last switch.
     pub(super) repair: Option<Repair>,
+    /// `residual[i]` maps slot i's residual stream to the other's, where the plan's
+    /// `upper=M` needs it ([`super::layers`]).
+    pub(super) residual: [Option<crate::mapper::residual::ResidualMap>; 2],
+    /// Where residual maps are kept; `None` keeps what is fitted for the session alone.
+    pub(super) mapper_dir: Option<crate::mapper::dir::MapperDir>,
     /// How far the repair may go while the engine is idle (`None`: to the end). A
     /// replay holds it at 0 and repairs only as far as the recording had, when told
     /// ([`Command::RepairTo`]), so that its answers are computed over the same cache.
@@ -99,6 +104,8 @@ impl Engine {
             learning: Learning::off(),
             repair: None,
             repair_bound: None,
+            residual: [None, None],
+            mapper_dir: None,
         }
     }
 
@@ -205,6 +212,7 @@ impl Engine {
                 match parsed {
                     Ok(r) => {
                         self.settings.reread = r;
+                        self.prepare_layers();
                         let value = r.map_or_else(|| setting::OFF.to_string(), |r| r.to_string());
                         self.setting_changed(setting::REREAD, &value);
                         self.out.emit(Event::Notice {

@@ -7,6 +7,7 @@ pub mod compare;
 pub mod config;
 pub mod conversation;
 mod core;
+mod layers;
 pub mod learning;
 pub mod load;
 mod measure;
@@ -278,6 +279,8 @@ pub fn build(
         }
     }
     let mut engine = Engine::new(slots, mappers, config.settings, device, out);
+    engine.mapper_dir = Some(config.mapper_dir.clone());
+    engine.prepare_layers();
     if config.paced_repair {
         engine.pace_repair();
     }

@@ -101,6 +101,11 @@ impl Repair {
         let Some(exact) = job.exact.as_mut() else {
             return Err(EngineError::Internal("no repair cache".into()));
         };
+        // What it reads keeps the residual stream a plan's layers need, as it would have
+        // reading the first time.
+        if let Some(kept) = slot.primary.kept_residual() {
+            exact.keep_residual(kept.layer(), kept.width());
+        }
         let from = exact.len();
         let to = (from + REPAIR_CHUNK).min(total);
         if from < to {

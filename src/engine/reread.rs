@@ -92,14 +92,27 @@ impl Engine {
             }
             _ => choice,
         };
+        choice.drop_chosen(&mut self.slots[a].primary)?;
+        // The plan's layers, over the positions it neither drops nor chose by the guard
+        // to re-read all of; the re-read then reads over them.
+        let layers = match setting.layers {
+            Some(split) if !choice.reprefilled => Some(self.run_layers(
+                split,
+                pending.source,
+                &candidates,
+                &choice.dropped,
+                history,
+            )?),
+            _ => None,
+        };
         let slot = &mut self.slots[a];
         let t = Instant::now();
-        choice.apply(
+        choice.reread_chosen(
             &slot.model,
             &self.conv.history[..history],
             &mut slot.primary,
         )?;
-        let reread_ms = t.elapsed().as_secs_f64() * 1e3;
+        let reread_ms = super::timing::synced_ms(slot.model.decoder.device(), t);
         // What this re-read took per position of its predicted cost: the next guard's
         // speed for the re-read, measured on this machine.
         if choice.count() >= MIN_TIMED_PREFILL {
@@ -145,6 +158,8 @@ impl Engine {
             parts,
             predicted_ms,
             reprefill_predicted_ms,
+            layer_positions: layers.as_ref().map(|l| l.positions),
+            layers_ms: layers.as_ref().map(|l| l.ms),
         });
         Ok(())
     }

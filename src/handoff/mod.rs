@@ -12,6 +12,7 @@
 
 mod build;
 pub mod fidelity;
+pub mod layers;
 mod plan;
 pub mod reread;
 

@@ -49,6 +49,8 @@ pub enum MapperError {
     },
     #[error("{path} is not a baton pair-statistics file: {reason}")]
     BadFile { path: PathBuf, reason: String },
+    #[error("{path} is not a residual map this baton reads: {reason}; remove it and baton fits it again when a plan needs it")]
+    BadResidualFile { path: PathBuf, reason: String },
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -51,5 +51,6 @@ pub mod low_rank;
 pub mod map;
 pub mod nonlinear;
 pub mod residual;
+pub mod residual_file;
 
 pub use map::{CacheMapper, MapPrecision, SourceScales, TargetLayerMap, DEFAULT_ANCHOR};

@@ -71,6 +71,49 @@ impl ResidualMap {
         })
     }
 
+    /// A map from its parts: `weight` [source hidden × target hidden] row-major, `bias`
+    /// [target hidden].
+    pub fn from_parts(
+        source_layer: usize,
+        target_layer: usize,
+        r2: f64,
+        observations: u64,
+        weight: Vec<f32>,
+        bias: Vec<f32>,
+        device: &Device,
+    ) -> Result<Self> {
+        let d_t = bias.len();
+        if d_t == 0 || !weight.len().is_multiple_of(d_t) {
+            return Err(MapperError::MapShape(format!(
+                "a residual map of {} weights and {d_t} biases",
+                weight.len()
+            )));
+        }
+        let d_s = weight.len() / d_t;
+        Ok(Self {
+            source_layer,
+            target_layer,
+            r2,
+            observations,
+            weight: Tensor::from_vec(weight, (d_s, d_t), device)?,
+            bias: Tensor::from_vec(bias, d_t, device)?,
+        })
+    }
+
+    /// The weight (row-major, [source hidden × target hidden]) and bias, on the host.
+    pub fn parts(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        Ok((
+            self.weight.flatten_all()?.to_vec1::<f32>()?,
+            self.bias.to_vec1::<f32>()?,
+        ))
+    }
+
+    /// The widths: source hidden, target hidden.
+    pub fn widths(&self) -> (usize, usize) {
+        let d = self.weight.dims();
+        (d[0], d[1])
+    }
+
     /// The target's residual stream for source rows `x` ([rows, source hidden]), in f32.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.to_dtype(DType::F32)?.to_device(self.weight.device())?;

@@ -358,6 +358,7 @@ impl Decoder {
         if stop() {
             return Err(ModelError::Interrupted);
         }
+        cache.keep_rows(l, runs, &h)?;
         let x = candle_nn::ops::rms_norm(&h, &w.attn_norm, eps)?;
         let [q, k, v]: [Tensor; 3] = Linear::forward_many(&[&w.q, &w.k, &w.v], &x)?
             .try_into()

@@ -2,6 +2,7 @@
 //! extended and cloned. Mapping between models reads and writes it through these calls.
 
 use super::error::{ModelError, Result};
+use super::kept_residual::KeptResidual;
 use super::position_set::PositionSet;
 use candle_core::{DType, Device, Tensor};
 use std::ops::Range;
@@ -45,6 +46,9 @@ pub struct KvCache {
     capacity: usize,
     dropped: PositionSet,
     foreign: PositionSet,
+    /// The residual stream entering one layer, where the caller asked for it (see
+    /// [`super::kept_residual`], which reads and writes it).
+    pub(super) residual: Option<KeptResidual>,
 }
 
 impl KvCache {
@@ -58,6 +62,7 @@ impl KvCache {
             capacity: 0,
             dropped: PositionSet::new(),
             foreign: PositionSet::new(),
+            residual: None,
         }
     }
 
@@ -132,6 +137,9 @@ impl KvCache {
                 "marking positions {}..{} of a cache of {} positions as mapped",
                 r.start, r.end, self.len
             )));
+        }
+        if let Some(kept) = &mut self.residual {
+            kept.forget(r.clone());
         }
         self.foreign.insert(r);
         Ok(())
@@ -231,6 +239,7 @@ impl KvCache {
             capacity,
             dropped: PositionSet::new(),
             foreign: PositionSet::new(),
+            residual: None,
         })
     }
 
@@ -302,6 +311,9 @@ impl KvCache {
         for r in other.foreign.moved(start..end, start).runs() {
             self.foreign.insert(r.clone());
         }
+        if let (Some(mine), Some(theirs)) = (&mut self.residual, &other.residual) {
+            mine.copy_from(theirs, start..end);
+        }
         Ok(())
     }
 
@@ -310,6 +322,9 @@ impl KvCache {
         self.len = self.len.min(len);
         self.dropped.truncate(self.len);
         self.foreign.truncate(self.len);
+        if let Some(kept) = &mut self.residual {
+            kept.truncate(self.len);
+        }
     }
 
     /// A deep copy: the two caches can then be extended independently.
@@ -323,7 +338,13 @@ impl KvCache {
         let len = len.min(self.len);
         if len == 0 {
             // Nothing allocated yet, or nothing wanted: there is nothing to export.
-            return Ok(Self::new(self.shape, self.dtype, &self.device));
+            let mut empty = Self::new(self.shape, self.dtype, &self.device);
+            empty.residual = self.residual.as_ref().map(|k| {
+                let mut k = k.clone();
+                k.truncate(0);
+                k
+            });
+            return Ok(empty);
         }
         let mut copy = Self::import(
             self.shape,
@@ -335,6 +356,10 @@ impl KvCache {
         copy.dropped.truncate(len);
         copy.foreign = self.foreign.clone();
         copy.foreign.truncate(len);
+        copy.residual = self.residual.clone();
+        if let Some(kept) = &mut copy.residual {
+            kept.truncate(len);
+        }
         Ok(copy)
     }
 

@@ -7,6 +7,7 @@ pub mod decoder;
 pub mod error;
 pub mod fused_attention;
 pub mod generate;
+pub mod kept_residual;
 pub mod kv_cache;
 pub mod layer_zero;
 pub mod load;

@@ -122,4 +122,44 @@ impl Decoder {
         }
         Ok(())
     }
+
+    /// The control to [`Decoder::upper_layers`]: compute layers `0..to` of the positions
+    /// of `runs` (as there, inside the cache) from their tokens (`tokens` holds at least
+    /// the cache's positions), in place and causally by position, as a re-read that
+    /// stops at layer `to`; the layers from `to` on are left as they are. Positions keep
+    /// whatever origin they had: their upper layers are not the model's.
+    pub fn lower_layers(
+        &self,
+        tokens: &[u32],
+        runs: &[Range<usize>],
+        to: usize,
+        cache: &mut KvCache,
+    ) -> Result<()> {
+        let n_layer = self.config().n_layer;
+        if to > n_layer || tokens.len() < cache.len() {
+            return Err(ModelError::Cache(format!(
+                "lower layers to {to} of a {n_layer}-layer model over a cache of {} positions \
+                 given {} tokens",
+                cache.len(),
+                tokens.len()
+            )));
+        }
+        super::reread::check_runs(runs, cache.len())?;
+        for chunk in super::reread::chunks(runs, PREFILL_CHUNK) {
+            let ids: Vec<u32> = chunk
+                .iter()
+                .flat_map(|r| tokens[r.clone()].iter().copied())
+                .collect();
+            self.check_ids(&ids)?;
+            let ids = Tensor::new(ids.as_slice(), self.device())?;
+            let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
+            let mut no_queries = Vec::new();
+            let mut masks = super::attention::Masks::default();
+            for l in 0..to {
+                let (q, m) = (&mut no_queries, &mut masks);
+                h = self.layer(l, h, &chunk, cache, None, q, m, &|| false)?;
+            }
+        }
+        Ok(())
+    }
 }

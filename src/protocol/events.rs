@@ -87,8 +87,9 @@ pub enum Event {
     Switch(SwitchEvent),
     /// The target re-read part of switch `index`'s mapped history when the message of
     /// `turn` arrived, before answering it: the spans chosen with the message known, and
-    /// the time it took, choosing (`select_ms`) and re-reading (`reread_ms`). The
-    /// message waited for both: they are part of the handoff's cost.
+    /// the time it took, choosing (`select_ms`), computing the layers the plan names
+    /// (`layers_ms`) and re-reading (`reread_ms`). The message waited for all of them:
+    /// they are part of the handoff's cost.
     SwitchReread {
         index: u32,
         turn: u32,
@@ -136,6 +137,17 @@ pub enum Event {
             with = "float::option"
         )]
         reprefill_predicted_ms: Option<f64>,
+        /// Where the plan names layers (`upper=M` or `lower=M` in its setting): the
+        /// positions the target computed those layers of itself, and the time it took,
+        /// before the re-read; part of the handoff's cost (session minor 9 on).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        layer_positions: Option<usize>,
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "float::option"
+        )]
+        layers_ms: Option<f64>,
     },
     /// What switch `index` costs against a re-prefill and how faithful its cache is,
     /// measured after its handoff: the whole cache mapped again and timed, the target's

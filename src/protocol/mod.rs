@@ -175,6 +175,8 @@ mod tests {
                 ],
                 predicted_ms: Some(50.0),
                 reprefill_predicted_ms: Some(120.0),
+                layer_positions: None,
+                layers_ms: None,
             },
             Event::SwitchMeasured {
                 index: 0,

@@ -34,10 +34,13 @@ pub struct FollowUp {
 pub struct RereadDone {
     pub positions: usize,
     pub context_tokens: usize,
-    /// Choosing and re-reading, in milliseconds.
+    /// Choosing, the plan's layers and re-reading, in milliseconds.
     pub ms: f64,
     /// Of which choosing.
     pub select_ms: f64,
+    /// Of which the layers the plan names, and over how many positions (`None` for a
+    /// plan of positions alone).
+    pub layers: Option<(usize, f64)>,
     /// Positions dropped.
     pub dropped: usize,
     /// The plan would have cost the re-prefill: the target re-read the mapped part.
@@ -190,13 +193,17 @@ impl SwitchRow {
                 dropped,
                 reprefilled,
                 parts,
+                layer_positions,
+                layers_ms,
                 ..
             } if *index == self.index => {
+                let layers = layer_positions.map(|n| (n, layers_ms.unwrap_or(0.0)));
                 self.reread = Some(RereadDone {
                     positions: *positions,
                     context_tokens: *context_tokens,
-                    ms: select_ms + reread_ms,
+                    ms: select_ms + reread_ms + layers.map_or(0.0, |l| l.1),
                     select_ms: *select_ms,
+                    layers,
                     dropped: dropped.iter().map(|r| r[1].saturating_sub(r[0])).sum(),
                     reprefilled: *reprefilled,
                     texts: texts.clone(),
@@ -392,6 +399,8 @@ mod tests {
             parts: Vec::new(),
             predicted_ms: None,
             reprefill_predicted_ms: None,
+            layer_positions: None,
+            layers_ms: None,
         });
         let r = rows[0].reread.as_ref().unwrap();
         assert_eq!(

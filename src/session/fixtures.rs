@@ -312,6 +312,8 @@ pub fn with_reread(mut events: Vec<Event>, setting: &str, dropped: Vec<[usize; 2
             parts: Vec::new(),
             predicted_ms: None,
             reprefill_predicted_ms: None,
+            layer_positions: None,
+            layers_ms: None,
         },
     );
     events

@@ -34,7 +34,10 @@ pub const VERSION: u32 = 1;
 /// - 8: a `setting_changed` event records a setting changed mid-session (the plan, the
 ///   reference path, repair), so a replay makes the same change at the same step; before
 ///   it only a notice said so.
-pub const MINOR: u32 = 8;
+/// - 9: a plan may name layers (`upper=M`, `lower=M` at the end of its setting), and its
+///   `switch_reread` event says over how many positions the target computed them and
+///   how long that took (`layer_positions`, `layers_ms`).
+pub const MINOR: u32 = 9;
 
 /// Line 1 of a session file: which build, models, mappers and settings produced it, so a
 /// report or a replay can tell whether it is looking at comparable runs.

@@ -75,6 +75,11 @@ struct Flat<'a> {
     reread_ms: Option<f64>,
     dropped_positions: Option<usize>,
     reprefilled: bool,
+    /// The plan's layers: over how many positions, and their part of `reread_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    layer_positions: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    layers_ms: Option<f64>,
 }
 
 impl<'a> Flat<'a> {
@@ -111,6 +116,8 @@ impl<'a> Flat<'a> {
             reread_ms: r.map(|r| r.ms),
             dropped_positions: r.map(|r| r.dropped),
             reprefilled: r.is_some_and(|r| r.reprefilled),
+            layer_positions: r.and_then(|r| r.layers).map(|l| l.0),
+            layers_ms: r.and_then(|r| r.layers).map(|l| l.1),
         }
     }
 }

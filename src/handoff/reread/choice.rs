@@ -89,9 +89,26 @@ impl RereadChoice {
         tokens: &[u32],
         cache: &mut KvCache,
     ) -> Result<(), ModelError> {
+        self.drop_chosen(cache)?;
+        self.reread_chosen(target, tokens, cache)
+    }
+
+    /// The first half of [`Self::apply`]: drop what was chosen to drop.
+    pub fn drop_chosen(&self, cache: &mut KvCache) -> Result<(), ModelError> {
         for r in &self.dropped {
             cache.drop_positions(r.clone())?;
         }
+        Ok(())
+    }
+
+    /// The second half of [`Self::apply`]: re-read what was chosen to re-read (a plan's
+    /// layers run between the two).
+    pub fn reread_chosen(
+        &self,
+        target: &Model,
+        tokens: &[u32],
+        cache: &mut KvCache,
+    ) -> Result<(), ModelError> {
         if self.runs.is_empty() {
             return Ok(());
         }

@@ -17,7 +17,9 @@
 //!   re-prefill's one. On histories of a few hundred tokens that is what made plans
 //!   cost more than their positions say;
 //! - the round trip (the trusted plan's estimate of each mapped position's error) maps
-//!   every candidate there and back: [`ROUND_TRIP_PER_POSITION`] a candidate.
+//!   every candidate there and back: [`ROUND_TRIP_PER_POSITION`] a candidate;
+//! - layers the plan names ([`crate::handoff::layers`]) cost their share of the
+//!   target's layers of a prefill of the positions they run over, its call included.
 //!
 //! Both constants were measured on the recall suite's switches down (a 0.5B target, 95
 //! to 491 tokens: a 30% re-read took 63% of the re-prefill, the trusted plan's round trip
@@ -51,10 +53,13 @@ pub fn reread_cost(positions: usize) -> f64 {
 /// A plan's predicted cost against the re-prefill's, in target positions.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PlanCost {
-    /// Choosing and re-reading.
+    /// Choosing, the layers the plan names, and re-reading.
     pub plan: f64,
-    /// Of which re-reading (its call included): what is left to pay once choosing is done.
+    /// Of which re-reading (its call included).
     pub reread: f64,
+    /// Of which the layers the plan names (0 for a plan of positions alone). With the
+    /// re-read, what is left to pay once choosing is done.
+    pub layers: f64,
     /// Re-reading every candidate instead.
     pub reprefill: f64,
 }
@@ -78,7 +83,8 @@ impl PlanCost {
         reread_ms_per_position: Option<f64>,
     ) -> bool {
         let reread = self.reread * reread_ms_per_position.unwrap_or(ms_per_position);
-        chose_ms + reread >= MARGIN * self.reprefill * ms_per_position
+        let layers = self.layers * ms_per_position;
+        chose_ms + reread + layers >= MARGIN * self.reprefill * ms_per_position
     }
 }
 
@@ -128,6 +134,14 @@ pub fn predict(
         candidates: candidates.count(),
         reach: candidates.span().end,
         target_layers: inputs.target.config().n_layer,
+        layers: setting.layers.map(|split| {
+            let over =
+                crate::handoff::layers::positions(split, candidates, &[], inputs.source_cache);
+            (
+                over.count(),
+                split.share_of_prefill(inputs.target.config().n_layer),
+            )
+        }),
     };
     Ok(parts.cost())
 }
@@ -151,6 +165,9 @@ pub struct PlanParts {
     /// One past the last candidate: how far a selector that reads the history reads.
     pub reach: usize,
     pub target_layers: usize,
+    /// The layers the plan names: the positions they run over and their share of a
+    /// prefill's layers.
+    pub layers: Option<(usize, f64)>,
 }
 
 impl PlanParts {
@@ -189,9 +206,16 @@ impl PlanParts {
         if self.round_trip || selector == Some(Selector::RoundTrip) {
             plan += n * ROUND_TRIP_PER_POSITION;
         }
+        let layers = match self.layers {
+            Some((positions, share)) if positions > 0 => {
+                (positions as f64 + CALL_POSITIONS) * share
+            }
+            _ => 0.0,
+        };
         PlanCost {
-            plan: plan + calls * CALL_POSITIONS + reread,
+            plan: plan + calls * CALL_POSITIONS + reread + layers,
             reread,
+            layers,
             reprefill: n + CALL_POSITIONS,
         }
     }
@@ -212,6 +236,7 @@ mod tests {
             candidates: n,
             reach: n + 1,
             target_layers: 24,
+            layers: None,
         }
     }
 
@@ -239,6 +264,25 @@ mod tests {
             tail.reread, tail.plan,
             "recency's whole cost is its re-read"
         );
+    }
+
+    #[test]
+    fn layers_cost_their_share_of_a_prefill_and_count_after_choosing() {
+        // Upper layers from 14 of 28 over 600 positions: half a prefill of them.
+        let mut p = parts(200, Selector::Recency, false, 1000);
+        let plain = p.cost();
+        p.layers = Some((600, 0.5));
+        let c = p.cost();
+        assert_eq!(c.layers, (600.0 + CALL_POSITIONS) * 0.5);
+        assert_eq!(c.plan - plain.plan, c.layers);
+        assert_eq!(c.reread, plain.reread);
+        // With them the same choosing passes the re-prefill sooner: 300 + 32 reread
+        // positions, 316 of layers, against 0.9 × 1,032 at 1 ms a position.
+        assert!(!plain.passes_reprefill_after_choosing(300.0, 1.0, None));
+        assert!(c.passes_reprefill_after_choosing(300.0, 1.0, None));
+        // Layers over no position cost nothing.
+        p.layers = Some((0, 0.5));
+        assert_eq!(p.cost(), plain);
     }
 
     #[test]

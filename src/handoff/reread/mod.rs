@@ -42,6 +42,7 @@ pub use cost::{predict, PlanCost};
 pub use scores::{score_positions, SelectInputs};
 pub use spans::{opening_len, opening_len_within, pick_spans, unit_starts};
 
+use crate::handoff::layers::LayerSplit;
 use crate::model::ModelConfig;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -231,6 +232,10 @@ pub struct RereadSetting {
     /// hands the map over as it is (text form: an `up:` before the rest).
     #[serde(default)]
     pub up_only: bool,
+    /// The layers the target computes itself over the mapped positions, before the
+    /// chosen ones are re-read (text form: `:upper=M` or `:lower=M` at the end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<LayerSplit>,
 }
 
 impl RereadSetting {
@@ -245,6 +250,7 @@ impl RereadSetting {
             spans: Self::DEFAULT_SPANS,
             kind: PlanKind::Map,
             up_only: false,
+            layers: None,
         }
     }
 
@@ -253,22 +259,60 @@ impl RereadSetting {
         !self.up_only || target.weights_per_token() > source.weights_per_token()
     }
 
+    /// The same setting with the target computing `layers` itself.
+    pub fn with_layers(self, layers: Option<LayerSplit>) -> Self {
+        Self { layers, ..self }
+    }
+
     /// The same setting as a plan of another kind.
     pub fn of_kind(self, kind: PlanKind) -> Self {
         Self { kind, ..self }
     }
 
-    /// Parse `[up:][KIND:]BUDGET[:SELECTOR[:SPANS]]`: `up:` runs the plan only on a switch
-    /// to the larger model; then a budget of `0.2`, `20%` or `150ms`,
+    /// Parse `[up:][KIND:]BUDGET[:SELECTOR[:SPANS]][:LAYERS]`: `up:` runs the plan only on
+    /// a switch to the larger model; then a budget of `0.2`, `20%` or `150ms`,
     /// optionally after a plan kind (`map`, the default; `drop`, `attend`, `trusted`; or
     /// `tail`, which is `drop` by recency, token by token) and followed by `:SELECTOR` and
     /// `:SPANS` (`drop:0.2:source-attention:word`). `0` or `off` alone is no plan
     /// (`None`); a kind with a budget of 0 keeps only the opening of what was mapped.
+    /// `LAYERS` is `upper=M` (the target computes its layers from `M` on over the mapped
+    /// residual stream) or `lower=M` (its layers below `M`); with it a budget of 0, or
+    /// none (`upper=14`), is a plan of layers alone.
     pub fn parse(s: &str) -> Result<Option<Self>, RereadError> {
-        match s.trim().strip_prefix("up:") {
-            Some(rest) => Ok(Self::parse_plan(rest)?.map(|p| Self { up_only: true, ..p })),
-            None => Self::parse_plan(s),
+        let (up_only, rest) = match s.trim().strip_prefix("up:") {
+            Some(rest) => (true, rest),
+            None => (false, s.trim()),
+        };
+        let mut layers = None;
+        let mut words = Vec::new();
+        for word in rest.split(':') {
+            match LayerSplit::parse_word(word) {
+                Some(split) if layers.is_none() => {
+                    layers = Some(split.map_err(RereadError::Input)?);
+                }
+                Some(_) => {
+                    return Err(RereadError::Input(format!(
+                        "plan {s:?} names its layers twice: give one upper=M or lower=M"
+                    )))
+                }
+                None => words.push(word),
+            }
         }
+        let plan = if words.is_empty() {
+            Some(Self::share(0.0))
+        } else {
+            let plan = Self::parse_plan(&words.join(":"))?;
+            match (plan, layers) {
+                // Layers alone: nothing re-read on top of them.
+                (None, Some(_)) => Some(Self::share(0.0)),
+                (plan, _) => plan,
+            }
+        };
+        Ok(plan.map(|p| Self {
+            up_only,
+            layers,
+            ..p
+        }))
     }
 
     fn parse_plan(s: &str) -> Result<Option<Self>, RereadError> {
@@ -348,7 +392,7 @@ impl RereadSetting {
         if let Some(extra) = parts.next() {
             return Err(RereadError::Input(format!(
                 "re-read setting {s:?} has an extra part {extra:?}: \
-                 [KIND:]BUDGET[:SELECTOR[:SPANS]]"
+                 [KIND:]BUDGET[:SELECTOR[:SPANS]][:upper=M]"
             )));
         }
         Ok(Some(Self {
@@ -357,6 +401,7 @@ impl RereadSetting {
             spans,
             kind: kind.unwrap_or_default(),
             up_only: false,
+            layers: None,
         }))
     }
 
@@ -397,7 +442,11 @@ impl fmt::Display for RereadSetting {
             RereadBudget::Share(s) => write!(f, "{}%", (s * 1000.0).round() / 10.0)?,
             RereadBudget::Millis(ms) => write!(f, "{ms}ms")?,
         }
-        write!(f, ":{}:{}", self.selector.name(), self.spans.name())
+        write!(f, ":{}:{}", self.selector.name(), self.spans.name())?;
+        if let Some(layers) = self.layers {
+            write!(f, ":{layers}")?;
+        }
+        Ok(())
     }
 }
 
@@ -475,6 +524,49 @@ mod tests {
         ] {
             assert!(RereadSetting::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_plan_names_its_layers_and_prints_them_back() {
+        let s = RereadSetting::parse("up:40%:facts:word:upper=14")
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.layers, Some(LayerSplit::Upper(14)));
+        assert!(s.up_only);
+        assert_eq!(s.selector, Selector::Facts);
+        assert_eq!(s.to_string(), "up:40%:facts:word:upper=14");
+        assert_eq!(RereadSetting::parse(&s.to_string()).unwrap(), Some(s));
+        // Layers alone, or over a budget of nothing, are a plan of layers alone.
+        for text in ["upper=14", "0:upper=14", "off:upper=14"] {
+            let s = RereadSetting::parse(text).unwrap().unwrap();
+            assert_eq!(s.budget, RereadBudget::Share(0.0), "{text}");
+            assert_eq!(s.layers, Some(LayerSplit::Upper(14)), "{text}");
+            assert_eq!(RereadSetting::parse(&s.to_string()).unwrap(), Some(s));
+        }
+        let s = RereadSetting::parse("drop:20%:lower=7").unwrap().unwrap();
+        assert_eq!(
+            (s.kind, s.layers),
+            (PlanKind::Drop, Some(LayerSplit::Lower(7)))
+        );
+        // A setting without layers reads as before and prints as before.
+        let s = RereadSetting::parse("up:40%:facts:word").unwrap().unwrap();
+        assert_eq!(
+            (s.layers, s.to_string().as_str()),
+            (None, "up:40%:facts:word")
+        );
+        for bad in [
+            "upper=x",
+            "20%:upper=3:lower=4",
+            "20%:upper=",
+            "middle=3:20%",
+        ] {
+            assert!(RereadSetting::parse(bad).is_err(), "{bad}");
+        }
+        // Older session files, without the field, read as no layers.
+        let old: RereadSetting =
+            serde_json::from_str(r#"{"budget":{"share":0.2},"selector":"facts","spans":"word"}"#)
+                .unwrap();
+        assert_eq!(old.layers, None);
     }
 
     #[test]

@@ -244,6 +244,13 @@ impl PairFiles {
     pub fn gate(&self) -> PathBuf {
         self.dir.join("gate").join(format!("{}.json", self.stem))
     }
+
+    /// The residual map to the target's layer `target_layer` (a plan's upper layers).
+    pub fn residual(&self, target_layer: usize) -> PathBuf {
+        self.dir
+            .join("residual")
+            .join(format!("{}.layer-{target_layer}.{ARTIFACT_EXT}", self.stem))
+    }
 }
 
 /// Both models' names and the start of both checksums: one file name per pair, whatever

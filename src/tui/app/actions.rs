@@ -119,6 +119,18 @@ impl App {
         self.set_reread(Some(next))
     }
 
+    /// The next layers of the plan (see [`plan_cycle::next_layers`]), numbered in the
+    /// larger model's layers, keeping what the plan does with positions.
+    pub(super) fn cycle_layers(&mut self) -> Vec<Effect> {
+        let n_layer = self.models.iter().map(|m| m.n_layer).max().unwrap_or(0);
+        if n_layer < 2 {
+            self.say(Level::Warn, "no model loaded yet to number its layers");
+            return vec![];
+        }
+        let next = plan_cycle::next_layers(self.reread.as_deref(), n_layer);
+        self.set_reread(next)
+    }
+
     /// Sets the plan and says on screen what it is now and what it was, so that a step
     /// never changes the plan without a word.
     pub(super) fn set_reread(&mut self, setting: Option<String>) -> Vec<Effect> {

@@ -60,6 +60,7 @@ impl App {
                 KeyCode::Char('b') => self.start_bookmark(),
                 KeyCode::Char('e') => self.cycle_reread(),
                 KeyCode::Char('t') => self.cycle_plan_kind(),
+                KeyCode::Char('y') => self.cycle_layers(),
                 KeyCode::Char('k') => {
                     self.mark_reread = !self.mark_reread;
                     self.dirty = true;

@@ -1,8 +1,10 @@
-//! The plan settings Ctrl-E and Ctrl-T step through, as the engine's setting text
-//! (`[up:][KIND:]BUDGET[:SELECTOR[:SPANS]]`), and the words that confirm a step.
+//! The plan settings Ctrl-E, Ctrl-T and Ctrl-Y step through, as the engine's setting
+//! text (`[up:][KIND:]BUDGET[:SELECTOR[:SPANS]][:LAYERS]`), and the words that confirm a
+//! step.
 //!
-//! Ctrl-E steps the budget within the plan's kind and Ctrl-T the kind at the same
-//! budget, so neither key changes what the other one set.
+//! Ctrl-E steps the budget within the plan's kind, Ctrl-T the kind at the same budget,
+//! and Ctrl-Y the layers the target computes itself, so no key changes what another one
+//! set.
 
 /// The budgets Ctrl-E steps through, after the kind's first step.
 const BUDGETS: [&str; 3] = ["10%", "20%", "40%"];
@@ -88,11 +90,76 @@ pub(super) fn next_plan_kind(current: Option<&str>) -> String {
     with_kind(next, rest)
 }
 
-/// What a plan does, in words, for the line that confirms it.
-pub(super) fn plan_words(setting: Option<&str>) -> &'static str {
-    let Some(setting) = setting else {
-        return "the target answers from the map as handed over";
+/// A layer word of a setting (`upper=14`, `lower=7`).
+fn is_layers(word: &str) -> bool {
+    word.starts_with("upper=") || word.starts_with("lower=")
+}
+
+/// The setting's layers word and the setting without it.
+fn split_layers(setting: &str) -> (Option<&str>, String) {
+    let layers = setting.split(':').find(|w| is_layers(w));
+    let rest: Vec<&str> = setting.split(':').filter(|w| !is_layers(w)).collect();
+    (layers, rest.join(":"))
+}
+
+/// The layers Ctrl-Y steps through for a target of `n_layer` layers: its upper quarter,
+/// half and three quarters over the mapped residual stream, then the control (its lower
+/// half), then none.
+fn layer_steps(n_layer: usize) -> [String; 4] {
+    let at = |num: usize| (n_layer * num / 4).clamp(1, n_layer.saturating_sub(1).max(1));
+    [
+        format!("upper={}", at(3)),
+        format!("upper={}", at(2)),
+        format!("upper={}", at(1)),
+        format!("lower={}", at(2)),
+    ]
+}
+
+/// The setting with the next layers of [`layer_steps`] for a target of `n_layer`
+/// layers, the positions' part kept (off: layers alone); after the last, none.
+pub(super) fn next_layers(current: Option<&str>, n_layer: usize) -> Option<String> {
+    let (layers, rest) = match current {
+        Some(c) => split_layers(c),
+        None => (None, String::new()),
     };
+    let steps = layer_steps(n_layer);
+    let next = match layers {
+        None => Some(steps[0].as_str()),
+        Some(now) => steps
+            .iter()
+            .position(|s| s == now)
+            .and_then(|i| steps.get(i + 1))
+            .map(String::as_str),
+    };
+    match (next, rest.is_empty()) {
+        (Some(l), true) => Some(l.to_string()),
+        (Some(l), false) => Some(format!("{rest}:{l}")),
+        (None, true) => None,
+        (None, false) => Some(rest),
+    }
+}
+
+/// What a plan's layers do, in words, after what its positions do.
+fn layer_words(setting: &str) -> &'static str {
+    match split_layers(setting).0 {
+        Some(l) if l.starts_with("upper=") => {
+            "; first the target computes its layers from that one on over the mapped \
+             residual stream"
+        }
+        Some(_) => "; first the target computes its layers below that one itself",
+        None => "",
+    }
+}
+
+/// What a plan does, in words, for the line that confirms it.
+pub(super) fn plan_words(setting: Option<&str>) -> String {
+    let Some(setting) = setting else {
+        return "the target answers from the map as handed over".into();
+    };
+    format!("{}{}", position_words(setting), layer_words(setting))
+}
+
+fn position_words(setting: &str) -> &'static str {
     match split_kind(setting).0 {
         "drop" | "tail" => {
             "at the first message after a switch the target re-reads that much of the mapped \
@@ -176,6 +243,38 @@ mod tests {
             Some("10%:facts:word")
         );
         assert_eq!(next_budget(None, Some("up:40%")).as_deref(), Some("10%"));
+    }
+
+    #[test]
+    fn the_layers_cycle_on_their_own_and_keep_the_positions() {
+        let mut at = Some("up:40%:facts:word".to_string());
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            at = next_layers(at.as_deref(), 28);
+            seen.push(at.clone());
+        }
+        let want = [
+            "up:40%:facts:word:upper=21",
+            "up:40%:facts:word:upper=14",
+            "up:40%:facts:word:upper=7",
+            "up:40%:facts:word:lower=14",
+            "up:40%:facts:word",
+        ];
+        assert_eq!(seen, want.map(|w| Some(w.to_string())));
+        // From off, layers alone; after the last, off again.
+        assert_eq!(next_layers(None, 24).as_deref(), Some("upper=18"));
+        assert_eq!(next_layers(Some("lower=12"), 24), None);
+        // The budget's and the kind's steps keep the layers.
+        assert_eq!(
+            next_budget(Some("20%:facts:word:upper=14"), None).as_deref(),
+            Some("40%:facts:word:upper=14")
+        );
+        assert_eq!(
+            next_plan_kind(Some("20%:facts:word:upper=14")),
+            "drop:20%:facts:word:upper=14"
+        );
+        assert!(plan_words(Some("upper=14")).contains("residual stream"));
+        assert!(plan_words(Some("20%:lower=14")).contains("below that one"));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Clear, Paragraph, Wrap};
 use ratatui::Frame;
 
-const KEYS: [(&str, &str); 16] = [
+const KEYS: [(&str, &str); 17] = [
     (
         "Enter",
         "send the message (queued during a switch; not while a turn runs)",
@@ -39,6 +39,10 @@ const KEYS: [(&str, &str); 16] = [
     (
         "Ctrl-T",
         "plan: re-read over map → re-read, drop rest → keep, drop rest → trusted",
+    ),
+    (
+        "Ctrl-Y",
+        "plan layers: upper ¾ → ½ → ¼ over the mapped residual → lower ½ → none",
     ),
     (
         "Ctrl-K",

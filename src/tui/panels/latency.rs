@@ -214,6 +214,9 @@ fn detail(s: &SwitchRow, width: usize) -> Vec<Line<'static>> {
             if r.select_ms > 0.0 {
                 parts.push(format!("of which choosing {} ms", fmt_ms(r.select_ms)));
             }
+            if let Some((positions, ms)) = r.layers {
+                parts.push(format!("layers {} ms over {positions} tokens", fmt_ms(ms)));
+            }
             parts.push(format!(
                 "{} of {} tokens re-read ({:.0}%)",
                 r.positions,

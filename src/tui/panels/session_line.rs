@@ -332,15 +332,24 @@ pub(crate) fn plan_item(setting: &str) -> String {
         Some(rest) => (true, rest),
         None => (false, setting),
     };
-    let mut parts = rest.split(':');
-    let first = parts.next().unwrap_or(rest);
+    let is_layers = |w: &&str| w.starts_with("upper=") || w.starts_with("lower=");
+    let layers = rest
+        .split(':')
+        .find(is_layers)
+        .map(|l| format!(" · {}", l.replace('=', " ")))
+        .unwrap_or_default();
+    let mut parts = rest.split(':').filter(|w| !is_layers(w));
+    let up = if up { " up" } else { "" };
+    let Some(first) = parts.next() else {
+        // Layers alone.
+        return format!("{}{up}", layers.trim_start_matches(" · "));
+    };
     let (kind, budget) = match first {
         "drop" | "attend" | "trusted" | "tail" => (first, parts.next().unwrap_or("")),
         "map" => ("re-read", parts.next().unwrap_or("")),
         _ => ("re-read", first),
     };
-    let up = if up { " up" } else { "" };
-    format!("{kind} {budget}{up}")
+    format!("{kind} {budget}{up}{layers}")
 }
 
 #[cfg(test)]
@@ -354,6 +363,11 @@ mod tests {
         assert_eq!(plan_item("drop:10%:recency:token"), "drop 10%");
         assert_eq!(plan_item("up:attend:30%"), "attend 30% up");
         assert_eq!(plan_item("map:20%"), "re-read 20%");
+        assert_eq!(
+            plan_item("up:40%:facts:word:upper=14"),
+            "re-read 40% up · upper 14"
+        );
+        assert_eq!(plan_item("lower=7"), "lower 7");
     }
 
     fn model(name: &str) -> ModelInfo {

@@ -10,59 +10,11 @@
 //! workbench the source keeps it while it reads, so the suite leaves that read out of
 //! the handoff's time, and counts the residual map and the target's layers in it.
 
+pub use crate::handoff::layers::LayerSplit;
 use crate::mapper::residual::ResidualMap;
 use crate::model::{KvCache, LayerKv, Model, ModelError};
 use candle_core::Tensor;
-use serde::{Deserialize, Serialize};
 use std::ops::Range;
-
-/// Which layers the target computes itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LayerSplit {
-    /// Its layers from this one on, over a mapped residual stream.
-    Upper(usize),
-    /// Its layers below this one, over its own; the map gives the rest.
-    Lower(usize),
-}
-
-impl LayerSplit {
-    /// `upper=M` or `lower=M`; `None` for any other key.
-    pub fn parse(key: &str, value: &str) -> Option<Result<Self, String>> {
-        let m = || {
-            value
-                .trim()
-                .parse::<usize>()
-                .map_err(|_| format!("{key}={value:?} is not a layer number"))
-        };
-        match key {
-            "upper" => Some(m().map(LayerSplit::Upper)),
-            "lower" => Some(m().map(LayerSplit::Lower)),
-            _ => None,
-        }
-    }
-
-    pub fn label(self) -> String {
-        match self {
-            LayerSplit::Upper(m) => format!("upper layers from {m}"),
-            LayerSplit::Lower(m) => format!("lower layers to {m}"),
-        }
-    }
-
-    /// Check the layer against the target's `n_layer`.
-    pub fn check(self, n_layer: usize) -> Result<(), String> {
-        let (LayerSplit::Upper(m) | LayerSplit::Lower(m)) = self;
-        if m == 0 || m >= n_layer {
-            return Err(format!(
-                "{}: the target has layers 0 to {}; give a layer from 1 to {}",
-                self.label(),
-                n_layer - 1,
-                n_layer - 1
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// A residual map and the source's residual stream of the history at its layer.
 pub struct UpperInput {
@@ -97,12 +49,7 @@ pub fn compute_upper(
         return Ok(());
     }
     let rows = input.source_rows.narrow(0, mapped.start, mapped.len())?;
-    let hidden = input
-        .map
-        .apply(&rows)
-        .map_err(|e| ModelError::Cache(format!("the residual map: {e}")))?;
-    tgt.decoder
-        .upper_layers(&hidden, &[mapped], input.map.target_layer, cache)
+    crate::handoff::layers::compute_upper(tgt, &input.map, &rows, &[mapped], cache)
 }
 
 /// Lower to `m`: the mapped layers below `m` of positions `range` replaced by `own`'s
@@ -117,29 +64,4 @@ pub fn swap_in_lower(
         layer.v = own.v.narrow(1, range.start, range.len())?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn splits_parse_label_and_check_their_layer() {
-        assert_eq!(
-            LayerSplit::parse("upper", "14"),
-            Some(Ok(LayerSplit::Upper(14)))
-        );
-        assert_eq!(
-            LayerSplit::parse("lower", " 7"),
-            Some(Ok(LayerSplit::Lower(7)))
-        );
-        assert!(matches!(LayerSplit::parse("upper", "x"), Some(Err(_))));
-        assert_eq!(LayerSplit::parse("tail", "3"), None);
-        assert_eq!(LayerSplit::Upper(21).label(), "upper layers from 21");
-        assert!(LayerSplit::Upper(14).check(28).is_ok());
-        for bad in [LayerSplit::Upper(0), LayerSplit::Lower(28)] {
-            let e = bad.check(28).unwrap_err();
-            assert!(e.contains("from 1 to 27"), "{e}");
-        }
-    }
 }

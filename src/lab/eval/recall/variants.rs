@@ -5,7 +5,7 @@
 
 use super::layers::{compute_upper, swap_in_lower, LayerSplit, UpperInput};
 use super::{Oracle, RecallOptions};
-use crate::handoff::reread::{opening_len, PlanKind, RereadSetting};
+use crate::handoff::reread::{opening_len, PlanKind, RereadBudget, RereadSetting};
 use crate::handoff::{HandoffInputs, HandoffPlan};
 use crate::lab::eval::reread::{RereadModels, RereadTurn};
 use crate::lab::eval::EvalError;
@@ -81,7 +81,20 @@ impl HandoffVariant {
                         .map_err(|_| bad(format!("tail {n:?} is not a count of tokens")))?;
                 }
                 Some(("reread", r)) => {
-                    v.reread = RereadSetting::parse(r).map_err(|e| bad(e.to_string()))?;
+                    let plan = RereadSetting::parse(r).map_err(|e| bad(e.to_string()))?;
+                    // A plan that names its layers is the same variant as `upper=` beside
+                    // it: the suite runs the layers itself, then the positions.
+                    if let Some(split) = plan.and_then(|p| p.layers) {
+                        v.layers = Some(split);
+                    }
+                    v.reread = plan
+                        .filter(|p| {
+                            let layers_alone = p.layers.is_some()
+                                && p.kind == PlanKind::Map
+                                && p.budget == RereadBudget::Share(0.0);
+                            !layers_alone
+                        })
+                        .map(|p| p.with_layers(None));
                 }
                 _ => {
                     return Err(bad(format!(
@@ -278,6 +291,15 @@ mod tests {
             (v.tail, v.label().as_str()),
             (32, "tail 32, re-read 20%:source-attention:word")
         );
+        // A plan naming its layers is the variant with `upper=` beside it.
+        let v = HandoffVariant::parse("opening,reread=0.2:facts:word:upper=14").unwrap();
+        let w = HandoffVariant::parse("opening,upper=14,reread=0.2:facts:word").unwrap();
+        assert_eq!(
+            (v.layers, v.reread, v.opening),
+            (w.layers, w.reread, w.opening)
+        );
+        let v = HandoffVariant::parse("reread=upper=7").unwrap();
+        assert_eq!((v.layers, v.reread), (Some(LayerSplit::Upper(7)), None));
         for bad in ["", "tail=x", "reread=2", "budget=0.2", "reread=0.2:nope"] {
             assert!(HandoffVariant::parse(bad).is_err(), "{bad}");
         }
