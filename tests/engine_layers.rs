@@ -56,6 +56,17 @@ fn keep_residual_maps(dir: &Path, m: usize) {
     }
 }
 
+/// What the engine said on screen.
+fn notices(events: Vec<Event>) -> Vec<String> {
+    events
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Notice { message } => Some(message),
+            _ => None,
+        })
+        .collect()
+}
+
 fn rig_planning(dir: &Path, plan: &str) -> Rig {
     let plan = RereadSetting::parse(plan).unwrap();
     rig_with(dir, |c| {
@@ -124,6 +135,11 @@ fn upper_layers_run_over_what_the_source_computed_itself_and_the_rest_stays_mapp
     write_pair(dir.path(), false);
     keep_residual_maps(dir.path(), 1);
     let mut rig = rig_planning(dir.path(), "upper=1");
+    let said = notices(rig.drain());
+    assert!(
+        !said.iter().any(|m| m.contains("fitting")),
+        "the maps kept in the mapper directory are read back: {said:?}"
+    );
     // The source kept its residual stream at the layer the map reads, as it read.
     rig.talk_and_switch(1);
     let kept = rig.engine.cache(0).kept_residual().expect("kept").clone();
@@ -218,14 +234,7 @@ fn a_plan_with_layers_and_no_map_says_why_and_answers_from_the_map() {
     write_pair(dir.path(), false);
     // A layer the tiny target does not have: said at once, nothing kept.
     let rig = rig_planning(dir.path(), "upper=5");
-    let said: Vec<String> = rig
-        .drain()
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::Notice { message } => Some(message),
-            _ => None,
-        })
-        .collect();
+    let said = notices(rig.drain());
     assert!(
         said.iter()
             .any(|m| m.contains("upper layers from 5") && m.contains("from 1 to 1")),

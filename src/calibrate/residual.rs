@@ -5,7 +5,10 @@
 
 use super::{mixed_windows, CalibrateError};
 use crate::data::corpus::{Document, Split};
+use crate::mapper::artifact::ModelRef;
+use crate::mapper::dir::MapperDir;
 use crate::mapper::residual::{matching_layer, ResidualMap};
+use crate::mapper::residual_file;
 use crate::mapper::PairStats;
 use crate::model::Model;
 use candle_core::{DType, Tensor};
@@ -99,6 +102,78 @@ pub fn fit_residual_maps(
                 opts.lambda,
                 tgt.decoder.device(),
             )?)
+        })
+        .collect()
+}
+
+/// The residual maps from `src` to each of `tgt`'s `target_layers`: those kept in `dir`
+/// read back, the others fitted on the default calibration text ([`fit_residual_maps`],
+/// one read of the windows for all of them) and kept there, so that the workbench and
+/// the evaluation use the same maps and each is fitted once. `status` hears what is
+/// fitted, what it scored, and any kept map that could not be read (it is fitted again)
+/// or fitted map that could not be kept (it is used all the same).
+pub fn kept_or_fitted(
+    src: &Model,
+    tgt: &Model,
+    dir: Option<&MapperDir>,
+    target_layers: &[usize],
+    opts: &ResidualFit,
+    status: &dyn Fn(&str),
+) -> Result<Vec<ResidualMap>, CalibrateError> {
+    let (rs, rt) = (
+        ModelRef::new(&src.identity, src.config()),
+        ModelRef::new(&tgt.identity, tgt.config()),
+    );
+    let mut found: Vec<Option<ResidualMap>> = Vec::with_capacity(target_layers.len());
+    for &m in target_layers {
+        found.push(match dir {
+            Some(dir) => match residual_file::load(dir, &rs, &rt, m, tgt.decoder.device()) {
+                Ok(map) => map,
+                Err(e) => {
+                    status(&e.to_string());
+                    None
+                }
+            },
+            None => None,
+        });
+    }
+    let missing: Vec<usize> = target_layers
+        .iter()
+        .zip(&found)
+        .filter(|(_, f)| f.is_none())
+        .map(|(&m, _)| m)
+        .collect();
+    if !missing.is_empty() {
+        status(&format!(
+            "fitting the residual map {} -> {} to layer(s) {missing:?} on the calibration text \
+             (once: it is kept in the mapper directory)",
+            rs.name, rt.name
+        ));
+        let started = std::time::Instant::now();
+        let docs = crate::data::corpus::read_documents(&crate::data::corpus::default_files()?)?;
+        let mut fitted = fit_residual_maps(src, tgt, &docs, &missing, opts)?.into_iter();
+        let seconds = started.elapsed().as_secs_f64();
+        for slot in found.iter_mut().filter(|f| f.is_none()) {
+            let Some(map) = fitted.next() else { break };
+            let kept = match dir.map(|d| residual_file::save(d, &rs, &rt, &map)) {
+                Some(Ok(_)) => "kept in the mapper directory".to_string(),
+                Some(Err(e)) => format!("used, and not kept: {e}"),
+                None => "used for this run only".to_string(),
+            };
+            status(&format!(
+                "residual map {} -> {} layer {} (from its layer {}): R² {:.3} on {} positions, \
+                 fitted in {seconds:.1} s, {kept}",
+                rs.name, rt.name, map.target_layer, map.source_layer, map.r2, map.observations
+            ));
+            *slot = Some(map);
+        }
+    }
+    found
+        .into_iter()
+        .map(|f| {
+            f.ok_or_else(|| {
+                CalibrateError::Options("the residual fit returned too few maps".into())
+            })
         })
         .collect()
 }

@@ -6,11 +6,9 @@
 
 use super::core::Engine;
 use super::EngineError;
-use crate::calibrate::residual::{fit_residual_maps, ResidualFit};
+use crate::calibrate::residual::{kept_or_fitted, ResidualFit};
 use crate::handoff::layers::{self, LayerSplit};
-use crate::mapper::artifact::ModelRef;
 use crate::mapper::residual::{matching_layer, ResidualMap};
-use crate::mapper::residual_file;
 use crate::model::position_set::PositionSet;
 use crate::protocol::Event;
 use std::time::Instant;
@@ -56,6 +54,8 @@ impl Engine {
             self.residual[a] = match self.residual_map(a, m) {
                 Ok(map) => Some(map),
                 Err(e) => {
+                    // Nothing to read it with: nothing kept.
+                    self.slots[a].primary.stop_keeping_residual();
                     self.out.emit(Event::Notice {
                         message: format!(
                             "no residual map {} -> {} layer {m}, so a plan's upper layers \
@@ -74,55 +74,22 @@ impl Engine {
     /// mapper directory, or fitted now on the calibration text and kept there.
     fn residual_map(&mut self, a: usize, m: usize) -> Result<ResidualMap, EngineError> {
         let b = 1 - a;
-        let (sa, sb) = (&self.slots[a].model, &self.slots[b].model);
-        let (ra, rb) = (
-            ModelRef::new(&sa.identity, sa.config()),
-            ModelRef::new(&sb.identity, sb.config()),
+        let said = std::cell::RefCell::new(Vec::new());
+        let found = kept_or_fitted(
+            &self.slots[a].model,
+            &self.slots[b].model,
+            self.mapper_dir.as_ref(),
+            &[m],
+            &ResidualFit::default(),
+            &|message| said.borrow_mut().push(message.to_string()),
         );
-        let failed = |e: crate::mapper::MapperError| EngineError::Internal(e.to_string());
-        if let Some(dir) = &self.mapper_dir {
-            match residual_file::load(dir, &ra, &rb, m, sb.decoder.device()) {
-                Ok(Some(map)) => return Ok(map),
-                Ok(None) => {}
-                // A file that cannot be read is said and fitted over: the fix it names.
-                Err(e) => self.out.emit(Event::Notice {
-                    message: e.to_string(),
-                }),
-            }
+        for message in said.into_inner() {
+            self.out.emit(Event::Notice { message });
         }
-        self.out.emit(Event::Notice {
-            message: format!(
-                "fitting the residual map {} -> {} layer {m} on the calibration text \
-                 (once; it is kept in the mapper directory)",
-                ra.name, rb.name
-            ),
-        });
-        let started = Instant::now();
-        let docs = crate::data::corpus::read_documents(&crate::data::corpus::default_files()?)?;
-        let map = fit_residual_maps(sa, sb, &docs, &[m], &ResidualFit::default())
+        found
             .map_err(|e| EngineError::Internal(format!("the residual map: {e}")))?
             .pop()
-            .ok_or_else(|| EngineError::Internal("the residual fit returned no map".into()))?;
-        let kept = match &self.mapper_dir {
-            Some(dir) => match residual_file::save(dir, &ra, &rb, &map).map_err(failed) {
-                Ok(_) => "kept in the mapper directory".to_string(),
-                Err(e) => format!("used for this session only: {e}"),
-            },
-            None => "used for this session only".to_string(),
-        };
-        self.out.emit(Event::Notice {
-            message: format!(
-                "residual map {} -> {} layer {m} (from its layer {}): R² {:.3} on {} \
-                 positions in {:.1} s, {kept}",
-                ra.name,
-                rb.name,
-                map.source_layer,
-                map.r2,
-                map.observations,
-                started.elapsed().as_secs_f64()
-            ),
-        });
-        Ok(map)
+            .ok_or_else(|| EngineError::Internal("the residual fit returned no map".into()))
     }
 
     /// Run the layers `split` names over `candidates` of the active model's cache (minus

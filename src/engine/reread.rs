@@ -96,13 +96,20 @@ impl Engine {
         // The plan's layers, over the positions it neither drops nor chose by the guard
         // to re-read all of; the re-read then reads over them.
         let layers = match setting.layers {
-            Some(split) if !choice.reprefilled => Some(self.run_layers(
-                split,
-                pending.source,
-                &candidates,
-                &choice.dropped,
-                history,
-            )?),
+            Some(split) if !choice.reprefilled => {
+                match self.run_layers(split, pending.source, &candidates, &choice.dropped, history)
+                {
+                    Ok(run) => Some(run),
+                    Err(e) => {
+                        // The cache stays valid (every position holds entries it attends
+                        // over); the re-read and the answer still come.
+                        self.out.emit(Event::Notice {
+                            message: format!("the plan's {} were not computed: {e}", split.label()),
+                        });
+                        None
+                    }
+                }
+            }
             _ => None,
         };
         let slot = &mut self.slots[a];

@@ -6,7 +6,7 @@
 //! history to get it would cost what the handoff saves. So a cache that is asked to
 //! keeps it as its model reads: every pass through the layer (prefill, decode, re-read)
 //! writes the rows of the positions it computes, at the cost of one row of the model's
-//! hidden width a position (3.5 MiB per 1,000 positions for a hidden width of 896, in
+//! hidden width a position (3.6 MB per 1,000 positions for a hidden width of 896, in
 //! f32), beside the cache's keys and values of every layer.
 //!
 //! A row is only what the model computed at a position where the model computed it: a

@@ -42,12 +42,14 @@ pub struct SettingsArgs {
     /// default kind), `drop` (re-read it, drop the rest), `attend` (keep it mapped, drop
     /// the rest), `trusted` (re-read it, keep mapped what the map is trusted with) or
     /// `tail` (re-read the newest, drop the rest); then optionally the selector and span
-    /// growth (drop:0.2:cheaper-attention:word). 0 or off for none. A script's
-    /// `reread = "drop:20%"`.
+    /// growth (drop:0.2:cheaper-attention:word); then optionally `upper=M` (the target
+    /// computes its layers from M on over the source's mapped residual stream first) or
+    /// `lower=M` (its own layers below M), alone a plan of its own (upper=14). 0 or off
+    /// for none. A script's `reread = "drop:20%"`.
     #[arg(
         long,
         visible_alias = "plan",
-        value_name = "[KIND:]BUDGET[:SELECTOR[:SPANS]]"
+        value_name = "[KIND:]BUDGET[:SELECTOR[:SPANS]][:upper=M]"
     )]
     pub reread: Option<RereadOverride>,
     /// The system prompt the conversation starts with.

@@ -130,11 +130,13 @@ fn open_learner(
     Ok(opened.learner)
 }
 
-/// The residual maps the `upper=` handoffs of `ways` need, fitted on the default
-/// calibration corpus (see [`crate::calibrate::residual`]).
+/// The residual maps the `upper=` handoffs of `ways` need: kept in `mapper_dir`, or
+/// fitted on the default calibration corpus and kept there (see
+/// [`crate::calibrate::residual::kept_or_fitted`]).
 fn residual_maps(
     s: &Model,
     t: &Model,
+    mapper_dir: &crate::mapper::dir::MapperDir,
     ways: &[HandoffVariant],
     direction: &str,
     progress: &dyn EvalProgress,
@@ -153,13 +155,16 @@ fn residual_maps(
     if layers.is_empty() {
         return Ok(Vec::new());
     }
-    progress.status(&format!(
-        "{direction}: fitting the residual maps to target layers {layers:?} on the calibration text"
-    ));
-    let docs = crate::data::corpus::read_documents(&crate::data::corpus::default_files()?)?;
     let opts = crate::calibrate::residual::ResidualFit::default();
-    let maps = crate::calibrate::residual::fit_residual_maps(s, t, &docs, &layers, &opts)
-        .map_err(|e| EvalError::Input(format!("the residual map: {e}")))?;
+    let maps = crate::calibrate::residual::kept_or_fitted(
+        s,
+        t,
+        Some(mapper_dir),
+        &layers,
+        &opts,
+        &|message| progress.status(&format!("{direction}: {message}")),
+    )
+    .map_err(|e| EvalError::Input(format!("the residual map: {e}")))?;
     for m in &maps {
         progress.status(&format!(
             "{direction}: residual map from source layer {} to target layer {}: R² {:.3} on {} positions",
@@ -251,7 +256,7 @@ fn evaluate_direction(
         } else {
             None
         };
-        let residual = residual_maps(s, t, &ways, &direction, progress)?;
+        let residual = residual_maps(s, t, plan.mapper_dir, &ways, &direction, progress)?;
         let turns = plan.conversations.iter().map(|c| c.questions.len()).sum();
         progress.task_started("recall (turns)", turns);
         let r = eval_recall_variants(

@@ -8,6 +8,7 @@
 //! <dir>/learned/<pair>/shards/      what the mapper learned, one shard per update
 //! <dir>/learned/<pair>/windows/     which calibration windows a mapper has read
 //! <dir>/gate/<pair>.json            the gate's fitted line
+//! <dir>/residual/<pair>.layer-M.safetensors  the residual map to the target's layer M
 //! <dir>/poor/                       mappers worse than no context, kept apart
 //! <dir>/.staging-*/                 a write in progress (see [`staging`])
 //! ```
