@@ -12,6 +12,7 @@ use baton::mapper::dir::MapperDir;
 use baton::mapper::residual_file;
 use baton::model::ForwardOptions;
 use baton::protocol::{Command, Event};
+use candle_core::Tensor;
 use common::engine_rig::{docs, models, rig_with, tiny, write_pair, Rig};
 use std::path::Path;
 
@@ -54,6 +55,15 @@ fn keep_residual_maps(dir: &Path, m: usize) {
         );
         residual_file::save(&mappers, &rs, &rt, &map).unwrap();
     }
+}
+
+/// The largest difference between two tensors of one shape.
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .and_then(|d| d.abs())
+        .and_then(|d| d.max_all())
+        .and_then(|d| d.to_scalar::<f32>())
+        .unwrap()
 }
 
 /// What the engine said on screen.
@@ -107,8 +117,7 @@ fn lower_layers_are_the_targets_own_prefill_and_the_upper_ones_stay_mapped() {
         .layer_range(0, span.start, span.end)
         .unwrap();
     let want = own.layer_range(0, span.start, span.end).unwrap();
-    let diff = (got.k - want.k).unwrap().abs().unwrap().max_all().unwrap();
-    let diff = diff.to_scalar::<f32>().unwrap();
+    let diff = max_diff(&got.k, &want.k);
     assert!(
         diff < 1e-4,
         "layer 0 keys differ from the own prefill by {diff}"
@@ -116,15 +125,11 @@ fn lower_layers_are_the_targets_own_prefill_and_the_upper_ones_stay_mapped() {
     // Layer 1 (above the split) is the map's, as handed over.
     let after = rig.engine.cache(1).layer(1).unwrap();
     let (s, n) = (span.start, span.len());
-    let k_before = before.narrow(1, s, n).unwrap();
-    let k_after = after.k.narrow(1, s, n).unwrap();
-    let moved = (k_before - k_after)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap();
-    assert_eq!(moved.to_scalar::<f32>().unwrap(), 0.0);
+    let moved = max_diff(
+        &before.narrow(1, s, n).unwrap(),
+        &after.k.narrow(1, s, n).unwrap(),
+    );
+    assert_eq!(moved, 0.0);
     // The positions are still not the target's own: a later plan may re-read them.
     assert_eq!(rig.engine.cache(1).foreign(), &mapped);
 }
@@ -164,14 +169,10 @@ fn upper_layers_run_over_what_the_source_computed_itself_and_the_rest_stays_mapp
     let span = mapped.span();
     let after = rig.engine.cache(1).layer(1).unwrap();
     let (s, n) = (span.start, span.len());
-    let moved = (before.narrow(1, s, n).unwrap() - after.k.narrow(1, s, n).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let moved = max_diff(
+        &before.narrow(1, s, n).unwrap(),
+        &after.k.narrow(1, s, n).unwrap(),
+    );
     assert!(moved > 0.0, "the upper layer was not computed");
 
     // Nothing the target computed was counted as the source's: the positions it now

@@ -134,18 +134,7 @@ pub fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn model(name: &str, sha: &str) -> ModelRef {
-        ModelRef {
-            name: name.into(),
-            sha256: sha.into(),
-            architecture: "qwen2".into(),
-            layers: 4,
-            kv_heads: 1,
-            head_dim: 2,
-            tokenizer_fingerprint: "t".into(),
-        }
-    }
+    use crate::mapper::dir::tests::model;
 
     #[test]
     fn a_map_kept_comes_back_and_one_for_other_models_is_refused() -> Result<()> {

@@ -280,10 +280,11 @@ fn sanitize(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn model(name: &str, sha: &str) -> ModelRef {
+    /// A model reference for tests of files named by pair.
+    pub(crate) fn model(name: &str, sha: &str) -> ModelRef {
         ModelRef {
             name: name.into(),
             sha256: sha.into(),
