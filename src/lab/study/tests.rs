@@ -465,3 +465,26 @@ fn the_commands_mapper_dir_serves_the_variants_that_name_none() {
         MapperDir::named(d.path().join("theirs"))
     );
 }
+
+#[test]
+fn a_variants_plan_may_name_its_layers_and_the_run_gets_them() {
+    let (_d, path) = study_dir(&STUDY.replace(
+        "reread = \"20%\"",
+        "reread = \"up:20%:facts:word:upper=14\"",
+    ));
+    let study = Study::load(&path).unwrap();
+    let o = study.variants["reread"].overrides().unwrap();
+    let plan = o.reread.unwrap().0.unwrap();
+    assert_eq!(
+        plan.layers,
+        Some(crate::handoff::layers::LayerSplit::Upper(14))
+    );
+    assert_eq!(plan.to_string(), "up:20%:facts:word:upper=14");
+    // A layer word that is not one is refused as the plan's flag refuses it.
+    let (_d, path) = study_dir(&STUDY.replace("reread = \"20%\"", "reread = \"20%:upper=x\""));
+    let e = Study::load(&path).unwrap_err().to_string();
+    assert!(
+        e.contains("upper=") && e.contains("not a layer number"),
+        "{e}"
+    );
+}
