@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! {format: "baton.mappers", version, mappers: [{path, meta?, error?,
-//!  stats?: null | StatsMeta | {error}, learned?: null | LearnedMeta | {error}}]}
+//!  stats?: null | StatsMeta | {error}, learned?: null | LearnedMeta | {error},
+//!  residual_layers?: [target layer, ...]}]}
 //! ```
 //!
 //! An entry has `meta` (then `stats` and `learned`) or, when the artifact cannot be read,
@@ -48,6 +49,10 @@ pub struct ListedMapper {
     /// What the mapper learned from conversations (with `meta` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learned: Option<Saved<LearnedMeta>>,
+    /// The target layers whose residual maps are kept for this direction (a plan's
+    /// `upper=M`); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub residual_layers: Vec<usize>,
 }
 
 /// A description saved beside an artifact: absent (null), read, or unreadable.
@@ -86,6 +91,7 @@ impl MapperListing {
                     ListedMapper {
                         stats: Some(Saved::of(stats)),
                         learned: Some(Saved::of(learned)),
+                        residual_layers: files.residual_layers(),
                         meta: Some(m),
                         error: None,
                         path,
@@ -97,6 +103,7 @@ impl MapperListing {
                     error: Some(e.to_string()),
                     stats: None,
                     learned: None,
+                    residual_layers: Vec::new(),
                 },
             })
             .collect();
@@ -130,6 +137,15 @@ impl fmt::Display for MapperListing {
                 Some(Saved::Read(Some(s))) => writeln!(f, "    {}", s.summary())?,
                 Some(Saved::Unreadable { error }) => writeln!(f, "    {error}")?,
                 _ => {}
+            }
+            if !l.residual_layers.is_empty() {
+                let layers: Vec<String> = l.residual_layers.iter().map(|m| m.to_string()).collect();
+                let noun = if layers.len() == 1 { "layer" } else { "layers" };
+                writeln!(
+                    f,
+                    "    residual maps to target {noun} {} (a plan's upper=M)",
+                    layers.join(", ")
+                )?;
             }
         }
         Ok(())

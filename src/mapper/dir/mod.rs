@@ -197,6 +197,8 @@ pub struct Listed {
 }
 
 const ARTIFACT_EXT: &str = "safetensors";
+/// The residual maps' folder.
+const RESIDUAL: &str = "residual";
 
 /// What is kept about one pair of models in a mapper directory.
 #[derive(Debug, Clone)]
@@ -249,8 +251,30 @@ impl PairFiles {
     /// The residual map to the target's layer `target_layer` (a plan's upper layers).
     pub fn residual(&self, target_layer: usize) -> PathBuf {
         self.dir
-            .join("residual")
+            .join(RESIDUAL)
             .join(format!("{}.layer-{target_layer}.{ARTIFACT_EXT}", self.stem))
+    }
+
+    /// The target layers whose residual maps are kept for this pair, in order (none
+    /// where the folder cannot be read).
+    pub fn residual_layers(&self) -> Vec<usize> {
+        let prefix = format!("{}.layer-", self.stem);
+        let suffix = format!(".{ARTIFACT_EXT}");
+        let Ok(entries) = std::fs::read_dir(self.dir.join(RESIDUAL)) else {
+            return Vec::new();
+        };
+        let mut layers: Vec<usize> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                name.strip_prefix(&prefix)?
+                    .strip_suffix(&suffix)?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        layers.sort_unstable();
+        layers
     }
 }
 
@@ -294,6 +318,26 @@ pub(crate) mod tests {
             head_dim: 4,
             tokenizer_fingerprint: "t".into(),
         }
+    }
+
+    #[test]
+    fn the_residual_maps_kept_for_a_pair_are_its_own_and_in_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = MapperDir::named(tmp.path());
+        let (a, b) = (model("a", "aa"), model("b", "bb"));
+        let pair = dir.pair(&a, &b);
+        assert!(pair.residual_layers().is_empty(), "no folder yet");
+        std::fs::create_dir_all(pair.residual(0).parent().unwrap()).unwrap();
+        for path in [
+            pair.residual(21),
+            pair.residual(7),
+            dir.pair(&b, &a).residual(14),
+        ] {
+            std::fs::write(path, b"x").unwrap();
+        }
+        std::fs::write(pair.residual(3).with_extension("tmp"), b"x").unwrap();
+        assert_eq!(pair.residual_layers(), vec![7, 21]);
+        assert_eq!(dir.pair(&b, &a).residual_layers(), vec![14]);
     }
 
     #[test]
