@@ -109,7 +109,8 @@ pub fn fit_residual_maps(
 /// The residual maps from `src` to each of `tgt`'s `target_layers`: those kept in `dir`
 /// read back, the others fitted on the default calibration text ([`fit_residual_maps`],
 /// one read of the windows for all of them) and kept there, so that the workbench and
-/// the evaluation use the same maps and each is fitted once. `status` hears what is
+/// the evaluation use the same maps and each is fitted once. `status` hears, as it
+/// happens (a fit takes a minute on two cores), what is
 /// fitted, what it scored, and any kept map that could not be read (it is fitted again)
 /// or fitted map that could not be kept (it is used all the same).
 pub fn kept_or_fitted(
@@ -118,7 +119,7 @@ pub fn kept_or_fitted(
     dir: Option<&MapperDir>,
     target_layers: &[usize],
     opts: &ResidualFit,
-    status: &dyn Fn(&str),
+    status: &mut dyn FnMut(&str),
 ) -> Result<Vec<ResidualMap>, CalibrateError> {
     let (rs, rt) = (
         ModelRef::new(&src.identity, src.config()),

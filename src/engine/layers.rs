@@ -5,10 +5,11 @@
 //! the plan names before it re-reads (see [`crate::handoff::layers`]).
 
 use super::core::Engine;
+use super::slot::split as split_slots;
 use super::EngineError;
 use crate::calibrate::residual::{kept_or_fitted, ResidualFit};
 use crate::handoff::layers::{self, LayerSplit};
-use crate::mapper::residual::{matching_layer, ResidualMap};
+use crate::mapper::residual::ResidualMap;
 use crate::model::position_set::PositionSet;
 use crate::protocol::Event;
 use std::time::Instant;
@@ -22,74 +23,78 @@ pub(super) struct LayersRun {
 impl Engine {
     /// Make both models ready for the plan's layers: keep the residual stream its
     /// `upper=M` needs on each side the plan runs from, with the residual map of that
-    /// direction; keep nothing where no plan needs it. Said as notices; a map that cannot
-    /// be had leaves the plan's layers undone at the switch (which says why).
+    /// direction; keep nothing where no plan needs it or no map can be had (said as a
+    /// notice: the plan's layers then run over no position).
     pub(super) fn prepare_layers(&mut self) {
         for a in 0..2 {
-            let b = 1 - a;
-            let (ca, cb) = (self.slots[a].model.config(), self.slots[b].model.config());
-            let want = self.settings.reread.and_then(|r| match r.layers {
-                Some(LayerSplit::Upper(m)) if r.applies(ca, cb) => Some(m),
-                _ => None,
-            });
-            let Some(m) = want else {
-                self.slots[a].primary.stop_keeping_residual();
-                self.residual[a] = None;
-                continue;
-            };
-            if let Err(e) = LayerSplit::Upper(m).check(cb.n_layer) {
-                self.out.emit(Event::Notice {
-                    message: format!("{} -> {}: {e}", self.slots[a].name(), self.slots[b].name()),
-                });
-                self.slots[a].primary.stop_keeping_residual();
-                self.residual[a] = None;
-                continue;
+            let map = self.wanted_layer(a).and_then(|m| self.residual_map(a, m));
+            let slot = &mut self.slots[a];
+            match &map {
+                // The map names the source layer it reads.
+                Some(map) => slot
+                    .primary
+                    .keep_residual(map.source_layer, slot.model.config().hidden),
+                None => slot.primary.stop_keeping_residual(),
             }
-            let source_layer = matching_layer(m, cb.n_layer, ca.n_layer);
-            let hidden = ca.hidden;
-            self.slots[a].primary.keep_residual(source_layer, hidden);
-            if self.residual[a].as_ref().map(|r| r.target_layer) == Some(m) {
-                continue;
-            }
-            self.residual[a] = match self.residual_map(a, m) {
-                Ok(map) => Some(map),
-                Err(e) => {
-                    // Nothing to read it with: nothing kept.
-                    self.slots[a].primary.stop_keeping_residual();
-                    self.out.emit(Event::Notice {
-                        message: format!(
-                            "no residual map {} -> {} layer {m}, so a plan's upper layers \
-                             are not computed: {e}",
-                            self.slots[a].name(),
-                            self.slots[b].name()
-                        ),
-                    });
-                    None
-                }
-            };
+            self.residual[a] = map;
         }
     }
 
-    /// The residual map from slot `a`'s model to the other's layer `m`: kept in the
-    /// mapper directory, or fitted now on the calibration text and kept there.
-    fn residual_map(&mut self, a: usize, m: usize) -> Result<ResidualMap, EngineError> {
+    /// The target layer whose residual stream the plan's `upper=M` needs from slot `a`,
+    /// if it runs from there; a layer the other model lacks is said and needs none.
+    fn wanted_layer(&mut self, a: usize) -> Option<usize> {
         let b = 1 - a;
-        let said = std::cell::RefCell::new(Vec::new());
+        let (ca, cb) = (self.slots[a].model.config(), self.slots[b].model.config());
+        let m = self.settings.reread.and_then(|r| match r.layers {
+            Some(LayerSplit::Upper(m)) if r.applies(ca, cb) => Some(m),
+            _ => None,
+        })?;
+        if let Err(e) = LayerSplit::Upper(m).check(cb.n_layer) {
+            let names = (self.slots[a].name(), self.slots[b].name());
+            self.out.emit(Event::Notice {
+                message: format!("{} -> {}: {e}", names.0, names.1),
+            });
+            return None;
+        }
+        Some(m)
+    }
+
+    /// The residual map from slot `a`'s model to the other's layer `m`: the one held if
+    /// it is that one, else kept in the mapper directory, or fitted now on the
+    /// calibration text and kept there; `None`, said, when none can be had.
+    fn residual_map(&mut self, a: usize, m: usize) -> Option<ResidualMap> {
+        if let Some(held) = self.residual[a].as_ref().filter(|r| r.target_layer == m) {
+            return Some(held.clone());
+        }
+        let b = 1 - a;
+        let out = &mut self.out;
         let found = kept_or_fitted(
             &self.slots[a].model,
             &self.slots[b].model,
             self.mapper_dir.as_ref(),
             &[m],
             &ResidualFit::default(),
-            &|message| said.borrow_mut().push(message.to_string()),
+            &mut |message| {
+                out.emit(Event::Notice {
+                    message: message.to_string(),
+                })
+            },
         );
-        for message in said.into_inner() {
-            self.out.emit(Event::Notice { message });
+        match found.map(|mut maps| maps.pop()) {
+            Ok(Some(map)) => Some(map),
+            Ok(None) => None,
+            Err(e) => {
+                let names = (self.slots[a].name(), self.slots[b].name());
+                self.out.emit(Event::Notice {
+                    message: format!(
+                        "no residual map {} -> {} layer {m}, so a plan's upper layers are \
+                         not computed: {e}",
+                        names.0, names.1
+                    ),
+                });
+                None
+            }
         }
-        found
-            .map_err(|e| EngineError::Internal(format!("the residual map: {e}")))?
-            .pop()
-            .ok_or_else(|| EngineError::Internal("the residual fit returned no map".into()))
     }
 
     /// Run the layers `split` names over `candidates` of the active model's cache (minus
@@ -103,30 +108,18 @@ impl Engine {
         history: usize,
     ) -> Result<LayersRun, EngineError> {
         let a = self.active;
-        let over = layers::positions(split, candidates, dropped, &self.slots[source].primary);
-        let started = Instant::now();
-        let map = self.residual[source].as_ref();
-        if matches!(split, LayerSplit::Upper(_)) && map.is_none() && !over.is_empty() {
-            return Err(EngineError::Internal(format!(
-                "{}: no residual map for this direction",
-                split.label()
-            )));
-        }
         if source == a {
             return Err(EngineError::Internal(
                 "a plan's layers read the other model's residual stream".into(),
             ));
         }
-        let (x, y) = self.slots.split_at_mut(1);
-        let (target, src) = if a == 0 {
-            (&mut x[0], &y[0])
-        } else {
-            (&mut y[0], &x[0])
-        };
+        let over = layers::positions(split, candidates, dropped, &self.slots[source].primary);
+        let started = Instant::now();
+        let (src, target) = split_slots(&mut self.slots, source);
         layers::apply(
             split,
             &target.model,
-            map,
+            self.residual[source].as_ref(),
             &src.primary,
             &self.conv.history[..history],
             &over,

@@ -89,7 +89,7 @@ impl KeptResidual {
     pub fn rows(&self, runs: &[Range<usize>], device: &Device) -> Result<Tensor> {
         let mut out = Vec::with_capacity(runs.iter().map(|r| r.len()).sum::<usize>() * self.width);
         for r in runs {
-            if r.clone().any(|p| !self.written.contains(p)) {
+            if self.written.moved(r.clone(), r.start).count() != r.len() {
                 return Err(ModelError::Cache(format!(
                     "no residual stream kept for some of positions {}..{}",
                     r.start, r.end
@@ -123,9 +123,16 @@ impl KeptResidual {
         self.rows.truncate(len * self.width);
     }
 
-    /// Forget the positions of `r` (their entries were replaced from outside).
-    pub fn forget(&mut self, r: Range<usize>) {
-        self.written.remove(r);
+    /// Positions `0..len` alone, copying no row past them.
+    pub fn prefix(&self, len: usize) -> Self {
+        let mut written = self.written.clone();
+        written.truncate(len);
+        Self {
+            layer: self.layer,
+            width: self.width,
+            rows: self.rows[..(len * self.width).min(self.rows.len())].to_vec(),
+            written,
+        }
     }
 }
 
@@ -151,7 +158,8 @@ impl KvCache {
     }
 
     /// The positions whose kept residual stream is the model's own computation: written
-    /// as it read them, and not mapped in since.
+    /// as it read them, and not mapped in since (a position mapped over keeps its old
+    /// row until a read writes it again, and is foreign meanwhile).
     pub fn residual_positions(&self) -> PositionSet {
         let Some(kept) = &self.residual else {
             return PositionSet::new();
@@ -191,16 +199,18 @@ mod tests {
             k.rows(&[2..3], &dev).is_err(),
             "position 2 was never written"
         );
-        k.forget(1..2);
-        assert!(k.rows(&[0..2], &dev).is_err());
+        // A prefix copies only the rows before its end.
+        let p = k.prefix(1);
+        assert_eq!(p.written(), &PositionSet::of([0..1]));
+        assert_eq!(p.bytes(), 2 * 4);
         k.truncate(3);
-        assert_eq!(k.written(), &PositionSet::of([0..1]));
+        assert_eq!(k.written(), &PositionSet::of([0..2]));
         assert_eq!(k.bytes(), 3 * 2 * 4);
         // A copy takes the rows of the range it is given, where the layers agree.
         let mut other = KeptResidual::new(3, 2);
         other.write(&[0..1, 4..6], &h)?;
         k.copy_from(&other, 4..7);
-        assert_eq!(k.written(), &PositionSet::of([0..1, 4..6]));
+        assert_eq!(k.written(), &PositionSet::of([0..2, 4..6]));
         assert_eq!(
             k.rows(&[4..6], &dev)?.to_vec2::<f32>()?,
             vec![vec![3., 4.], vec![5., 6.]]
@@ -214,6 +224,31 @@ mod tests {
         // Rows that do not fit the positions named are refused.
         let e = k.write(&[0..1], &h).unwrap_err().to_string();
         assert!(e.contains("3 rows"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_position_mapped_over_has_no_row_of_the_models_own_and_copies_carry_the_rest() -> Result<()>
+    {
+        let shape = crate::model::KvShape {
+            n_layer: 1,
+            n_kv_head: 1,
+            head_dim: 2,
+        };
+        let dev = Device::Cpu;
+        let mut c = KvCache::new(shape, DType::F32, &dev);
+        c.keep_residual(0, 2);
+        c.reserve(3)?;
+        c.advance(3);
+        c.keep_rows(0, &[0..3], &Tensor::zeros((3, 2), DType::F32, &dev)?)?;
+        assert_eq!(c.residual_positions(), PositionSet::of([0..3]));
+        c.mark_foreign(1..2)?;
+        assert_eq!(c.residual_positions(), PositionSet::of([0..1, 2..3]));
+        let prefix = c.try_clone_prefix(2)?;
+        assert_eq!(prefix.residual_positions(), PositionSet::of([0..1]));
+        assert_eq!(prefix.kept_residual().map(|k| k.layer()), Some(0));
+        let empty = c.try_clone_prefix(0)?;
+        assert!(empty.residual_positions().is_empty() && empty.kept_residual().is_some());
         Ok(())
     }
 }

@@ -138,9 +138,6 @@ impl KvCache {
                 r.start, r.end, self.len
             )));
         }
-        if let Some(kept) = &mut self.residual {
-            kept.forget(r.clone());
-        }
         self.foreign.insert(r);
         Ok(())
     }
@@ -336,30 +333,23 @@ impl KvCache {
     /// without copying the rest.
     pub fn try_clone_prefix(&self, len: usize) -> Result<Self> {
         let len = len.min(self.len);
-        if len == 0 {
-            // Nothing allocated yet, or nothing wanted: there is nothing to export.
-            let mut empty = Self::new(self.shape, self.dtype, &self.device);
-            empty.residual = self.residual.as_ref().map(|k| {
-                let mut k = k.clone();
-                k.truncate(0);
-                k
-            });
-            return Ok(empty);
-        }
-        let mut copy = Self::import(
-            self.shape,
-            self.export_prefix(len)?,
-            self.dtype,
-            &self.device,
-        )?;
-        copy.dropped = self.dropped.clone();
-        copy.dropped.truncate(len);
-        copy.foreign = self.foreign.clone();
-        copy.foreign.truncate(len);
-        copy.residual = self.residual.clone();
-        if let Some(kept) = &mut copy.residual {
-            kept.truncate(len);
-        }
+        // Nothing allocated yet, or nothing wanted: there is nothing to export.
+        let mut copy = if len == 0 {
+            Self::new(self.shape, self.dtype, &self.device)
+        } else {
+            let mut copy = Self::import(
+                self.shape,
+                self.export_prefix(len)?,
+                self.dtype,
+                &self.device,
+            )?;
+            copy.dropped = self.dropped.clone();
+            copy.dropped.truncate(len);
+            copy.foreign = self.foreign.clone();
+            copy.foreign.truncate(len);
+            copy
+        };
+        copy.residual = self.residual.as_ref().map(|kept| kept.prefix(len));
         Ok(copy)
     }
 

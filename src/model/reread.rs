@@ -78,18 +78,38 @@ impl Decoder {
         cache: &mut KvCache,
         stop: &dyn Fn() -> bool,
     ) -> Result<()> {
+        let h = self.embed_runs(tokens, chunk)?;
+        self.layers_over(h, chunk, 0..self.config().n_layer, cache, stop)?;
+        Ok(())
+    }
+
+    /// The embeddings of the tokens at the positions of `chunk`, in order.
+    pub(super) fn embed_runs(&self, tokens: &[u32], chunk: &[Range<usize>]) -> Result<Tensor> {
         let ids: Vec<u32> = chunk
             .iter()
             .flat_map(|r| tokens[r.clone()].iter().copied())
             .collect();
         let ids = Tensor::new(ids.as_slice(), self.device())?;
-        let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
+        self.weights().embedding.forward(&ids, self.dtype())
+    }
+
+    /// Layers `layers` over rows `h` at the positions of `chunk` (one chunk of a read in
+    /// place: re-read, upper or lower layers), each writing its keys and values there
+    /// before the rows attend; the rows leaving the last of them.
+    pub(super) fn layers_over(
+        &self,
+        mut h: Tensor,
+        chunk: &[Range<usize>],
+        layers: Range<usize>,
+        cache: &mut KvCache,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Tensor> {
         let mut no_queries = Vec::new();
         let mut masks = super::attention::Masks::default();
-        for l in 0..self.config().n_layer {
+        for l in layers {
             h = self.layer(l, h, chunk, cache, None, &mut no_queries, &mut masks, stop)?;
         }
-        Ok(())
+        Ok(h)
     }
 
     /// The model's own keys and values of `tokens` at its first `n_layers` layers (a

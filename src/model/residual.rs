@@ -111,14 +111,9 @@ impl Decoder {
         let mut row = 0;
         for chunk in super::reread::chunks(runs, PREFILL_CHUNK) {
             let n: usize = chunk.iter().map(|r| r.len()).sum();
-            let mut h = hidden.narrow(0, row, n)?.to_dtype(self.dtype())?;
+            let h = hidden.narrow(0, row, n)?.to_dtype(self.dtype())?;
             row += n;
-            let mut no_queries = Vec::new();
-            let mut masks = super::attention::Masks::default();
-            for l in from..n_layer {
-                let (q, m) = (&mut no_queries, &mut masks);
-                h = self.layer(l, h, &chunk, cache, None, q, m, &|| false)?;
-            }
+            self.layers_over(h, &chunk, from..n_layer, cache, &|| false)?;
         }
         Ok(())
     }
@@ -145,20 +140,10 @@ impl Decoder {
             )));
         }
         super::reread::check_runs(runs, cache.len())?;
+        self.check_ids(&tokens[..cache.len()])?;
         for chunk in super::reread::chunks(runs, PREFILL_CHUNK) {
-            let ids: Vec<u32> = chunk
-                .iter()
-                .flat_map(|r| tokens[r.clone()].iter().copied())
-                .collect();
-            self.check_ids(&ids)?;
-            let ids = Tensor::new(ids.as_slice(), self.device())?;
-            let mut h = self.weights().embedding.forward(&ids, self.dtype())?;
-            let mut no_queries = Vec::new();
-            let mut masks = super::attention::Masks::default();
-            for l in 0..to {
-                let (q, m) = (&mut no_queries, &mut masks);
-                h = self.layer(l, h, &chunk, cache, None, q, m, &|| false)?;
-            }
+            let h = self.embed_runs(tokens, &chunk)?;
+            self.layers_over(h, &chunk, 0..to, cache, &|| false)?;
         }
         Ok(())
     }

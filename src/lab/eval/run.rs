@@ -162,7 +162,7 @@ fn residual_maps(
         Some(mapper_dir),
         &layers,
         &opts,
-        &|message| progress.status(&format!("{direction}: {message}")),
+        &mut |message| progress.status(&format!("{direction}: {message}")),
     )
     .map_err(|e| EvalError::Input(format!("the residual map: {e}")))?;
     for m in &maps {
