@@ -6,6 +6,8 @@
 //! and Ctrl-Y the layers the target computes itself, so no key changes what another one
 //! set.
 
+use crate::tui::panels::session_line::split_layers;
+
 /// The budgets Ctrl-E steps through, after the kind's first step.
 const BUDGETS: [&str; 3] = ["10%", "20%", "40%"];
 
@@ -88,18 +90,6 @@ pub(super) fn next_plan_kind(current: Option<&str>) -> String {
         return with_budget(next, BUDGETS[0], tail);
     }
     with_kind(next, rest)
-}
-
-/// A layer word of a setting (`upper=14`, `lower=7`).
-fn is_layers(word: &str) -> bool {
-    word.starts_with("upper=") || word.starts_with("lower=")
-}
-
-/// The setting's layers word and the setting without it.
-fn split_layers(setting: &str) -> (Option<&str>, String) {
-    let layers = setting.split(':').find(|w| is_layers(w));
-    let rest: Vec<&str> = setting.split(':').filter(|w| !is_layers(w)).collect();
-    (layers, rest.join(":"))
 }
 
 /// The layers Ctrl-Y steps through for a target of `n_layer` layers: its upper quarter,

@@ -332,24 +332,30 @@ pub(crate) fn plan_item(setting: &str) -> String {
         Some(rest) => (true, rest),
         None => (false, setting),
     };
-    let is_layers = |w: &&str| w.starts_with("upper=") || w.starts_with("lower=");
-    let layers = rest
-        .split(':')
-        .find(is_layers)
-        .map(|l| format!(" · {}", l.replace('=', " ")))
-        .unwrap_or_default();
-    let mut parts = rest.split(':').filter(|w| !is_layers(w));
+    let (layers, rest) = split_layers(rest);
+    let layers = layers.map(|l| l.replace('=', " "));
     let up = if up { " up" } else { "" };
+    let mut parts = rest.split(':').filter(|w| !w.is_empty());
     let Some(first) = parts.next() else {
         // Layers alone.
-        return format!("{}{up}", layers.trim_start_matches(" · "));
+        return format!("{}{up}", layers.unwrap_or_default());
     };
     let (kind, budget) = match first {
         "drop" | "attend" | "trusted" | "tail" => (first, parts.next().unwrap_or("")),
         "map" => ("re-read", parts.next().unwrap_or("")),
         _ => ("re-read", first),
     };
+    let layers = layers.map(|l| format!(" · {l}")).unwrap_or_default();
     format!("{kind} {budget}{up}{layers}")
+}
+
+/// A plan setting's layers word (`upper=14`, `lower=7`), if it has one, and the setting
+/// without it.
+pub(crate) fn split_layers(setting: &str) -> (Option<&str>, String) {
+    let is_layers = |w: &&str| w.starts_with("upper=") || w.starts_with("lower=");
+    let layers = setting.split(':').find(is_layers);
+    let rest: Vec<&str> = setting.split(':').filter(|w| !is_layers(w)).collect();
+    (layers, rest.join(":"))
 }
 
 #[cfg(test)]
