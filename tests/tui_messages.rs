@@ -120,7 +120,7 @@ fn settings(fx: &[Effect]) -> Vec<Option<String>> {
 fn ctrl_e_steps_a_drop_plan_through_drop_budgets_and_says_each_one() {
     let mut app = app(Some("drop:0%:source-attention:word"));
     let mut seen = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..5 {
         let fx = app.update(Msg::Key(Key::ctrl('e')));
         let setting = settings(&fx);
         assert_eq!(setting.len(), 1, "{fx:?}");
@@ -134,14 +134,14 @@ fn ctrl_e_steps_a_drop_plan_through_drop_budgets_and_says_each_one() {
         .iter()
         .map(|(s, _)| s.split(':').nth(1).unwrap())
         .collect();
-    assert_eq!(budgets, ["10%", "20%", "40%", "0%"]);
+    assert_eq!(budgets, ["10%", "20%", "30%", "40%", "0%"]);
     // The line says what the plan is now and what it was.
     assert!(
         seen[0].1.starts_with("plan drop 10% (was drop 0%)"),
         "{seen:?}"
     );
     assert!(
-        seen[3].1.starts_with("plan drop 0% (was drop 40%)"),
+        seen[4].1.starts_with("plan drop 0% (was drop 40%)"),
         "{seen:?}"
     );
     let status = panel(&app, 140, 1, Panel::Status);
@@ -149,12 +149,13 @@ fn ctrl_e_steps_a_drop_plan_through_drop_budgets_and_says_each_one() {
 
     // The re-read over the map keeps its kind too, through off.
     let mut app = self::app(Some("20%:facts:word"));
-    let steps: Vec<Option<String>> = (0..3)
+    let steps: Vec<Option<String>> = (0..4)
         .flat_map(|_| settings(&app.update(Msg::Key(Key::ctrl('e')))))
         .collect();
     assert_eq!(
         steps,
         [
+            Some("30%:facts:word".to_string()),
             Some("40%:facts:word".to_string()),
             None,
             Some("10%:facts:word".to_string())

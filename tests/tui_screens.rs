@@ -899,7 +899,7 @@ fn a_reread_shows_in_the_latency_panel_and_ctrl_k_marks_its_words_in_the_convers
     // Ctrl-E steps the budget on and says so.
     app.update(Msg::Key(Key::ctrl('e')));
     let status = status_line(&app);
-    assert!(status.contains("re-read 40%"), "{status}");
+    assert!(status.contains("re-read 30%"), "{status}");
 }
 
 /// Row `y` of a drawn screen, as text.

@@ -9,7 +9,7 @@
 use crate::tui::panels::session_line::split_layers;
 
 /// The budgets Ctrl-E steps through, after the kind's first step.
-const BUDGETS: [&str; 3] = ["10%", "20%", "40%"];
+const BUDGETS: [&str; 4] = ["10%", "20%", "30%", "40%"];
 
 /// The plan kinds Ctrl-T steps through; `map` is written without its name.
 const PLAN_KINDS: [&str; 4] = ["map", "drop", "attend", "trusted"];
@@ -43,8 +43,8 @@ fn share(budget: &str) -> Option<f64> {
 }
 
 /// The setting after `current` in its kind's budget cycle: a re-read over the map goes
-/// off → 10% → 20% → 40% → off (a map plan of 0% is no plan), every other kind
-/// 0% → 10% → 20% → 40% → 0% (0% of a drop keeps only the opening, a plan of its own).
+/// off → 10% → 20% → 30% → 40% → off (a map plan of 0% is no plan), every other kind
+/// 0% → 10% → 20% → 30% → 40% → 0% (0% of a drop keeps only the opening, a plan of its own).
 /// A share between the steps goes to the next step up, a time budget to the start. The
 /// kind, selector and spans stay; from off, those of `before_off`, the plan Ctrl-E last
 /// turned off, if any.
@@ -189,17 +189,19 @@ mod tests {
         assert_eq!(next_budget(None, None).as_deref(), Some("10%"));
         let s = next_budget(Some("10%:round-trip:word"), None);
         assert_eq!(s.as_deref(), Some("20%:round-trip:word"));
-        assert_eq!(next_budget(Some("20%"), None).as_deref(), Some("40%"));
+        assert_eq!(next_budget(Some("20%"), None).as_deref(), Some("30%"));
+        assert_eq!(next_budget(Some("30%"), None).as_deref(), Some("40%"));
         assert_eq!(next_budget(Some("40%:deviation:token"), None), None);
         assert_eq!(next_budget(Some("150ms:recency:word"), None), None);
         // A drop stays a drop all the way round: 0% is a drop plan of its own.
-        let drops = steps(Some("drop:0%:source-attention:word"), 4);
+        let drops = steps(Some("drop:0%:source-attention:word"), 5);
         let drops: Vec<_> = drops.iter().map(|s| s.as_deref().unwrap()).collect();
         assert_eq!(
             drops,
             [
                 "drop:10%:source-attention:word",
                 "drop:20%:source-attention:word",
+                "drop:30%:source-attention:word",
                 "drop:40%:source-attention:word",
                 "drop:0%:source-attention:word",
             ]
@@ -219,7 +221,7 @@ mod tests {
         // Between the steps, the next one up.
         assert_eq!(
             next_budget(Some("drop:25%:recency"), None).as_deref(),
-            Some("drop:40%:recency")
+            Some("drop:30%:recency")
         );
         assert_eq!(next_budget(Some("5%"), None).as_deref(), Some("10%"));
     }
@@ -257,7 +259,7 @@ mod tests {
         // The budget's and the kind's steps keep the layers.
         assert_eq!(
             next_budget(Some("20%:facts:word:upper=14"), None).as_deref(),
-            Some("40%:facts:word:upper=14")
+            Some("30%:facts:word:upper=14")
         );
         assert_eq!(
             next_plan_kind(Some("20%:facts:word:upper=14")),
@@ -291,7 +293,7 @@ mod tests {
         );
         assert_eq!(
             next_budget(Some("up:20%:cheaper-attention:word"), None).as_deref(),
-            Some("40%:cheaper-attention:word")
+            Some("30%:cheaper-attention:word")
         );
     }
 }

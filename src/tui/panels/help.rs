@@ -34,7 +34,7 @@ const KEYS: [(&str, &str); 17] = [
     ),
     (
         "Ctrl-E",
-        "plan budget, same kind: re-read off → 10% → 20% → 40%, others from 0%",
+        "plan budget, same kind: re-read off → 10% → 20% → 30% → 40%, others from 0%",
     ),
     (
         "Ctrl-T",
