@@ -232,7 +232,10 @@ fn what_a_drop_plan_dropped_waits_for_the_next_messages_until_it_is_read_back() 
         let rereads = reread_events(&events);
         let Some(e) = rereads.first() else {
             // Once nothing is dropped, no message pays for a plan.
-            assert!(dropped.as_ref().is_some_and(|d| d.is_empty()), "{dropped:?}");
+            assert!(
+                dropped.as_ref().is_some_and(|d| d.is_empty()),
+                "{dropped:?}"
+            );
             break;
         };
         assert_eq!(rereads.len(), 1);
@@ -243,7 +246,10 @@ fn what_a_drop_plan_dropped_waits_for_the_next_messages_until_it_is_read_back() 
             // A later message chooses only among what was dropped, and reads some of
             // it back; nothing it held is dropped again.
             let read = positions_of(&plan.spans);
-            assert!(!read.is_empty() && read.is_subset(before), "{read:?} {before:?}");
+            assert!(
+                !read.is_empty() && read.is_subset(before),
+                "{read:?} {before:?}"
+            );
             assert!(now.is_subset(before) && now.len() < before.len());
         } else {
             assert!(!now.is_empty(), "the first plan drops part of the history");
@@ -251,7 +257,10 @@ fn what_a_drop_plan_dropped_waits_for_the_next_messages_until_it_is_read_back() 
         dropped = Some(now);
     }
     assert!(plans >= 2, "the plan ran again after its first message");
-    assert!(dropped.is_some_and(|d| d.is_empty()), "everything was read back");
+    assert!(
+        dropped.is_some_and(|d| d.is_empty()),
+        "everything was read back"
+    );
 }
 
 #[test]
