@@ -37,10 +37,7 @@ pub const VERSION: u32 = 1;
 /// - 9: a plan may name layers (`upper=M`, `lower=M` at the end of its setting), and its
 ///   `switch_reread` event says over how many positions the target computed them and
 ///   how long that took (`layer_positions`, `layers_ms`).
-/// - 10: a plan that dropped positions runs again at the messages after its first, over
-///   what it dropped, each with a `switch_reread` event of the same `index` and its own
-///   `turn`.
-pub const MINOR: u32 = 10;
+pub const MINOR: u32 = 9;
 
 /// Line 1 of a session file: which build, models, mappers and settings produced it, so a
 /// report or a replay can tell whether it is looking at comparable runs.

@@ -126,7 +126,6 @@ fn switch_cells(s: &SwitchRow) -> Vec<String> {
         num(Some(s.end_to_end_ms()), 0),
         match r {
             Some(r) if r.reprefilled => format!("{} (all)", r.positions),
-            Some(r) if s.later_plans > 0 => format!("{} (+{} later)", r.positions, s.later_plans),
             Some(r) => r.positions.to_string(),
             None => "-".to_string(),
         },

@@ -554,39 +554,6 @@ mod tests {
     }
 
     #[test]
-    fn a_plan_at_a_later_message_is_counted_beside_the_switchs_own() {
-        let mut events = fixtures::with_reread(
-            fixtures::events(),
-            "drop:20%:source-attention:word",
-            vec![[8, 30]],
-        );
-        let at = events
-            .iter()
-            .position(|e| matches!(e, Event::SwitchReread { .. }))
-            .unwrap();
-        let mut later = events[at].clone();
-        if let Event::SwitchReread {
-            turn,
-            positions,
-            dropped,
-            ..
-        } = &mut later
-        {
-            *turn = 3;
-            *positions = 22;
-            dropped.clear();
-        }
-        events.insert(at + 1, later);
-        let r = Report::from_session(&fixtures::session_of(events));
-        assert_eq!(r.switches[0].reread.as_ref().map(|r| r.positions), Some(7));
-        assert_eq!(r.switches[0].later_plans, 1);
-        assert!(r.to_string().contains("7 (+1 later)"), "{r}");
-        let v = serde_json::to_value(&r).unwrap();
-        assert_eq!(v["switches"][0]["later_plans"], 1);
-        assert!(v["switches"][1].get("later_plans").is_none());
-    }
-
-    #[test]
     fn an_empty_session_reports_nothing_measured() {
         let r = Report::from_session(&fixtures::session_of(vec![]));
         assert!(r.turns.is_empty() && r.switches.is_empty());

@@ -80,13 +80,6 @@ struct Flat<'a> {
     layer_positions: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     layers_ms: Option<f64>,
-    /// Plans run at later messages over what the switch's plan dropped.
-    #[serde(skip_serializing_if = "is_zero")]
-    later_plans: usize,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
 
 impl<'a> Flat<'a> {
@@ -125,7 +118,6 @@ impl<'a> Flat<'a> {
             reprefilled: r.is_some_and(|r| r.reprefilled),
             layer_positions: r.and_then(|r| r.layers).map(|l| l.0),
             layers_ms: r.and_then(|r| r.layers).map(|l| l.1),
-            later_plans: s.later_plans,
         }
     }
 }
