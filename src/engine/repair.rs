@@ -142,6 +142,9 @@ impl Repair {
                 spliced.extend_from(&slot.primary, to, total)?;
             }
             slot.primary = spliced;
+        } else if exact.len() >= total && total > 0 {
+            // Its truth already covered everything: that is the cache in use now.
+            slot.primary = exact.try_clone_prefix(total)?;
         }
         let progress = Event::RepairProgress {
             model: slot.name(),

@@ -1,8 +1,9 @@
 //! The re-read at the first message after a switch: the handoff maps at once, and when
 //! the message arrives the target re-reads the part of the mapped history that message
 //! needs (chosen with it known, see [`crate::handoff::reread`]) before it answers. The
-//! message waits for it, so its time is part of the handoff's cost. A plan that dropped
-//! positions runs again at the next message, over what it dropped.
+//! message waits for it, so its time is part of the handoff's cost. What a plan dropped
+//! is read back by the repair (see [`super::repair`]) while the engine is idle, and
+//! before the next message at the latest.
 
 use super::core::Engine;
 use super::EngineError;
@@ -169,12 +170,6 @@ impl Engine {
             layer_positions: layers.as_ref().map(|l| l.positions),
             layers_ms: layers.as_ref().map(|l| l.ms),
         });
-        // A dropped position is out of sight of every later message until a plan reads
-        // it back: the plan runs again at the next message, over what it dropped, so a
-        // follow-up question about another fact finds it.
-        if !choice.dropped.is_empty() {
-            self.slots[a].pending_reread = Some(pending);
-        }
         Ok(())
     }
 }

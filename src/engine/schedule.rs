@@ -175,9 +175,13 @@ impl Engine {
         }
     }
 
-    /// Whether there is repair work the engine would do when idle.
+    /// Whether there is repair work the engine would do when idle: with repair on, or
+    /// whatever the setting, where a plan dropped positions (out of sight of every later
+    /// message until they are read back).
     pub(super) fn repair_wanted(&self) -> bool {
-        self.settings.repair
+        self.repair
+            .as_ref()
+            .is_some_and(|r| self.settings.repair || self.slots[r.slot].primary.has_dropped())
             && self.measurements.is_empty()
             && self.repair.as_ref().is_some_and(|r| {
                 r.wanted(self.active, self.slots[r.slot].origin)
@@ -249,6 +253,38 @@ impl Engine {
         self.out.emit(progress);
         if done {
             self.end_repair(true);
+        }
+        Ok(())
+    }
+
+    /// Before a message is answered: what a plan dropped is read back first, by the
+    /// repair run to the end now (it reads in the background when the engine is idle,
+    /// so the message usually finds it done), and no answer reads a history with parts
+    /// out of sight. A measurement still to come keeps its own copy of the cache it
+    /// measures.
+    pub(super) fn read_back_dropped(&mut self) -> Result<(), EngineError> {
+        let a = self.active;
+        if !self.slots[a].primary.has_dropped() {
+            return Ok(());
+        }
+        for m in self.measurements.iter_mut() {
+            m.detach(&self.slots, a)?;
+        }
+        while self.slots[a].primary.has_dropped() {
+            let Some(mut job) = self.repair.take() else {
+                break;
+            };
+            if job.slot != a {
+                self.repair = Some(job);
+                break;
+            }
+            let result = job.step(&mut self.slots[a], &self.conv.history, &|| false);
+            self.repair = Some(job);
+            let (progress, done) = result?;
+            self.out.emit(progress);
+            if done {
+                self.end_repair(true);
+            }
         }
         Ok(())
     }

@@ -18,8 +18,7 @@ use std::sync::Arc;
 
 /// A switch to this model left positions it did not compute itself (mapped at this
 /// switch or an earlier one): the first message re-reads what it needs of them (see the
-/// engine's re-read). It waits through any switches made before that message, and
-/// after a plan that dropped positions, for the message after.
+/// engine's re-read). It waits through any switches made before that message.
 #[derive(Debug, Clone)]
 pub(super) struct PendingReread {
     /// The latest switch to this model.

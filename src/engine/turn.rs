@@ -212,6 +212,7 @@ impl Engine {
             sent,
             commands,
         };
+        self.read_back_dropped()?;
         self.reread_for_message(turn)?;
         let shown = self.generate_path(&cx, PathKind::Mapped)?;
         let cancelled = shown.stop == StopReason::Cancelled;
