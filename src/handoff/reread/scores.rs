@@ -24,9 +24,7 @@ const DEVIATION_LAYER: usize = 1;
 /// What the selectors read.
 pub struct SelectInputs<'a> {
     pub source: &'a Model,
-    /// The source's own cache: the history, or the part of it the source has read (at a
-    /// message after the switch's first, the answers since are not in it); more is
-    /// ignored.
+    /// The source's own cache, holding at least the history (more is ignored).
     pub source_cache: &'a KvCache,
     pub target: &'a Model,
     /// The target's cache as handed over, holding at least the history.
@@ -233,15 +231,17 @@ fn message_attention_by(
             "an attention selector reads the next message, and there is none".into(),
         ));
     }
-    // A reader whose cache stops short of the history (the source, at a later message
-    // than the switch's first: the target's answers since are not in it) reads what it
-    // lacks along with the message; only the message's queries score.
-    let from = cache.len().min(h);
-    let mut scratch = cache.try_clone_prefix(from)?;
+    if cache.len() < h {
+        return Err(RereadError::Input(format!(
+            "the cache holds {} positions of a history of {h}",
+            cache.len()
+        )));
+    }
+    let mut scratch = cache.try_clone_prefix(h)?;
     let m = message.len();
     let first = h + m - m.min(MAX_MESSAGE_QUERIES);
     let out = model.decoder.forward(
-        &tokens[from..],
+        message,
         &mut scratch,
         &ForwardOptions {
             logits: Logits::None,
