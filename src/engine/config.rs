@@ -74,20 +74,20 @@ impl Default for Settings {
     }
 }
 
-/// The plan a conversation starts with, the cheapest point of the measured curve that
-/// keeps nine tenths of the re-prefilled answer (docs/plan.md): on a switch up, the
-/// target re-reads the 30% of the history past the opening that the message asks about
-/// (`sentence-facts`: the sentence that says most of what it asks, then its own words
-/// found in the history, numbers and names, and what the smaller model's heads seek out
-/// as it reads the message) and drops the rest, which a mapped cache would only mislead
-/// attention with; what it dropped waits for the next message's plan. On a switch down
-/// no measured plan at half the re-prefill keeps nine tenths of the smaller model's
-/// answer, so the map is handed over as it is.
+/// The plan a conversation starts with, the best point of the measured curve at about
+/// half the re-prefill's time (docs/plan.md; no point meets every target): on a switch
+/// up, re-read the 40% of the mapped history past the opening that the message asks
+/// about (`facts`: its own words found in the history, numbers and names, and what the
+/// smaller model's heads seek out as it reads the message) and keep the rest mapped;
+/// on a switch down no plan cheaper than the re-prefill keeps the smaller model's
+/// answer, so the map is handed over as it is. Dropping the rest instead answers the
+/// recall suite better at less cost, but loses worked examples on GSM8K and the facts
+/// of a short note (docs/plan.md).
 pub const DEFAULT_REREAD: Option<RereadSetting> = Some(RereadSetting {
-    budget: RereadBudget::Share(0.3),
-    selector: Selector::SentenceFacts,
+    budget: RereadBudget::Share(0.4),
+    selector: Selector::Facts,
     spans: SpanGrowth::Word,
-    kind: PlanKind::Drop,
+    kind: PlanKind::Map,
     up_only: true,
     layers: None,
 });

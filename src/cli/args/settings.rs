@@ -36,9 +36,9 @@ pub struct SettingsArgs {
     /// the conversation into its own cache, replacing mapped positions (Ctrl-P toggles).
     #[arg(long, num_args = 0, default_missing_value = "true")]
     pub repair: Option<bool>,
-    /// The handoff's plan at the first message after a switch (and, while positions it
-    /// dropped remain, at each message after): each mapped position is re-read, kept
-    /// mapped or dropped. Default: up:drop:30%:sentence-facts:word. A budget (a share, 0.2 or 20%, or a time, 150ms)
+    /// The handoff's plan at the first message after a switch: each mapped position is
+    /// re-read, kept mapped or dropped (what it drops is read back in the background,
+    /// and before the next message at the latest). Default: up:40%:facts:word. A budget (a share, 0.2 or 20%, or a time, 150ms)
     /// after an optional kind: `map` (re-read that much, keep the rest mapped; the
     /// default kind), `drop` (re-read it, drop the rest), `attend` (keep it mapped, drop
     /// the rest), `trusted` (re-read it, keep mapped what the map is trusted with) or
