@@ -76,12 +76,8 @@ pub struct SwitchRow {
     pub plan: Option<String>,
     pub measure: Measure,
     pub follow_up: Option<FollowUp>,
-    /// What the plan re-read and dropped when the message came: the first message's
-    /// plan, the switch's own cost (a plan that dropped positions runs again at later
-    /// messages; those are counted in `later_plans`).
+    /// What the plan re-read and dropped when the message came.
     pub reread: Option<RereadDone>,
-    /// Plans run at later messages over what the first one dropped.
-    pub later_plans: usize,
 }
 
 impl SwitchRow {
@@ -107,7 +103,6 @@ impl SwitchRow {
             },
             follow_up: None,
             reread: None,
-            later_plans: 0,
         }
     }
 
@@ -202,10 +197,6 @@ impl SwitchRow {
                 layers_ms,
                 ..
             } if *index == self.index => {
-                if self.reread.is_some() {
-                    self.later_plans += 1;
-                    return true;
-                }
                 let layers = layer_positions.map(|n| (n, layers_ms.unwrap_or(0.0)));
                 self.reread = Some(RereadDone {
                     positions: *positions,
@@ -416,28 +407,6 @@ mod tests {
             (r.positions, r.dropped, r.ms, r.select_ms),
             (8, 6, 11.5, 1.5)
         );
-        // A plan at a later message, over what this one dropped, is counted, and the
-        // row keeps the switch's own plan.
-        rows.add(&Event::SwitchReread {
-            index: 0,
-            turn: 3,
-            setting: "drop:20%".into(),
-            positions: 6,
-            context_tokens: 60,
-            spans: vec![[10, 14], [20, 22]],
-            texts: vec!["y".into()],
-            select_ms: 1.0,
-            reread_ms: 5.0,
-            dropped: Vec::new(),
-            reprefilled: false,
-            parts: Vec::new(),
-            predicted_ms: None,
-            reprefill_predicted_ms: None,
-            layer_positions: None,
-            layers_ms: None,
-        });
-        assert_eq!(rows[0].reread.as_ref().unwrap().positions, 8);
-        assert_eq!(rows[0].later_plans, 1);
         // A switch whose event carried its measurements is measured at once.
         assert!(rows[0].measured());
     }
