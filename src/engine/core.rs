@@ -180,7 +180,8 @@ impl Engine {
                 // with the mapper as it stands, taking any learning update that is ready
                 // now, and records which one it used.
                 self.take_learned(Duration::ZERO);
-                self.detach_measurements().and_then(|()| self.switch())
+                self.detach_measurements(1 - self.active)
+                    .and_then(|()| self.switch())
             }
             Command::Cancel => {
                 self.out.emit(Event::Notice {
@@ -423,10 +424,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Have every pending measurement copy what it still reads of the cache the switch
-    /// is about to rebuild: the inactive model's.
-    fn detach_measurements(&mut self) -> Result<(), super::EngineError> {
-        let rebuilt = 1 - self.active;
+    /// Have every pending measurement copy what it still reads of slot `rebuilt`'s
+    /// cache, which is about to change: the inactive model's at a switch, the active
+    /// one's before a re-read or a read-back.
+    pub(super) fn detach_measurements(&mut self, rebuilt: usize) -> Result<(), super::EngineError> {
         for m in self.measurements.iter_mut() {
             m.detach(&self.slots, rebuilt)?;
         }

@@ -63,8 +63,8 @@ impl Engine {
     /// it is that one, else kept in the mapper directory, or fitted now on the
     /// calibration text and kept there; `None`, said, when none can be had.
     fn residual_map(&mut self, a: usize, m: usize) -> Option<ResidualMap> {
-        if let Some(held) = self.residual[a].as_ref().filter(|r| r.target_layer == m) {
-            return Some(held.clone());
+        if let Some(held) = self.residual[a].take().filter(|r| r.target_layer == m) {
+            return Some(held);
         }
         let b = 1 - a;
         let out = &mut self.out;

@@ -46,9 +46,7 @@ impl Engine {
         }
         // A measurement of this switch measures the cache as it was handed over: it keeps
         // its own copy of what it has still to read before the re-read changes it.
-        for m in self.measurements.iter_mut() {
-            m.detach(&self.slots, a)?;
-        }
+        self.detach_measurements(a)?;
         let started = Instant::now();
         let prompt_len = self.conv.len();
         let tokens = &self.conv.history[..prompt_len];

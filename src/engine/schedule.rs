@@ -179,12 +179,10 @@ impl Engine {
     /// whatever the setting, where a plan dropped positions (out of sight of every later
     /// message until they are read back).
     pub(super) fn repair_wanted(&self) -> bool {
-        self.repair
-            .as_ref()
-            .is_some_and(|r| self.settings.repair || self.slots[r.slot].primary.has_dropped())
-            && self.measurements.is_empty()
+        self.measurements.is_empty()
             && self.repair.as_ref().is_some_and(|r| {
-                r.wanted(self.active, self.slots[r.slot].origin)
+                (self.settings.repair || self.slots[r.slot].primary.has_dropped())
+                    && r.wanted(self.active, self.slots[r.slot].origin)
                     && self.repair_bound.is_none_or(|b| r.exact_prefix() < b)
             })
     }
@@ -236,18 +234,24 @@ impl Engine {
 
     /// Re-prefill the next chunk and put it in place.
     pub(super) fn repair_step(&mut self, commands: &Receiver<Envelope>) -> Result<(), EngineError> {
-        let Some(mut job) = self.repair.take() else {
-            return Ok(());
-        };
         let watch = Watch {
             commands,
             drained: RefCell::new(Vec::new()),
             stops: stops_repair,
             may_yield: true,
         };
-        let slot = &mut self.slots[job.slot];
-        let result = job.step(slot, &self.conv.history, &|| watch.stop());
+        let result = self.advance_repair(&|| watch.stop());
         self.inbox.extend(watch.drained.into_inner());
+        result
+    }
+
+    /// One chunk of the repair under way (none: nothing to do), its progress said, and
+    /// its end once the cache in use is the model's own.
+    fn advance_repair(&mut self, stop: &dyn Fn() -> bool) -> Result<(), EngineError> {
+        let Some(mut job) = self.repair.take() else {
+            return Ok(());
+        };
+        let result = job.step(&mut self.slots[job.slot], &self.conv.history, stop);
         self.repair = Some(job);
         let (progress, done) = result?;
         self.out.emit(progress);
@@ -267,24 +271,11 @@ impl Engine {
         if !self.slots[a].primary.has_dropped() {
             return Ok(());
         }
-        for m in self.measurements.iter_mut() {
-            m.detach(&self.slots, a)?;
-        }
-        while self.slots[a].primary.has_dropped() {
-            let Some(mut job) = self.repair.take() else {
-                break;
-            };
-            if job.slot != a {
-                self.repair = Some(job);
-                break;
-            }
-            let result = job.step(&mut self.slots[a], &self.conv.history, &|| false);
-            self.repair = Some(job);
-            let (progress, done) = result?;
-            self.out.emit(progress);
-            if done {
-                self.end_repair(true);
-            }
+        self.detach_measurements(a)?;
+        while self.slots[a].primary.has_dropped()
+            && self.repair.as_ref().is_some_and(|r| r.slot == a)
+        {
+            self.advance_repair(&|| false)?;
         }
         Ok(())
     }
