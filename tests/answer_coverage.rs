@@ -193,6 +193,107 @@ fn the_sentence_that_names_most_of_what_is_asked_is_read_first_and_whole() {
     assert!(none.iter().all(|&b| b == 0.0));
 }
 
+/// The history and the message after it, rendered as the workbench renders them.
+fn turn(
+    tok: &TextTokenizer,
+    tmpl: &ChatTemplate,
+    said: &[ChatMessage],
+    ask: &str,
+) -> (Vec<u32>, Vec<u32>) {
+    let history = tmpl.render_ids(tok, said, false).unwrap();
+    let mut all = said.to_vec();
+    all.push(ChatMessage::user(ask));
+    let full = tmpl.render_ids(tok, &all, true).unwrap();
+    assert!(full.starts_with(&history));
+    (
+        full[..history.len()].to_vec(),
+        full[history.len()..].to_vec(),
+    )
+}
+
+#[test]
+fn focus_drops_for_a_question_about_the_history_keeping_its_sentence_whole_and_maps_otherwise() {
+    use baton::handoff::reread::focus::resolve;
+    use baton::handoff::reread::{opening_len, PlanKind};
+    use baton::model::position_set::PositionSet;
+    let (tok, tmpl) = qwen();
+    let note = "Note this: the vault PIN is 5823, the meeting moved to room 412, and it \
+                starts at 9:35. Reply with OK.";
+    let said = [ChatMessage::user(note), ChatMessage::assistant("OK.")];
+    let (history, message) = turn(
+        &tok,
+        &tmpl,
+        &said,
+        "What is the vault PIN, which room is the meeting in, and when does it start?",
+    );
+    let opening = opening_len(&tok, &history);
+    let candidates = PositionSet::of(std::iter::once(opening..history.len()));
+    // A budget smaller than the sentence that holds the three facts.
+    let small = 6;
+    let r = resolve(
+        PlanKind::Focus,
+        &tok,
+        &history,
+        &message,
+        &candidates,
+        0,
+        small,
+    );
+    assert_eq!(r.kind, PlanKind::Drop);
+    let whole: Vec<u32> = r
+        .whole
+        .runs()
+        .iter()
+        .flat_map(|x| history[x.clone()].to_vec())
+        .collect();
+    let text = decode(&tok, &whole);
+    for fact in ["5823", "412", "9:35"] {
+        assert!(text.contains(fact), "{fact} in {text:?}");
+    }
+    assert!(!text.contains("Reply"), "one sentence: {text:?}");
+    assert_eq!(r.budget, r.whole.count(), "the budget grows to hold it");
+    assert!(r.budget > small);
+    // Other kinds are what they say, whatever the message.
+    let d = resolve(
+        PlanKind::Drop,
+        &tok,
+        &history,
+        &message,
+        &candidates,
+        0,
+        small,
+    );
+    assert_eq!((d.kind, d.budget), (PlanKind::Drop, small));
+    assert!(d.whole.is_empty());
+
+    // A new problem beside a worked example, and a message that names nothing: the rest
+    // stays mapped and the budget is the plan's.
+    let worked = "Question: Olivia has $23. She bought five bagels for $3 each. How much \
+                  money does she have left?\nAnswer: 5 x 3 = 15 dollars. 23 - 15 is 8. So \
+                  the answer is 8.";
+    let said = [ChatMessage::user(worked), ChatMessage::assistant("OK.")];
+    for ask in [
+        "Question: A farmer plants 12 rows of corn with 9 stalks in each row. How many \
+         stalks does the farmer plant?",
+        "Go on.",
+    ] {
+        let (history, message) = turn(&tok, &tmpl, &said, ask);
+        let candidates =
+            PositionSet::of(std::iter::once(opening_len(&tok, &history)..history.len()));
+        let r = resolve(
+            PlanKind::Focus,
+            &tok,
+            &history,
+            &message,
+            &candidates,
+            0,
+            small,
+        );
+        assert_eq!((r.kind, r.budget), (PlanKind::Map, small), "{ask}");
+        assert!(r.whole.is_empty());
+    }
+}
+
 /// The first position of `history` whose token's text contains `piece`.
 fn find(tok: &TextTokenizer, history: &[u32], piece: &str) -> usize {
     history

@@ -41,9 +41,10 @@ pub struct SettingsArgs {
     /// and before the next message at the latest). Default: up:40%:facts:word. A
     /// budget (a share, 0.2 or 20%, or a time, 150ms) after an optional kind: `map`
     /// (re-read that much, keep the rest mapped; the default kind), `drop` (re-read it,
-    /// drop the rest), `attend` (keep it mapped, drop the rest), `trusted` (re-read it,
-    /// keep mapped what the map is trusted with) or `tail` (re-read the newest, drop the
-    /// rest); then optionally the selector and span growth
+    /// drop the rest), `focus` (`drop` with the best sentence whole where the message
+    /// asks about what the history says, `map` otherwise), `attend` (keep it mapped, drop
+    /// the rest), `trusted` (re-read it, keep mapped what the map is trusted with) or
+    /// `tail` (re-read the newest, drop the rest); then optionally the selector and span growth
     /// (drop:0.2:cheaper-attention:word); then optionally `upper=M` (the target computes
     /// its layers from M on over the source's mapped residual stream first) or `lower=M`
     /// (its own layers below M), alone a plan of its own (upper=14). 0 or off for none. A

@@ -136,13 +136,24 @@ pub fn choose(
         ms_per_position,
     )?;
     let opening_in = candidates.count_before(opening);
+    let focus = super::focus::resolve(
+        setting.kind,
+        &inputs.target.tokenizer,
+        history,
+        &inputs.tokens[inputs.history..],
+        candidates,
+        opening_in,
+        budget,
+    );
+    let budget = focus.budget;
     let chosen = if budget <= opening_in {
         // The opening (always taken) fills the budget: nothing to score.
         let mut opening_part = candidates.clone();
         opening_part.truncate(opening);
         opening_part.runs().to_vec()
     } else {
-        let scores = score_positions(setting.selector, inputs, candidates)?;
+        let mut scores = score_positions(setting.selector, inputs, candidates)?;
+        focus.lift(&mut scores);
         let starts = unit_starts(&inputs.target.tokenizer, history, setting.spans);
         pick_spans(&scores, candidates, &starts, opening, budget)
     };
@@ -151,8 +162,8 @@ pub fn choose(
         rest.remove(r.clone());
     }
     let rest = rest.runs().to_vec();
-    let (runs, dropped) = match setting.kind {
-        PlanKind::Map => (chosen, Vec::new()),
+    let (runs, dropped) = match focus.kind {
+        PlanKind::Map | PlanKind::Focus => (chosen, Vec::new()),
         PlanKind::Drop => (chosen, rest),
         PlanKind::Attend => (Vec::new(), rest),
         PlanKind::Trusted => {

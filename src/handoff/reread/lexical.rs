@@ -191,6 +191,28 @@ fn sentence_scores(
     (sentence, unit_max(&score))
 }
 
+/// The share of the message's content words (by their first letters, as
+/// [`message_sentences`] matches them) that the history says somewhere; 0 for a message
+/// that names nothing. A question about what was said names it ("what is the vault
+/// PIN?"); a new problem set beside worked examples, or "go on", mostly does not.
+pub fn named_share(tok: &TextTokenizer, history: &[u32], message: &[u32]) -> f64 {
+    let stem = |k: &str| k.chars().take(STEM).collect::<String>();
+    let asked: std::collections::HashSet<String> = words(tok, message, &texts(tok, message))
+        .into_iter()
+        .filter(|w| content(&w.key))
+        .map(|w| stem(&w.key))
+        .collect();
+    if asked.is_empty() {
+        return 0.0;
+    }
+    let said: std::collections::HashSet<String> = words(tok, history, &texts(tok, history))
+        .into_iter()
+        .filter(|w| content(&w.key))
+        .map(|w| stem(&w.key))
+        .collect();
+    asked.iter().filter(|k| said.contains(*k)).count() as f64 / asked.len() as f64
+}
+
 /// `rare`: the tokens that carry facts a map blurs: a word with a digit scores 1, a
 /// capitalised word inside a sentence (a name) 0.5, every other position 0.
 pub fn rare_tokens(tok: &TextTokenizer, history: &[u32]) -> Vec<f64> {

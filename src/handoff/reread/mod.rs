@@ -28,11 +28,13 @@
 //!   positions around them; `rare`: numbers and names; `facts`: the three together.
 //!
 //! What becomes of the chosen positions and of the rest is the plan's [`PlanKind`]:
-//! re-read over the map, re-read with the rest dropped, kept with the rest dropped, or
-//! re-read with the rest kept where the map is trusted.
+//! re-read over the map, re-read with the rest dropped, kept with the rest dropped,
+//! re-read with the rest kept where the map is trusted, or, by what the message asks
+//! ([`focus`]), dropped for a question about the history and mapped otherwise.
 
 mod choice;
 pub mod cost;
+pub mod focus;
 pub mod lexical;
 mod scores;
 mod spans;
@@ -191,14 +193,18 @@ pub enum PlanKind {
     /// Re-read the chosen positions, keep mapped the rest the map's predicted error per
     /// position (its round trip) trusts, drop the others.
     Trusted,
+    /// `drop` where the message asks about what the history says (the best sentence
+    /// re-read whole), `map` otherwise ([`focus`]).
+    Focus,
 }
 
 impl PlanKind {
-    pub const ALL: [PlanKind; 4] = [
+    pub const ALL: [PlanKind; 5] = [
         PlanKind::Map,
         PlanKind::Drop,
         PlanKind::Attend,
         PlanKind::Trusted,
+        PlanKind::Focus,
     ];
 
     pub fn name(self) -> &'static str {
@@ -207,6 +213,7 @@ impl PlanKind {
             PlanKind::Drop => "drop",
             PlanKind::Attend => "attend",
             PlanKind::Trusted => "trusted",
+            PlanKind::Focus => "focus",
         }
     }
 
@@ -271,7 +278,7 @@ impl RereadSetting {
 
     /// Parse `[up:][KIND:]BUDGET[:SELECTOR[:SPANS]][:LAYERS]`: `up:` runs the plan only on
     /// a switch to the larger model; then a budget of `0.2`, `20%` or `150ms`,
-    /// optionally after a plan kind (`map`, the default; `drop`, `attend`, `trusted`; or
+    /// optionally after a plan kind (`map`, the default; `drop`, `attend`, `trusted`, `focus`; or
     /// `tail`, which is `drop` by recency, token by token) and followed by `:SELECTOR` and
     /// `:SPANS` (`drop:0.2:source-attention:word`). `0` or `off` alone is no plan
     /// (`None`); a kind with a budget of 0 keeps only the opening of what was mapped.
@@ -332,7 +339,7 @@ impl RereadSetting {
         let bad = || {
             RereadError::Input(format!(
                 "re-read budget {budget:?}: give a share of the history (0.2 or 20%) or a time \
-                 (150ms), optionally after a plan (map, drop, attend, trusted or tail) and with \
+                 (150ms), optionally after a plan (map, drop, focus, attend, trusted or tail) and with \
                  :SELECTOR and :SPANS (drop:0.2:source-attention:word), or 0 for none"
             ))
         };

@@ -12,7 +12,7 @@ use crate::tui::panels::session_line::split_layers;
 const BUDGETS: [&str; 4] = ["10%", "20%", "30%", "40%"];
 
 /// The plan kinds Ctrl-T steps through; `map` is written without its name.
-const PLAN_KINDS: [&str; 4] = ["map", "drop", "attend", "trusted"];
+const PLAN_KINDS: [&str; 5] = ["map", "drop", "focus", "attend", "trusted"];
 
 /// A setting's text split into its kind (`map` when it names none) and the rest; an
 /// `up:` in front (a plan for switches up only) stays with the kind's side, dropped, as
@@ -155,6 +155,11 @@ fn position_words(setting: &str) -> &'static str {
             "at the first message after a switch the target re-reads that much of the mapped \
              history and drops the rest"
         }
+        "focus" => {
+            "at the first message after a switch the target re-reads that much of the mapped \
+             history; where the message asks about what it says, the sentence that says it \
+             whole, and drops the rest"
+        }
         "attend" => {
             "at the first message after a switch the target keeps that much of the mapped \
              history, the part the message attends to, and drops the rest"
@@ -276,16 +281,17 @@ mod tests {
             next_plan_kind(Some("10%:round-trip:word")),
             "drop:10%:round-trip:word"
         );
-        assert_eq!(next_plan_kind(Some("drop:10%")), "attend:10%");
+        assert_eq!(next_plan_kind(Some("drop:10%")), "focus:10%");
+        assert_eq!(next_plan_kind(Some("focus:10%")), "attend:10%");
         assert_eq!(next_plan_kind(Some("attend:10%")), "trusted:10%");
         assert_eq!(next_plan_kind(Some("trusted:40%:recency")), "40%:recency");
-        assert_eq!(next_plan_kind(Some("tail:20%")), "attend:20%");
+        assert_eq!(next_plan_kind(Some("tail:20%")), "focus:20%");
         // A map plan of nothing is no plan: from 0% the map kind starts at 10%.
         assert_eq!(
             next_plan_kind(Some("trusted:0%:recency:word")),
             "10%:recency:word"
         );
-        assert_eq!(next_plan_kind(Some("drop:0%")), "attend:0%");
+        assert_eq!(next_plan_kind(Some("drop:0%")), "focus:0%");
         // The default, for switches up only, steps to a plan for both directions.
         assert_eq!(
             next_plan_kind(Some("up:40%:cheaper-attention:word")),

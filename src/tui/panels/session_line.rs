@@ -341,7 +341,7 @@ pub(crate) fn plan_item(setting: &str) -> String {
         return format!("{}{up}", layers.unwrap_or_default());
     };
     let (kind, budget) = match first {
-        "drop" | "attend" | "trusted" | "tail" => (first, parts.next().unwrap_or("")),
+        "drop" | "focus" | "attend" | "trusted" | "tail" => (first, parts.next().unwrap_or("")),
         "map" => ("re-read", parts.next().unwrap_or("")),
         _ => ("re-read", first),
     };
