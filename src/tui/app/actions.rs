@@ -112,7 +112,7 @@ impl App {
         self.set_reread(next)
     }
 
-    /// The next plan kind (map → drop → attend → trusted), keeping the budget, the
+    /// The next plan kind (map → drop → focus → attend → trusted), keeping the budget, the
     /// selector and the spans; from off, the default budget's plan of the next kind.
     pub(super) fn cycle_plan_kind(&mut self) -> Vec<Effect> {
         let next = plan_cycle::next_plan_kind(self.reread.as_deref());

@@ -38,7 +38,7 @@ const KEYS: [(&str, &str); 17] = [
     ),
     (
         "Ctrl-T",
-        "plan: re-read over map → re-read, drop rest → keep, drop rest → trusted",
+        "plan: re-read over map → drop rest → focus → keep, drop rest → trusted",
     ),
     (
         "Ctrl-Y",
