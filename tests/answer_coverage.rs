@@ -226,19 +226,15 @@ fn focus_drops_for_a_question_about_the_history_keeping_its_sentence_whole_and_m
         &said,
         "What is the vault PIN, which room is the meeting in, and when does it start?",
     );
-    let opening = opening_len(&tok, &history);
-    let candidates = PositionSet::of(std::iter::once(opening..history.len()));
-    // A budget smaller than the sentence that holds the three facts.
+    // A budget smaller than the sentence that holds the three facts; every position
+    // past the opening a candidate.
     let small = 6;
-    let r = resolve(
-        PlanKind::Focus,
-        &tok,
-        &history,
-        &message,
-        &candidates,
-        0,
-        small,
-    );
+    let at = |kind: PlanKind, history: &[u32], message: &[u32]| {
+        let candidates =
+            PositionSet::of(std::iter::once(opening_len(&tok, history)..history.len()));
+        resolve(kind, &tok, history, message, &candidates, 0, small)
+    };
+    let r = at(PlanKind::Focus, &history, &message);
     assert_eq!(r.kind, PlanKind::Drop);
     let whole: Vec<u32> = r
         .whole
@@ -254,15 +250,7 @@ fn focus_drops_for_a_question_about_the_history_keeping_its_sentence_whole_and_m
     assert_eq!(r.budget, r.whole.count(), "the budget grows to hold it");
     assert!(r.budget > small);
     // Other kinds are what they say, whatever the message.
-    let d = resolve(
-        PlanKind::Drop,
-        &tok,
-        &history,
-        &message,
-        &candidates,
-        0,
-        small,
-    );
+    let d = at(PlanKind::Drop, &history, &message);
     assert_eq!((d.kind, d.budget), (PlanKind::Drop, small));
     assert!(d.whole.is_empty());
 
@@ -278,17 +266,7 @@ fn focus_drops_for_a_question_about_the_history_keeping_its_sentence_whole_and_m
         "Go on.",
     ] {
         let (history, message) = turn(&tok, &tmpl, &said, ask);
-        let candidates =
-            PositionSet::of(std::iter::once(opening_len(&tok, &history)..history.len()));
-        let r = resolve(
-            PlanKind::Focus,
-            &tok,
-            &history,
-            &message,
-            &candidates,
-            0,
-            small,
-        );
+        let r = at(PlanKind::Focus, &history, &message);
         assert_eq!((r.kind, r.budget), (PlanKind::Map, small), "{ask}");
         assert!(r.whole.is_empty());
     }

@@ -136,15 +136,7 @@ pub fn choose(
         ms_per_position,
     )?;
     let opening_in = candidates.count_before(opening);
-    let focus = super::focus::resolve(
-        setting.kind,
-        &inputs.target.tokenizer,
-        history,
-        &inputs.tokens[inputs.history..],
-        candidates,
-        opening_in,
-        budget,
-    );
+    let focus = super::focus::resolve_for(setting.kind, inputs, candidates, opening_in, budget);
     let budget = focus.budget;
     let chosen = if budget <= opening_in {
         // The opening (always taken) fills the budget: nothing to score.

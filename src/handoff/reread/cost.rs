@@ -108,17 +108,8 @@ pub fn predict(
         .max(opening_in)
         .min(candidates.count());
     // A `focus` plan's budget grows to hold the best sentence whole.
-    let history = &inputs.tokens[..inputs.history];
-    let budget = super::focus::resolve(
-        setting.kind,
-        &inputs.target.tokenizer,
-        history,
-        &inputs.tokens[inputs.history..],
-        candidates,
-        opening_in,
-        budget,
-    )
-    .budget;
+    let budget =
+        super::focus::resolve_for(setting.kind, inputs, candidates, opening_in, budget).budget;
     let selector = match setting.selector {
         Selector::CheaperAttention => cheaper_reader(inputs),
         s => s,

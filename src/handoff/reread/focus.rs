@@ -10,7 +10,7 @@
 //! sentence that says most of them whole (its budget grows to hold it) and drops the
 //! rest; otherwise it re-reads its budget over the map.
 
-use super::{lexical, PlanKind};
+use super::{lexical, PlanKind, SelectInputs};
 use crate::model::position_set::PositionSet;
 use crate::text::TextTokenizer;
 
@@ -57,6 +57,26 @@ impl Resolved {
             }
         }
     }
+}
+
+/// [`resolve`] for the history and message `inputs` holds.
+pub fn resolve_for(
+    kind: PlanKind,
+    inputs: &SelectInputs<'_>,
+    candidates: &PositionSet,
+    opening_in: usize,
+    budget: usize,
+) -> Resolved {
+    let (history, message) = inputs.tokens.split_at(inputs.history);
+    resolve(
+        kind,
+        &inputs.target.tokenizer,
+        history,
+        message,
+        candidates,
+        opening_in,
+        budget,
+    )
 }
 
 /// `kind` at the message `message` after `history`, with `budget` positions to re-read

@@ -156,11 +156,7 @@ fn sentence_scores(
     message: &[u32],
 ) -> (Vec<usize>, Vec<f64>) {
     let stem = |k: &str| k.chars().take(STEM).collect::<String>();
-    let asked: std::collections::HashSet<String> = words(tok, message, &texts(tok, message))
-        .into_iter()
-        .filter(|w| content(&w.key))
-        .map(|w| stem(&w.key))
-        .collect();
+    let asked = content_stems(tok, message);
     let starts = super::unit_starts(tok, history, super::SpanGrowth::Sentence);
     let mut sentence = Vec::with_capacity(history.len());
     let mut current = 0usize;
@@ -196,21 +192,21 @@ fn sentence_scores(
 /// that names nothing. A question about what was said names it ("what is the vault
 /// PIN?"); a new problem set beside worked examples, or "go on", mostly does not.
 pub fn named_share(tok: &TextTokenizer, history: &[u32], message: &[u32]) -> f64 {
-    let stem = |k: &str| k.chars().take(STEM).collect::<String>();
-    let asked: std::collections::HashSet<String> = words(tok, message, &texts(tok, message))
-        .into_iter()
-        .filter(|w| content(&w.key))
-        .map(|w| stem(&w.key))
-        .collect();
+    let asked = content_stems(tok, message);
     if asked.is_empty() {
         return 0.0;
     }
-    let said: std::collections::HashSet<String> = words(tok, history, &texts(tok, history))
+    let said = content_stems(tok, history);
+    asked.iter().filter(|k| said.contains(*k)).count() as f64 / asked.len() as f64
+}
+
+/// The content words of `ids`, each by its first [`STEM`] letters.
+fn content_stems(tok: &TextTokenizer, ids: &[u32]) -> std::collections::HashSet<String> {
+    words(tok, ids, &texts(tok, ids))
         .into_iter()
         .filter(|w| content(&w.key))
-        .map(|w| stem(&w.key))
-        .collect();
-    asked.iter().filter(|k| said.contains(*k)).count() as f64 / asked.len() as f64
+        .map(|w| w.key.chars().take(STEM).collect())
+        .collect()
 }
 
 /// `rare`: the tokens that carry facts a map blurs: a word with a digit scores 1, a
