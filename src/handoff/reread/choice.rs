@@ -1,5 +1,6 @@
 //! From a plan setting and the message to the positions it re-reads, keeps and drops.
 
+use super::focus::{resolve_for, Resolved};
 use super::{
     opening_len, pick_spans, score_positions, unit_starts, PlanKind, RereadError, RereadSetting,
     SelectInputs, Selector,
@@ -7,6 +8,7 @@ use super::{
 use crate::model::position_set::PositionSet;
 use crate::model::{KvCache, Model, ModelError};
 use std::ops::Range;
+use std::time::Instant;
 
 /// Of the mapped positions a `trusted` plan does not re-read, the share it keeps mapped:
 /// those with the smallest predicted error (the round trip), the others are dropped.
@@ -55,11 +57,21 @@ pub fn decide(
         // A plan for switches up only: a switch down hands the map over as it is.
         return Ok(RereadChoice::default());
     }
-    let cost = super::cost::predict(setting, inputs, candidates, ms_per_position)?;
+    // What the message makes of a `focus` plan, read once for the guard and the choice.
+    let started = Instant::now();
+    let focus = resolve_for(setting.kind, inputs, candidates);
+    let cost = super::cost::predict(setting, inputs, candidates, ms_per_position, &focus)?;
     if cost.reaches_reprefill() {
         return Ok(RereadChoice::reprefill(candidates, Some(cost)));
     }
-    let chosen = choose(setting, inputs, candidates, ms_per_position)?;
+    let chosen = choose_resolved(
+        setting,
+        inputs,
+        candidates,
+        ms_per_position,
+        &focus,
+        started,
+    )?;
     Ok(RereadChoice {
         cost: Some(cost),
         ..chosen
@@ -128,7 +140,28 @@ pub fn choose(
     candidates: &PositionSet,
     ms_per_position: Option<f64>,
 ) -> Result<RereadChoice, RereadError> {
-    let t = std::time::Instant::now();
+    let started = Instant::now();
+    let focus = resolve_for(setting.kind, inputs, candidates);
+    choose_resolved(
+        setting,
+        inputs,
+        candidates,
+        ms_per_position,
+        &focus,
+        started,
+    )
+}
+
+/// [`choose`] with the plan's kind resolved at this message, choosing timed from
+/// `started`.
+fn choose_resolved(
+    setting: &RereadSetting,
+    inputs: &SelectInputs<'_>,
+    candidates: &PositionSet,
+    ms_per_position: Option<f64>,
+    focus: &Resolved,
+    started: Instant,
+) -> Result<RereadChoice, RereadError> {
     let history = &inputs.tokens[..inputs.history];
     let opening = opening_len(&inputs.target.tokenizer, history);
     let budget = setting.positions(
@@ -136,8 +169,7 @@ pub fn choose(
         ms_per_position,
     )?;
     let opening_in = candidates.count_before(opening);
-    let focus = super::focus::resolve_for(setting.kind, inputs, candidates, opening_in, budget);
-    let budget = focus.budget;
+    let budget = focus.budget(budget, opening_in, candidates);
     let chosen = if budget <= opening_in {
         // The opening (always taken) fills the budget: nothing to score.
         let mut opening_part = candidates.clone();
@@ -166,7 +198,7 @@ pub fn choose(
     Ok(RereadChoice {
         runs,
         dropped,
-        select_ms: t.elapsed().as_secs_f64() * 1e3,
+        select_ms: started.elapsed().as_secs_f64() * 1e3,
         reprefilled: false,
         cost: None,
     })

@@ -26,6 +26,7 @@
 //! another 26%, 0.3 positions a candidate). Predictions still err, so a plan predicted
 //! to cost [`MARGIN`] of the re-prefill or more re-prefills instead.
 
+use super::focus::Resolved;
 use super::scores::cheaper_reader;
 use super::{PlanKind, RereadError, RereadSetting, SelectInputs, Selector};
 use crate::model::position_set::PositionSet;
@@ -97,6 +98,7 @@ pub fn predict(
     inputs: &SelectInputs<'_>,
     candidates: &PositionSet,
     ms_per_position: Option<f64>,
+    focus: &Resolved,
 ) -> Result<PlanCost, RereadError> {
     let opening = super::opening_len(&inputs.target.tokenizer, &inputs.tokens[..inputs.history]);
     let opening_in = candidates.count_before(opening);
@@ -107,9 +109,7 @@ pub fn predict(
         )?
         .max(opening_in)
         .min(candidates.count());
-    // A `focus` plan's budget grows to hold the best sentence whole.
-    let budget =
-        super::focus::resolve_for(setting.kind, inputs, candidates, opening_in, budget).budget;
+    let budget = focus.budget(budget, opening_in, candidates);
     let selector = match setting.selector {
         Selector::CheaperAttention => cheaper_reader(inputs),
         s => s,

@@ -28,14 +28,23 @@ pub const NAMED_SHARE: f64 = 0.4;
 pub struct Resolved {
     /// Never [`PlanKind::Focus`]: `drop` or `map` for it, the plan's own kind otherwise.
     pub kind: PlanKind,
-    /// Positions to re-read, the candidates of the opening included.
-    pub budget: usize,
     /// Positions re-read before any other, whole: the best sentence of a question about
     /// the history, where `focus` drops the rest.
     pub whole: PositionSet,
 }
 
 impl Resolved {
+    /// The plan's `budget` (positions to re-read, the `opening_in` candidates of the
+    /// opening among them), grown to hold what is re-read whole.
+    pub fn budget(&self, budget: usize, opening_in: usize, candidates: &PositionSet) -> usize {
+        if self.whole.is_empty() {
+            return budget;
+        }
+        budget
+            .max(opening_in + self.whole.count())
+            .min(candidates.count())
+    }
+
     /// Lift the positions held whole above every other score, so that the spans are
     /// taken from them first.
     pub fn lift(&self, scores: &mut [f64]) {
@@ -64,44 +73,27 @@ pub fn resolve_for(
     kind: PlanKind,
     inputs: &SelectInputs<'_>,
     candidates: &PositionSet,
-    opening_in: usize,
-    budget: usize,
 ) -> Resolved {
     let (history, message) = inputs.tokens.split_at(inputs.history);
-    resolve(
-        kind,
-        &inputs.target.tokenizer,
-        history,
-        message,
-        candidates,
-        opening_in,
-        budget,
-    )
+    resolve(kind, &inputs.target.tokenizer, history, message, candidates)
 }
 
-/// `kind` at the message `message` after `history`, with `budget` positions to re-read
-/// (the `opening_in` candidates of the opening among them) out of `candidates`.
+/// `kind` at the message `message` after `history`, over `candidates`.
 pub fn resolve(
     kind: PlanKind,
     tok: &TextTokenizer,
     history: &[u32],
     message: &[u32],
     candidates: &PositionSet,
-    opening_in: usize,
-    budget: usize,
 ) -> Resolved {
+    let whole = PositionSet::new();
     if kind != PlanKind::Focus {
-        return Resolved {
-            kind,
-            budget,
-            whole: PositionSet::new(),
-        };
+        return Resolved { kind, whole };
     }
     if lexical::named_share(tok, history, message) <= NAMED_SHARE {
         return Resolved {
             kind: PlanKind::Map,
-            budget,
-            whole: PositionSet::new(),
+            whole,
         };
     }
     let best = lexical::best_sentence(tok, history, message);
@@ -115,9 +107,6 @@ pub fn resolve(
     }
     Resolved {
         kind: PlanKind::Drop,
-        budget: budget
-            .max(opening_in + whole.count())
-            .min(candidates.count()),
         whole,
     }
 }
@@ -130,7 +119,6 @@ mod tests {
     fn what_is_held_whole_scores_above_everything_else() {
         let r = Resolved {
             kind: PlanKind::Drop,
-            budget: 3,
             whole: PositionSet::of([1..3]),
         };
         let mut scores = vec![5.0, 0.0, f64::NAN, 4.0];

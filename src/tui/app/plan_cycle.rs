@@ -6,13 +6,10 @@
 //! and Ctrl-Y the layers the target computes itself, so no key changes what another one
 //! set.
 
-use crate::tui::panels::session_line::split_layers;
+use crate::tui::panels::session_line::{split_layers, PLAN_KINDS};
 
 /// The budgets Ctrl-E steps through, after the kind's first step.
 const BUDGETS: [&str; 4] = ["10%", "20%", "30%", "40%"];
-
-/// The plan kinds Ctrl-T steps through; `map` is written without its name.
-const PLAN_KINDS: [&str; 5] = ["map", "drop", "focus", "attend", "trusted"];
 
 /// A setting's text split into its kind (`map` when it names none) and the rest; an
 /// `up:` in front (a plan for switches up only) stays with the kind's side, dropped, as

@@ -324,6 +324,10 @@ fn items(s: &Session, shorten: Shorten) -> Vec<Item> {
     items
 }
 
+/// The plan kinds a setting's text may start with, in the order Ctrl-T steps through
+/// them (`tail` is `drop` by recency); `map` is the kind a setting names by naming none.
+pub(crate) const PLAN_KINDS: [&str; 5] = ["map", "drop", "focus", "attend", "trusted"];
+
 /// A plan setting as the status line names it: the kind (the re-read over the map is
 /// "re-read") and the budget, and "up" for a plan that runs on switches up only; the
 /// selector and spans are in the help and the session.
@@ -341,8 +345,8 @@ pub(crate) fn plan_item(setting: &str) -> String {
         return format!("{}{up}", layers.unwrap_or_default());
     };
     let (kind, budget) = match first {
-        "drop" | "focus" | "attend" | "trusted" | "tail" => (first, parts.next().unwrap_or("")),
         "map" => ("re-read", parts.next().unwrap_or("")),
+        k if PLAN_KINDS.contains(&k) || k == "tail" => (first, parts.next().unwrap_or("")),
         _ => ("re-read", first),
     };
     let layers = layers.map(|l| format!(" · {l}")).unwrap_or_default();
