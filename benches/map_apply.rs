@@ -3,7 +3,7 @@
 //! baton's cache dir (`baton fetch`, `baton calibrate`); without them it says so and
 //! measures nothing. `baton bench` is the whole comparison against re-prefill.
 use baton::fetch::SilentProgress;
-use baton::mapper::{artifact, MapPrecision};
+use baton::mapper::MapPrecision;
 use baton::model::{ForwardOptions, Logits, Model};
 use candle_core::Device;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -21,8 +21,7 @@ fn map_apply(c: &mut Criterion) {
     let mut group = c.benchmark_group("map_apply");
     group.sample_size(10);
     for (src, tgt) in [(&small, &large), (&large, &small)] {
-        let Ok((_, mapper)) =
-            artifact::open_for(&baton::mapper::dir::MapperDir::default_location(), src, tgt)
+        let Ok((_, mapper)) = baton::mapper::dir::MapperDir::default_location().open_for(src, tgt)
         else {
             eprintln!(
                 "map_apply: no mapper {} -> {}; run `baton calibrate` first",

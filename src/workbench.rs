@@ -150,7 +150,7 @@ pub fn run(opts: WorkbenchOptions) -> Result<(), WorkbenchError> {
     let reference = opts.engine.settings.reference;
     let tail = opts.engine.settings.tail;
     let repair = opts.engine.settings.repair;
-    let reread = opts.engine.settings.reread.map(|r| r.to_string());
+    let reread = opts.engine.settings.reread;
     let mut handle = engine::spawn(opts.engine);
     let mut app = App::new(AppInfo {
         record_path,

@@ -62,7 +62,7 @@ fn info_names_the_path_and_fused_is_refused_off_the_gpu() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("--attention fused cannot run here"), "{err}");
     assert!(err.contains("--attention batched"), "{err}");
-    let why = if baton::model::fused_attention::coverage().is_some() {
+    let why = if baton::model::attention::fused::coverage().is_some() {
         "--device cuda"
     } else {
         "scripts/check-cuda --flash"

@@ -10,7 +10,6 @@ use baton::calibrate::{
     Direction, Keep, NoProgress, Outcome, PoorFate, Run,
 };
 use baton::data::corpus::{self, Document};
-use baton::mapper::artifact;
 use baton::model::Model;
 use common::synthetic::{model_pair, Tiny};
 use std::io::Write;
@@ -173,7 +172,9 @@ fn a_calibration_that_fills_the_disk_leaves_the_previous_mappers_as_they_were() 
     let names = |t: &[(PathBuf, Vec<u8>)]| t.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
     assert_eq!(names(&after), names(&before), "no staging left behind");
     assert_ne!(after, before, "the successful write replaced the mappers");
-    let (art, _) = artifact::open_for(&baton::mapper::dir::MapperDir::named(&dir), &a, &b).unwrap();
+    let (art, _) = baton::mapper::dir::MapperDir::named(&dir)
+        .open_for(&a, &b)
+        .unwrap();
     assert_eq!(art.meta.corpus.sequences, 6);
 }
 
@@ -217,7 +218,8 @@ fn a_poor_map_never_replaces_a_mapper_in_use_and_is_the_default_where_there_is_n
         } else {
             (&b, &a)
         };
-        artifact::open_for(&baton::mapper::dir::MapperDir::named(dir), s, t)
+        baton::mapper::dir::MapperDir::named(dir)
+            .open_for(s, t)
             .unwrap()
             .0
             .path

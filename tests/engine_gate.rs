@@ -7,7 +7,7 @@ mod common;
 
 use baton::gate::fit::{self, GateFit};
 use baton::lab::eval::gate_study;
-use baton::mapper::artifact::{self, ModelRef};
+use baton::mapper::artifact::ModelRef;
 use baton::protocol::{CacheOrigin, Command, EstimateBasis, Event};
 use common::engine_rig::{models, rig_with, tiny, write_pair};
 use std::path::Path;
@@ -188,7 +188,7 @@ fn a_round_trip_line_is_set_aside_once_the_mapper_back_is_another_and_kept_while
     write_pair(dir.path(), false);
     let (a, b) = models(dir.path());
     let mappers = baton::mapper::dir::MapperDir::named(dir.path().join("mappers"));
-    let on = |s, t| fit::FitMapper::of(&artifact::find_for(&mappers, s, t).unwrap()).unwrap();
+    let on = |s, t| fit::FitMapper::of(&mappers.find_for(s, t).unwrap()).unwrap();
     let (forward, back) = (on(&a, &b), on(&b, &a));
     let name_back = |back: fit::FitMapper| {
         let forward = forward.clone();
@@ -249,8 +249,8 @@ fn the_study_measures_each_switch_beside_both_estimates_and_fits_a_line() {
     write_pair(dir.path(), false);
     let (a, b) = models(dir.path());
     let mappers = baton::mapper::dir::MapperDir::named(dir.path().join("mappers"));
-    let (_, forward) = artifact::open_for(&mappers, &a, &b).unwrap();
-    let (_, reverse) = artifact::open_for(&mappers, &b, &a).unwrap();
+    let (_, forward) = mappers.open_for(&a, &b).unwrap();
+    let (_, reverse) = mappers.open_for(&b, &a).unwrap();
     let docs: Vec<baton::data::corpus::Document> = (0..2)
         .map(|i| baton::data::corpus::Document::new(format!("d{i}"), tiny().text(20000, 40 + i)))
         .collect();

@@ -98,7 +98,7 @@ fn lower_layers_are_the_targets_own_prefill_and_the_upper_ones_stay_mapped() {
         text: tiny().chat_text(10, 2),
     });
     let (setting, reread, layers, ms) = plan_of(&events);
-    assert_eq!(setting, "0%:source-attention:word:lower=1");
+    assert_eq!(setting, "0%:facts:word:lower=1");
     assert_eq!(reread, 0, "a plan of layers alone re-reads nothing");
     assert_eq!(layers, Some(mapped.count()), "every mapped position");
     assert!(ms.is_some_and(|ms| ms >= 0.0));
@@ -163,7 +163,7 @@ fn upper_layers_run_over_what_the_source_computed_itself_and_the_rest_stays_mapp
         text: tiny().chat_text(10, 2),
     });
     let (setting, _, layers, _) = plan_of(&events);
-    assert_eq!(setting, "0%:source-attention:word:upper=1");
+    assert_eq!(setting, "0%:facts:word:upper=1");
     assert_eq!(layers, Some(mapped.count()));
     // The upper layer of the mapped positions is now the target's computation.
     let span = mapped.span();
@@ -200,7 +200,7 @@ fn positions_read_before_the_plan_asked_for_layers_have_no_residual_and_stay_map
         "no plan needs it"
     );
     let _ = rig.handle(Command::SetReread {
-        setting: Some("upper=1".into()),
+        setting: Some("upper=1".parse().unwrap()),
     });
     let _ = rig.handle(Command::Switch);
     rig.engine.measure_pending(&rig.rx);

@@ -113,18 +113,11 @@ fn rereading_everything_gives_the_reprefilled_answer_and_off_rereads_nothing() {
     });
     assert!(reread_events(&events).is_empty());
 
-    // A bad setting is an error that names the problem, and changes nothing.
-    rig.engine.handle(
-        Command::SetReread {
-            setting: Some("2.0".into()),
-        }
-        .into(),
-        &rig.rx,
-    );
-    let events: Vec<Event> = rig.events.try_iter().collect();
-    assert!(events
-        .iter()
-        .any(|e| matches!(e, Event::Error { message, fatal: false } if message.contains("re-read budget"))));
+    // A bad setting never reaches the engine: it does not read as a plan, and says why.
+    let e = "2.0"
+        .parse::<baton::handoff::reread::RereadSetting>()
+        .unwrap_err();
+    assert!(e.to_string().contains("re-read budget"), "{e}");
 }
 
 /// A re-read event's plan, as the event gives it.

@@ -8,7 +8,7 @@ mod common;
 use baton::calibrate::saved_stats;
 use baton::calibrate::Direction;
 use baton::learn::{self, store, Structure};
-use baton::mapper::artifact;
+use baton::mapper::dir::MapperDir;
 use common::learn_rig::{calibrate_into, conversation, docs, learn_once, open, refs, ANCHOR};
 use common::synthetic::{model_pair, Tiny};
 
@@ -18,8 +18,9 @@ fn a_re_solve_with_the_calibrations_structure_gives_back_the_calibrated_maps() {
     let (_m, a, b) = model_pair(&tiny, &tiny.weights(3), &tiny.weights(4));
     let dir = tempfile::tempdir().unwrap();
     calibrate_into(&a, &b, &docs(&tiny), dir.path());
-    let art =
-        artifact::find_for(&baton::mapper::dir::MapperDir::named(dir.path()), &a, &b).unwrap();
+    let art = baton::mapper::dir::MapperDir::named(dir.path())
+        .find_for(&a, &b)
+        .unwrap();
     assert!(
         art.meta
             .report
@@ -131,8 +132,8 @@ fn an_update_is_taken_exactly_when_it_does_not_score_lower_and_is_kept_found_aga
         .contains(&format!("learned from {accepted} positions")));
     // Starting from the calibration ignores it; a reset forgets it.
     assert_eq!(open(&a, &b, dir.path(), false).learner.learned_tokens(), 0);
-    assert!(store::reset(&opened.files()).unwrap());
-    assert!(!store::reset(&opened.files()).unwrap());
+    assert!(store::reset(&MapperDir::named(dir.path()), &opened.files()).unwrap());
+    assert!(!store::reset(&MapperDir::named(dir.path()), &opened.files()).unwrap());
     assert_eq!(open(&a, &b, dir.path(), true).learner.learned_tokens(), 0);
 }
 
@@ -149,8 +150,9 @@ fn a_mapper_without_saved_statistics_is_refused_with_the_flag_that_keeps_them() 
             .stats(),
     )
     .unwrap();
-    let art =
-        artifact::find_for(&baton::mapper::dir::MapperDir::named(dir.path()), &a, &b).unwrap();
+    let art = baton::mapper::dir::MapperDir::named(dir.path())
+        .find_for(&a, &b)
+        .unwrap();
     let mapper = art.cache_mapper(&a, &b).unwrap();
     let e = learn::open(
         &a,

@@ -381,7 +381,7 @@ fn statistics_an_earlier_version_kept_are_a_base_the_shards_add_to_and_stay_as_t
     assert_eq!(open(&a, &b, dir.path(), true).learner.learned_tokens(), 50);
 
     // A reset forgets the base and the shards alike.
-    assert!(store::reset(&at.pair).unwrap());
+    assert!(store::reset(&at.dir, &at.pair).unwrap());
     assert!(store::read_meta(&at.pair, Some(&at.mapper))
         .unwrap()
         .is_none());

@@ -148,6 +148,7 @@ fn logits_agree_with_candle_quantized_qwen2_on_the_same_file() {
         &dev,
         LoadOptions {
             convert_slow_blocks: false,
+            compute: Default::default(),
         },
     )
     .unwrap();

@@ -95,6 +95,7 @@ fn a_safetensors_directory_written_from_the_gguf_gives_the_gguf_paths_logits() {
     // The file's own blocks, not re-quantized: the same numbers the directory holds.
     let native = LoadOptions {
         convert_slow_blocks: false,
+        compute: Default::default(),
     };
     let from_gguf = Model::load(
         &resolve_model(gguf.to_str().unwrap(), &SilentProgress).unwrap(),

@@ -531,7 +531,7 @@ fn a_replay_makes_a_mid_session_plan_change_where_it_was_made_and_names_one_it_c
     let steps = [
         say(120, 1),
         Command::SetReread {
-            setting: Some("40%".into()),
+            setting: Some("40%".parse().unwrap()),
         },
         Command::Switch,
         say(12, 2),

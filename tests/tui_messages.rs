@@ -42,7 +42,7 @@ fn ready() -> Event {
 
 fn app(reread: Option<&str>) -> App {
     let mut app = App::new(AppInfo {
-        reread: reread.map(str::to_string),
+        reread: reread.map(|s| s.parse().unwrap()),
         ..AppInfo::default()
     });
     app.update(Msg::Resize(100, 30));
@@ -110,7 +110,7 @@ fn input_box_rows(t: &Terminal<TestBackend>) -> Vec<String> {
 fn settings(fx: &[Effect]) -> Vec<Option<String>> {
     fx.iter()
         .filter_map(|e| match e {
-            Effect::Send(Command::SetReread { setting }) => Some(setting.clone()),
+            Effect::Send(Command::SetReread { setting }) => Some(setting.map(|s| s.to_string())),
             _ => None,
         })
         .collect()

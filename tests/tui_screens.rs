@@ -768,7 +768,7 @@ fn app_with_a_reread() -> App {
 /// ran where given.
 fn app_with_plan(setting: &str, layers: Option<(usize, f64)>) -> App {
     let mut app = App::new(AppInfo {
-        reread: Some(setting.into()),
+        reread: Some(setting.parse().unwrap()),
         ..AppInfo::default()
     });
     app.update(Msg::Resize(140, 40));
@@ -917,7 +917,7 @@ fn at_80x24_the_status_line_ends_on_a_whole_item() {
         record_path: Some(record.into()),
         tail: 32,
         repair: true,
-        reread: Some("20%:source-attention:word".into()),
+        reread: Some("20%:source-attention:word".parse().unwrap()),
         ..AppInfo::default()
     });
     app.update(Msg::Resize(80, 24));

@@ -3,7 +3,7 @@
 use super::common::{at_least_one, human, print_json, DirectionArgs, PairArgs, PrecisionArgs};
 use anyhow::Result;
 use baton::lab::bench::{check_plan, sweep, BenchOptions, SweepPlan};
-use candle_core::Device;
+use baton::model::Placement;
 use clap::Args;
 
 #[derive(Debug, Args)]
@@ -55,16 +55,16 @@ impl BenchArgs {
     }
 }
 
-pub fn bench(a: BenchArgs, dev: &Device) -> Result<()> {
+pub fn bench(a: BenchArgs, on: &Placement) -> Result<()> {
     let lengths = a.validate()?;
-    let (first, second) = a.pair.open(dev)?;
+    let (first, second) = a.pair.open(on)?;
     let mapper_dir = a.pair.mapper_dir();
     let plan = SweepPlan {
         lengths: &lengths,
         options: a.options(),
         mapper_dir: &mapper_dir,
         precision: a.precision.precision.into(),
-        device: dev,
+        device: &on.device,
     };
     let directions = a.direction.pairs(&first, &second);
     let doc = sweep(&directions, &plan, &mut |line| human(a.json, line))?;

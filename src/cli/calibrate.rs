@@ -12,7 +12,7 @@ use baton::mapper::artifact::ModelRef;
 use baton::mapper::dir::MapperDir;
 use baton::mapper::nonlinear::{MapperKind, TrainLoss};
 use baton::model::Model;
-use candle_core::Device;
+use baton::model::Placement;
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -252,7 +252,7 @@ fn read_corpus(files: &[PathBuf], bars: &baton::console::PhaseBars) -> Result<co
     Ok(corpus)
 }
 
-pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
+pub fn calibrate(a: CalibrateArgs, on: &Placement) -> Result<()> {
     let cancel = Arc::new(AtomicBool::new(false));
     let c = cancel.clone();
     // Ctrl-C stops at the next window; artifacts are only written at the very end.
@@ -276,7 +276,7 @@ pub fn calibrate(a: CalibrateArgs, dev: &Device) -> Result<()> {
     let files = corpus::files_or_default(&a.corpus)?;
     let bars = baton::console::PhaseBars::new(a.json);
     let text = read_corpus(&files, &bars)?;
-    let (src, tgt) = a.pair.open(dev)?;
+    let (src, tgt) = a.pair.open(on)?;
     let directions = a.direction.calibrated();
     let prior = match &a.merge_stats {
         Some(dirs) if dirs.is_empty() => {

@@ -8,7 +8,7 @@ use baton::calibrate::RankChoice;
 use baton::engine::{EngineConfig, SettingsOverrides};
 use baton::fetch::{self, BarProgress};
 use baton::mapper::dir::MapperDir;
-use baton::model::Model;
+use baton::model::{Model, Placement};
 use baton::session;
 use candle_core::Device;
 use clap::Args;
@@ -111,10 +111,10 @@ impl PairArgs {
     }
 
     /// Both models, source first, with download and load progress.
-    pub fn open(&self, dev: &Device) -> Result<(Model, Model)> {
+    pub fn open(&self, on: &Placement) -> Result<(Model, Model)> {
         let progress = BarProgress::new();
-        let first = fetch::open_model(&self.source, dev, &progress)?;
-        Ok((first, fetch::open_model(&self.target, dev, &progress)?))
+        let first = fetch::open_model_on(&self.source, on, &progress)?;
+        Ok((first, fetch::open_model_on(&self.target, on, &progress)?))
     }
 }
 
@@ -304,9 +304,14 @@ pub struct ConversationArgs {
 impl ConversationArgs {
     /// The engine's set-up: the settings' defaults, then what a script sets, then what
     /// the command line sets.
-    pub fn engine_config(&self, dev: &Device, script: Option<&SettingsOverrides>) -> EngineConfig {
+    pub fn engine_config(
+        &self,
+        on: &Placement,
+        script: Option<&SettingsOverrides>,
+    ) -> EngineConfig {
         let models = [self.pair.source.clone(), self.pair.target.clone()];
-        let mut cfg = EngineConfig::new(models, dev.clone());
+        let mut cfg = EngineConfig::new(models, on.device.clone());
+        cfg.compute = on.compute;
         cfg.mapper_dir = self.pair.mappers.dir();
         if let Some(s) = script {
             cfg.settings.apply(s);

@@ -7,15 +7,29 @@ pub fn error_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
         let text = cause.to_string();
-        if text.is_empty() || line.contains(&text) {
+        let text = without_backtrace(&text);
+        if text.is_empty() || line.contains(text) {
             continue;
         }
         if !line.is_empty() {
             line.push_str(": ");
         }
-        line.push_str(&text);
+        line.push_str(text);
     }
     line
+}
+
+/// `text` without the backtrace that a library error (candle's, with RUST_BACKTRACE set)
+/// writes after its message: the frames start on a line of their own, numbered from 0.
+fn without_backtrace(text: &str) -> &str {
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        if at > 0 && line.trim_start().starts_with("0: ") {
+            return text[..at].trim_end();
+        }
+        at += line.len();
+    }
+    text
 }
 
 #[cfg(test)]
@@ -49,5 +63,15 @@ mod tests {
             error_line(&e),
             "calibration failed: cannot save the mapper: disk full"
         );
+    }
+
+    #[test]
+    fn a_library_backtrace_is_left_out_of_the_line() {
+        let e = anyhow::anyhow!(
+            "shape mismatch in matmul\n   0: candle_core::error::Error::bt\n   1: main"
+        );
+        assert_eq!(error_line(&e), "shape mismatch in matmul");
+        let e = anyhow::anyhow!("two lines\nof a message");
+        assert_eq!(error_line(&e), "two lines\nof a message");
     }
 }

@@ -7,7 +7,7 @@ use baton::data::recall::RecallConversation;
 use baton::data::tasks;
 use baton::fetch::BarProgress;
 use baton::lab::eval::{evaluate, recall, EvalPlan};
-use candle_core::Device;
+use baton::model::Placement;
 use clap::Args;
 
 #[derive(Debug, Args)]
@@ -214,7 +214,7 @@ impl EvalArgs {
     }
 }
 
-pub fn eval(a: EvalArgs, dev: &Device) -> Result<()> {
+pub fn eval(a: EvalArgs, on: &Placement) -> Result<()> {
     a.validate()?;
     // Task names are checked before any model loads: a typo costs nothing.
     let task_list = tasks::parse_specs(&a.tasks, a.task_limit)?;
@@ -230,7 +230,7 @@ pub fn eval(a: EvalArgs, dev: &Device) -> Result<()> {
     } else {
         Some(baton::data::held_out::eval_text(&a.texts)?)
     };
-    let (first, second) = a.pair.open(dev)?;
+    let (first, second) = a.pair.open(on)?;
     let len = a.prefix + a.continuation;
     let windows = match &text {
         Some(t) => t.windows(&first.tokenizer, len, a.limit)?,

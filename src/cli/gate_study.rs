@@ -5,8 +5,7 @@ use super::common::{at_least_one, print_json, PairArgs};
 use anyhow::Result;
 use baton::gate::fit;
 use baton::lab::eval::gate_study::{self, GateStudy, StudySwitch};
-use baton::mapper::artifact;
-use candle_core::Device;
+use baton::model::Placement;
 use clap::Args;
 
 #[derive(Debug, Args)]
@@ -26,13 +25,13 @@ pub struct GateStudyArgs {
     pub json: bool,
 }
 
-pub fn gate_study(a: GateStudyArgs, dev: &Device) -> Result<()> {
+pub fn gate_study(a: GateStudyArgs, on: &Placement) -> Result<()> {
     use baton::data::corpus;
-    let (src, tgt) = a.pair.open(dev)?;
+    let (src, tgt) = a.pair.open(on)?;
     let dir = a.pair.mapper_dir();
-    let (art, forward) = artifact::open_for(&dir, &src, &tgt)?;
+    let (art, forward) = dir.open_for(&src, &tgt)?;
     let measured_on = fit::FitMapper::of(&art)?;
-    let (back_art, reverse) = artifact::open_for(&dir, &tgt, &src)?;
+    let (back_art, reverse) = dir.open_for(&tgt, &src)?;
     let mapped_back_with = fit::FitMapper::of(&back_art)?;
     let docs = corpus::read_documents(&corpus::default_files()?)?;
     let windows = gate_study::study_windows(&tgt, &docs, a.switches)?;

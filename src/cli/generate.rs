@@ -4,7 +4,7 @@ use super::common::at_least_one;
 use anyhow::Result;
 use baton::fetch::{self, BarProgress};
 use baton::model;
-use candle_core::Device;
+use baton::model::Placement;
 use clap::Args;
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
@@ -67,8 +67,8 @@ fn top_p(v: &str) -> Result<f64, String> {
     }
 }
 
-pub fn generate(a: GenerateArgs, dev: &Device) -> Result<()> {
-    let m = fetch::open_model(&a.model, dev, &BarProgress::new())?;
+pub fn generate(a: GenerateArgs, on: &Placement) -> Result<()> {
+    let m = fetch::open_model_on(&a.model, on, &BarProgress::new())?;
     let opts = a.options(m.tokenizer.eos_ids());
     let stdout = std::io::stdout();
     let mut show = |text: &str| {

@@ -3,7 +3,7 @@
 use super::common::print_json;
 use anyhow::Result;
 use baton::fetch::{self, BarProgress};
-use candle_core::Device;
+use baton::model::Placement;
 use clap::Args;
 
 #[derive(Debug, Args)]
@@ -16,8 +16,8 @@ pub struct InfoArgs {
     pub json: bool,
 }
 
-pub fn info(a: InfoArgs, dev: &Device) -> Result<()> {
-    let m = fetch::open_model(&a.model, dev, &BarProgress::new())?;
+pub fn info(a: InfoArgs, on: &Placement) -> Result<()> {
+    let m = fetch::open_model_on(&a.model, on, &BarProgress::new())?;
     let summary = baton::console::info::ModelSummary::of(&m);
     if a.json {
         print_json(&summary)?;

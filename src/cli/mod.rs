@@ -14,6 +14,7 @@ mod gate_study;
 mod generate;
 mod help;
 mod info;
+pub mod library_switches;
 mod mappers;
 mod replay;
 mod report;
@@ -24,6 +25,7 @@ mod tests;
 mod workbench;
 
 use anyhow::Result;
+use baton::model::{AttentionPath, Compute, Placement};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use common::DeviceArg;
 
@@ -49,6 +51,22 @@ pub struct Cli {
     /// `fused` (one kernel; a GPU build from scripts/check-cuda --flash).
     #[arg(long, global = true, env = "BATON_ATTENTION", default_value = "batched", value_name = "PATH", value_parser = attention)]
     pub attention: String,
+}
+
+impl Cli {
+    /// Where and how the models of this command run, as the flags (or the variables
+    /// they come from) say.
+    pub fn placement(&self) -> Result<Placement> {
+        let compute = Compute {
+            activations: baton::model::parse_activations(&self.activations)
+                .map_err(anyhow::Error::msg)?,
+            attention: AttentionPath::parse(&self.attention).map_err(anyhow::Error::msg)?,
+        };
+        Ok(Placement {
+            device: self.device.open()?,
+            compute,
+        })
+    }
 }
 
 fn attention(s: &str) -> Result<String, String> {
@@ -111,7 +129,7 @@ pub use error_line::error_line;
 /// a mistake or `-h` prints and exits as clap does.
 pub fn parse() -> Cli {
     let mut cmd = help::shape(Cli::command());
-    if let Some(kernels) = baton::model::fused_attention::coverage() {
+    if let Some(kernels) = baton::model::attention::fused::coverage() {
         // Once, at start: clap keeps a version for the process's life.
         let version = format!("{} with {kernels}", env!("CARGO_PKG_VERSION"));
         cmd = cmd.version(&*Box::leak(version.into_boxed_str()));
@@ -128,23 +146,23 @@ pub use environment::check as check_environment;
 
 /// Carry out the command line.
 pub fn run(cli: Cli) -> Result<()> {
-    let dev = cli.device.open()?;
+    let on = cli.placement()?;
     match cli.command {
-        None => workbench::workbench(workbench::WorkbenchArgs::defaults(), &dev, false),
+        None => workbench::workbench(workbench::WorkbenchArgs::defaults(), &on, false),
         Some(Command::Fetch(a)) => fetch::fetch(a),
-        Some(Command::Info(a)) => info::info(a, &dev),
-        Some(Command::Generate(a)) => generate::generate(a, &dev),
+        Some(Command::Info(a)) => info::info(a, &on),
+        Some(Command::Generate(a)) => generate::generate(a, &on),
         Some(Command::BenchModel(a)) => bench_model::bench_model(a),
-        Some(Command::Calibrate(a)) => calibrate::calibrate(a, &dev),
+        Some(Command::Calibrate(a)) => calibrate::calibrate(a, &on),
         Some(Command::Mappers(a)) => mappers::mappers(a),
-        Some(Command::Eval(a)) => eval::eval(a, &dev),
+        Some(Command::Eval(a)) => eval::eval(a, &on),
         Some(Command::Report(a)) => report::report(a),
-        Some(Command::Run(a)) => run::run(a, &dev),
-        Some(Command::Replay(a)) => replay::replay(a, &dev),
-        Some(Command::Workbench(a)) => workbench::workbench(a, &dev, false),
-        Some(Command::Demo(a)) => workbench::workbench(a, &dev, true),
-        Some(Command::Bench(a)) => bench::bench(a, &dev),
-        Some(Command::GateStudy(a)) => gate_study::gate_study(a, &dev),
-        Some(Command::Study(a)) => study::study(a, &dev),
+        Some(Command::Run(a)) => run::run(a, &on),
+        Some(Command::Replay(a)) => replay::replay(a, &on),
+        Some(Command::Workbench(a)) => workbench::workbench(a, &on, false),
+        Some(Command::Demo(a)) => workbench::workbench(a, &on, true),
+        Some(Command::Bench(a)) => bench::bench(a, &on),
+        Some(Command::GateStudy(a)) => gate_study::gate_study(a, &on),
+        Some(Command::Study(a)) => study::study(a, &on),
     }
 }

@@ -4,8 +4,8 @@
 use super::common::{print_json, record_path, MapperDirArgs};
 use anyhow::{bail, Result};
 use baton::headless::replay;
+use baton::model::Placement;
 use baton::session;
-use candle_core::Device;
 use clap::Args;
 
 #[derive(Debug, Args)]
@@ -21,12 +21,13 @@ pub struct ReplayArgs {
     pub json: bool,
 }
 
-pub fn replay(a: ReplayArgs, dev: &Device) -> Result<()> {
+pub fn replay(a: ReplayArgs, on: &Placement) -> Result<()> {
     let recorded = session::read_session(&a.session)?;
     for w in &recorded.warnings {
         eprintln!("warning: {w}");
     }
-    let mut cfg = replay::replay_config(&recorded, &a.session, dev.clone())?;
+    let mut cfg = replay::replay_config(&recorded, &a.session, on.device.clone())?;
+    cfg.compute = on.compute;
     cfg.mapper_dir = a.mappers.dir();
     // A replay learns as the recording did, but keeps nothing: it is a measurement.
     cfg.learning.keep = false;

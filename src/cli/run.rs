@@ -3,7 +3,7 @@
 use super::common::{record_path, ConversationArgs};
 use anyhow::{bail, Result};
 use baton::headless::{run_headless, Script};
-use candle_core::Device;
+use baton::model::Placement;
 use clap::Args;
 
 #[derive(Debug, Args)]
@@ -15,9 +15,9 @@ pub struct RunArgs {
     pub conversation: ConversationArgs,
 }
 
-pub fn run(a: RunArgs, dev: &Device) -> Result<()> {
+pub fn run(a: RunArgs, on: &Placement) -> Result<()> {
     let script = Script::load(&a.script)?;
-    let mut cfg = a.conversation.engine_config(dev, Some(&script.settings));
+    let mut cfg = a.conversation.engine_config(on, Some(&script.settings));
     let record = record_path(a.conversation.record.as_deref())?;
     cfg.record = Some(record.clone());
     let mut printer = baton::console::EventPrinter::new();

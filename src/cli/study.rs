@@ -5,7 +5,7 @@ use super::common::{print_json, MapperDirArgs};
 use anyhow::{bail, Result};
 use baton::lab::study::run::Outcome;
 use baton::lab::study::{self, Shard, Study};
-use candle_core::Device;
+use baton::model::Placement;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
@@ -97,10 +97,10 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
-pub fn study(a: StudyArgs, dev: &Device) -> Result<()> {
+pub fn study(a: StudyArgs, on: &Placement) -> Result<()> {
     match a.command {
         StudyCommand::Plan(p) => plan(p),
-        StudyCommand::Run(r) => run(r, dev),
+        StudyCommand::Run(r) => run(r, on),
         StudyCommand::Report(r) => report(r),
         StudyCommand::RecallScripts(r) => recall_scripts(r),
     }
@@ -151,7 +151,7 @@ fn report(a: ReportArgs) -> Result<()> {
     Ok(())
 }
 
-fn run(a: RunArgs, dev: &Device) -> Result<()> {
+fn run(a: RunArgs, on: &Placement) -> Result<()> {
     let shard = match a.shard.as_str() {
         "auto" => Shard::auto(&|k| std::env::var(k).ok(), a.shards)?,
         s => Shard::parse(s)?,
@@ -170,7 +170,7 @@ fn run(a: RunArgs, dev: &Device) -> Result<()> {
         manifest.items.len()
     );
     let done = std::sync::atomic::AtomicUsize::new(0);
-    let results = study::run::run_items(&s, &manifest, &a.out, shard, jobs, dev, &|item, o| {
+    let results = study::run::run_items(&s, &manifest, &a.out, shard, jobs, on, &|item, o| {
         let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let what = match o {
             Outcome::Done { seconds } => format!("recorded in {seconds:.0} s"),

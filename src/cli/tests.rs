@@ -193,7 +193,7 @@ fn the_settings_flags_are_the_same_for_the_workbench_and_run() {
         SettingsOverrides::from(&none.settings),
         SettingsOverrides::default()
     );
-    let cfg = none.engine_config(&candle_core::Device::Cpu, None);
+    let cfg = none.engine_config(&baton::model::Placement::on(candle_core::Device::Cpu), None);
     assert_eq!(cfg.settings, Settings::default());
     assert!(cfg.settings.learn && cfg.learning.keep);
     let e = parse(&["workbench", "--max-tokens", "0"])
@@ -219,9 +219,10 @@ fn the_command_line_goes_over_the_script_and_the_script_over_the_defaults() {
         learn: Some(false),
         ..Default::default()
     };
-    let cfg = a
-        .conversation
-        .engine_config(&candle_core::Device::Cpu, Some(&script));
+    let cfg = a.conversation.engine_config(
+        &baton::model::Placement::on(candle_core::Device::Cpu),
+        Some(&script),
+    );
     assert_eq!(cfg.settings.tail, 8);
     assert_eq!(cfg.settings.max_tokens, 48);
     assert!(!cfg.settings.learn);

@@ -4,7 +4,7 @@
 use super::common::{record_path, ConversationArgs};
 use anyhow::Result;
 use baton::headless::Script;
-use candle_core::Device;
+use baton::model::Placement;
 use clap::{Args, Parser};
 
 #[derive(Debug, Args, Clone)]
@@ -40,10 +40,10 @@ impl WorkbenchArgs {
 /// and missing mappers calibrated by the engine, with progress on screen; a first run
 /// gets a quick mapper and a note saying how to fit the full one. With `demo`, the demo
 /// script's settings come under the command line's and its steps are played.
-pub fn workbench(a: WorkbenchArgs, dev: &Device, demo: bool) -> Result<()> {
+pub fn workbench(a: WorkbenchArgs, on: &Placement, demo: bool) -> Result<()> {
     let script = demo.then(Script::demo).transpose()?;
     let c = &a.conversation;
-    let mut cfg = c.engine_config(dev, script.as_ref().map(|s| &s.settings));
+    let mut cfg = c.engine_config(on, script.as_ref().map(|s| &s.settings));
     cfg.calibrate_missing = Some(baton::calibrate::CalibrateOptions::quick());
     cfg.learning.background_calibration = !a.no_background_calibration;
     cfg.record = match a.no_record {

@@ -11,7 +11,7 @@ use baton::calibrate::{
 };
 use baton::data::corpus::{self, Document};
 use baton::engine::{self, load, Engine, EngineConfig, Envelope, LearnSetup};
-use baton::mapper::{artifact, CacheMapper};
+use baton::mapper::CacheMapper;
 use baton::model::Model;
 use baton::protocol::{Command, Event};
 use candle_core::Device;
@@ -124,8 +124,8 @@ pub fn write_pair_with(t: &Tiny, dir: &Path, keep_stats: bool, o: CalibrateOptio
 pub fn models_and_mappers(dir: &Path) -> (Model, Model, CacheMapper, CacheMapper) {
     let (a, b) = models(dir);
     let mappers = baton::mapper::dir::MapperDir::named(dir.join("mappers"));
-    let (_, forward) = artifact::open_for(&mappers, &a, &b).unwrap();
-    let (_, backward) = artifact::open_for(&mappers, &b, &a).unwrap();
+    let (_, forward) = mappers.open_for(&a, &b).unwrap();
+    let (_, backward) = mappers.open_for(&b, &a).unwrap();
     (a, b, forward, backward)
 }
 

@@ -9,7 +9,7 @@ use baton::calibrate::{
 };
 use baton::data::corpus::{self, Document};
 use baton::learn::{self, ConversationPair, Learner};
-use baton::mapper::artifact::{self, ModelRef};
+use baton::mapper::artifact::ModelRef;
 use baton::metrics::probe_positions;
 use baton::model::{ForwardOptions, Logits, Model};
 use std::path::Path;
@@ -80,7 +80,7 @@ pub fn refs(a: &Model, b: &Model) -> (ModelRef, ModelRef) {
 
 pub fn open(a: &Model, b: &Model, dir: &Path, use_learned: bool) -> learn::Opened {
     let dir = &baton::mapper::dir::MapperDir::named(dir);
-    let art = artifact::find_for(dir, a, b).unwrap();
+    let art = dir.find_for(a, b).unwrap();
     let mapper = art.cache_mapper(a, b).unwrap();
     let docs = docs_for_slices(a);
     let slices = learn::calibration_slices(a, b, &docs, ANCHOR).unwrap();

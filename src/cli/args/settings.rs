@@ -38,21 +38,19 @@ pub struct SettingsArgs {
     pub repair: Option<bool>,
     /// The handoff's plan at the first message after a switch: each mapped position is
     /// re-read, kept mapped or dropped (what it drops is read back in the background,
-    /// and before the next message at the latest). Default: up:40%:facts:word. A
-    /// budget (a share, 0.2 or 20%, or a time, 150ms) after an optional kind: `map`
-    /// (re-read that much, keep the rest mapped; the default kind), `drop` (re-read it,
-    /// drop the rest), `focus` (`drop` with the best sentence whole where the message
-    /// asks about what the history says, `map` otherwise), `attend` (keep it mapped, drop
-    /// the rest), `trusted` (re-read it, keep mapped what the map is trusted with) or
-    /// `tail` (re-read the newest, drop the rest); then optionally the selector and span growth
-    /// (drop:0.2:cheaper-attention:word); then optionally `upper=M` (the target computes
-    /// its layers from M on over the source's mapped residual stream first) or `lower=M`
-    /// (its own layers below M), alone a plan of its own (upper=14). 0 or off for none. A
-    /// script's `reread = "drop:20%"`.
+    /// and before the next message at the latest). Default: up:40%:facts:word (`up:` runs
+    /// it on switches to the larger model only). A budget (a share, 0.2 or 20%, or a
+    /// time, 150ms) after an optional kind: `map` (re-read that much, keep the rest
+    /// mapped; the default kind), `drop` (re-read it, drop the rest) or `focus` (`drop`
+    /// with the best sentence whole where the message asks about what the history says,
+    /// `map` otherwise); then optionally the selector (`facts`, the default, or
+    /// `sentence-facts`) and the span growth (`word`, the default, `sentence` or
+    /// `token`). 0 or off: the map alone. docs/plan.md says which to choose. A script's
+    /// `reread = "drop:30%:sentence-facts"`.
     #[arg(
         long,
         visible_alias = "plan",
-        value_name = "[KIND:]BUDGET[:SELECTOR[:SPANS]][:upper=M]"
+        value_name = "[up:][KIND:]BUDGET[:SELECTOR[:SPANS]]"
     )]
     pub reread: Option<RereadOverride>,
     /// The system prompt the conversation starts with.
