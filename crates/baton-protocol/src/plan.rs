@@ -7,6 +7,16 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// A budget as the plan's text writes it: `20%` or `150ms`.
+impl fmt::Display for RereadBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RereadBudget::Share(s) => write!(f, "{}%", (s * 1000.0).round() / 10.0),
+            RereadBudget::Millis(ms) => write!(f, "{ms}ms"),
+        }
+    }
+}
+
 /// A plan's text that does not read, with what would.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -484,10 +494,7 @@ impl fmt::Display for RereadSetting {
         if self.kind != PlanKind::Map {
             write!(f, "{}:", self.kind.name())?;
         }
-        match self.budget {
-            RereadBudget::Share(s) => write!(f, "{}%", (s * 1000.0).round() / 10.0)?,
-            RereadBudget::Millis(ms) => write!(f, "{ms}ms")?,
-        }
+        write!(f, "{}", self.budget)?;
         write!(f, ":{}:{}", self.selector.name(), self.spans.name())?;
         if let Some(layers) = self.layers {
             write!(f, ":{layers}")?;

@@ -343,10 +343,7 @@ pub(crate) fn plan_item(plan: &RereadSetting) -> String {
         PlanKind::Map => "re-read",
         k => k.name(),
     };
-    let budget = match plan.budget {
-        RereadBudget::Share(s) => format!("{}%", (s * 1000.0).round() / 10.0),
-        RereadBudget::Millis(ms) => format!("{ms}ms"),
-    };
+    let budget = plan.budget;
     let layers = layers.map(|l| format!(" · {l}")).unwrap_or_default();
     format!("{kind} {budget}{up}{layers}")
 }
